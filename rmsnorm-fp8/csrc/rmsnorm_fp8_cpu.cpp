@@ -1,0 +1,115 @@
+// CPU implementation of the rmsnorm-fp8 ops (framework-free C++). Same math and rounding
+// order as the GPU kernel (see rmsnorm_fp8.h); the caller splits rows across threads.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "numerics.h"
+#include "rmsnorm_fp8.h"
+
+namespace fused_llm {
+namespace rmsnorm_fp8 {
+namespace {
+
+// Element access by dtype: load to fp32, store with RNE rounding to the storage type.
+template <DType D> struct Elem;
+template <> struct Elem<DType::kFloat32> {
+  using Storage = float;
+  static float load(Storage v) { return v; }
+  static Storage store(float f) { return f; }
+};
+template <> struct Elem<DType::kFloat16> {
+  using Storage = uint16_t;
+  static float load(Storage v) { return half_to_float(v); }
+  static Storage store(float f) { return float_to_half(f); }
+};
+template <> struct Elem<DType::kBFloat16> {
+  using Storage = uint16_t;
+  static float load(Storage v) { return bf16_to_float(v); }
+  static Storage store(float f) { return float_to_bf16(f); }
+};
+
+// Round-trip through the storage type: the value T(f) as fp32.
+template <DType D> float round_to(float f) { return Elem<D>::load(Elem<D>::store(f)); }
+
+inline uint8_t to_fp8(float f, Fp8Format fmt) {
+  return fmt == Fp8Format::kE4M3FN ? float_to_e4m3fn(f) : float_to_e4m3fnuz(f);
+}
+
+template <DType D>
+void rows_impl(const RmsNormParams& p, int64_t row_begin, int64_t row_end) {
+  using S = typename Elem<D>::Storage;
+  const int64_t H = p.hidden;
+  const S* w = static_cast<const S*>(p.weight);
+  const float fp8_max = fp8_max_value(p.fp8_format);
+  std::vector<float> y(static_cast<size_t>(H));
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const S* x = static_cast<const S*>(p.x) + r * p.x_row_stride;
+    // Pass 1: v = T(x + residual), written to residual_out; sum of squares in fp32.
+    float sumsq = 0.f;
+    if (p.residual != nullptr) {
+      const S* res = static_cast<const S*>(p.residual) + r * p.residual_row_stride;
+      S* res_out = static_cast<S*>(p.residual_out) + r * p.residual_out_row_stride;
+      for (int64_t i = 0; i < H; ++i) {
+        const S v = Elem<D>::store(Elem<D>::load(x[i]) + Elem<D>::load(res[i]));
+        const float vf = Elem<D>::load(v);
+        y[i] = vf;
+        res_out[i] = v;
+        sumsq += vf * vf;
+      }
+    } else {
+      for (int64_t i = 0; i < H; ++i) {
+        const float vf = Elem<D>::load(x[i]);
+        y[i] = vf;
+        sumsq += vf * vf;
+      }
+    }
+    const float rstd = 1.0f / std::sqrt(sumsq / static_cast<float>(H) + p.eps);
+    // Pass 2: y = T(T(v * rstd) * w).
+    for (int64_t i = 0; i < H; ++i) y[i] = round_to<D>(round_to<D>(y[i] * rstd) * Elem<D>::load(w[i]));
+
+    if (p.quant == Quant::kNone) {
+      S* out = static_cast<S*>(p.out) + r * p.out_row_stride;
+      for (int64_t i = 0; i < H; ++i) out[i] = Elem<D>::store(y[i]);
+      continue;
+    }
+    uint8_t* q = static_cast<uint8_t*>(p.out) + r * p.out_row_stride;
+    auto quantize = [&](int64_t begin, int64_t end, float inv_scale) {
+      for (int64_t i = begin; i < end; ++i)
+        q[i] = to_fp8(std::min(std::max(y[i] * inv_scale, -fp8_max), fp8_max), p.fp8_format);
+    };
+    auto dynamic_scale = [&](int64_t begin, int64_t end) {
+      float amax = 0.f;
+      for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(y[i]));
+      if (p.scale_ub > 0.f) amax = std::min(amax, p.scale_ub);
+      return std::max(amax / fp8_max, kMinScaleFactor / fp8_max);
+    };
+    if (p.quant == Quant::kStatic) {
+      quantize(0, H, 1.0f / p.static_scale[0]);
+    } else if (p.quant == Quant::kDynamicToken) {
+      const float scale = dynamic_scale(0, H);
+      p.scales[r * p.scales_row_stride] = scale;
+      quantize(0, H, 1.0f / scale);
+    } else {
+      for (int64_t g = 0; g * p.group_size < H; ++g) {
+        const int64_t begin = g * p.group_size, end = begin + p.group_size;
+        const float scale = dynamic_scale(begin, end);
+        p.scales[r * p.scales_row_stride + g * p.scales_group_stride] = scale;
+        quantize(begin, end, 1.0f / scale);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rms_norm_cpu(const RmsNormParams& p, int64_t row_begin, int64_t row_end) {
+  switch (p.dtype) {
+    case DType::kFloat32: return rows_impl<DType::kFloat32>(p, row_begin, row_end);
+    case DType::kFloat16: return rows_impl<DType::kFloat16>(p, row_begin, row_end);
+    case DType::kBFloat16: return rows_impl<DType::kBFloat16>(p, row_begin, row_end);
+  }
+}
+
+}  // namespace rmsnorm_fp8
+}  // namespace fused_llm

@@ -1,0 +1,226 @@
+// Torch binding of rmsnorm-fp8: schemas, argument checks (the Python layer checks first and
+// with friendlier messages; these keep direct torch.ops callers safe), dispatch.
+#include "torch_binding.h"
+
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "registration.h"
+#include "rmsnorm_fp8.h"
+
+#if defined(CUDA_KERNEL)
+#include <ATen/cuda/CUDAContext.h>
+#elif defined(ROCM_KERNEL)
+#include <c10/hip/HIPStream.h>
+#elif defined(CPU_KERNEL)
+#include <ATen/Parallel.h>
+#endif
+
+namespace rn = fused_llm::rmsnorm_fp8;
+
+namespace {
+
+rn::DType to_dtype(const at::Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return rn::DType::kFloat32;
+    case at::kHalf: return rn::DType::kFloat16;
+    case at::kBFloat16: return rn::DType::kBFloat16;
+    default:
+      TORCH_CHECK(false, name, ": expected float32, float16 or bfloat16, got ", t.scalar_type());
+  }
+}
+
+rn::Fp8Format to_fp8_format(const at::Tensor& out) {
+  if (out.scalar_type() == at::kFloat8_e4m3fn) return rn::Fp8Format::kE4M3FN;
+  TORCH_CHECK(out.scalar_type() == at::kFloat8_e4m3fnuz,
+              "out: expected float8_e4m3fn or float8_e4m3fnuz, got ", out.scalar_type());
+  return rn::Fp8Format::kE4M3FNUZ;
+}
+
+// A [rows, H] operand with a unit-stride last dimension, on x's device.
+void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(t.dim() == 2, name, ": expected a 2-D [rows, hidden] tensor, got ", t.dim(), "-D");
+  TORCH_CHECK(t.size(0) == x.size(0) && t.size(1) == x.size(1), name, ": expected shape ",
+              x.sizes(), ", got ", t.sizes());
+  TORCH_CHECK(t.device() == x.device(), name, ": expected device ", x.device(), ", got ", t.device());
+  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, name,
+              ": the last dimension must be contiguous (stride 1), got stride ", t.stride(1));
+}
+
+rn::RmsNormParams common_params(const at::Tensor& out, const at::Tensor& x,
+                                const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2, "x: expected a 2-D [rows, hidden] tensor, got ", x.dim(), "-D");
+  TORCH_CHECK(x.size(1) >= 1, "x: hidden size must be >= 1");
+  check_rows(x, "x", x);
+  check_rows(out, "out", x);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), "weight: expected shape [",
+              x.size(1), "], got ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight: expected dtype ",
+              x.scalar_type(), " (x's), got ", weight.scalar_type());
+  TORCH_CHECK(weight.device() == x.device(), "weight: expected device ", x.device(), ", got ",
+              weight.device());
+  TORCH_CHECK(weight.is_contiguous(), "weight: must be contiguous");
+  rn::RmsNormParams p;
+  p.rows = x.size(0);
+  p.hidden = x.size(1);
+  p.dtype = to_dtype(x, "x");
+  p.x = x.data_ptr();
+  p.x_row_stride = x.stride(0);
+  p.weight = weight.data_ptr();
+  p.eps = static_cast<float>(eps);
+  p.out = out.data_ptr();
+  p.out_row_stride = out.stride(0);
+  return p;
+}
+
+void add_residual(rn::RmsNormParams& p, at::Tensor& residual_out, const at::Tensor& residual,
+                  const at::Tensor& x) {
+  check_rows(residual, "residual", x);
+  check_rows(residual_out, "residual_out", x);
+  TORCH_CHECK(residual.scalar_type() == x.scalar_type(), "residual: expected dtype ",
+              x.scalar_type(), ", got ", residual.scalar_type());
+  TORCH_CHECK(residual_out.scalar_type() == x.scalar_type(), "residual_out: expected dtype ",
+              x.scalar_type(), ", got ", residual_out.scalar_type());
+  p.residual = residual.data_ptr();
+  p.residual_row_stride = residual.stride(0);
+  p.residual_out = residual_out.data_ptr();
+  p.residual_out_row_stride = residual_out.stride(0);
+}
+
+void set_static(rn::RmsNormParams& p, const at::Tensor& out, const at::Tensor& scale,
+                const at::Tensor& x) {
+  p.quant = rn::Quant::kStatic;
+  p.fp8_format = to_fp8_format(out);
+  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat,
+              "scale: expected a float32 tensor with one element, got ", scale.scalar_type(),
+              " of shape ", scale.sizes());
+  TORCH_CHECK(scale.device() == x.device(), "scale: expected device ", x.device(), ", got ",
+              scale.device());
+  p.static_scale = scale.data_ptr<float>();
+}
+
+void set_dynamic(rn::RmsNormParams& p, const at::Tensor& out, at::Tensor& scales,
+                 int64_t group_size, std::optional<double> scale_ub, const at::Tensor& x) {
+  p.fp8_format = to_fp8_format(out);
+  TORCH_CHECK(group_size == 0 || group_size == 64 || group_size == 128,
+              "group_size: expected 0 (per token), 64 or 128, got ", group_size);
+  const int64_t groups = group_size == 0 ? 1 : x.size(1) / group_size;
+  TORCH_CHECK(group_size == 0 || x.size(1) % group_size == 0, "group_size: hidden size ",
+              x.size(1), " is not a multiple of ", group_size);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat, "scales: expected float32, got ",
+              scales.scalar_type());
+  TORCH_CHECK(scales.device() == x.device(), "scales: expected device ", x.device());
+  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == x.size(0) && scales.size(1) == groups,
+              "scales: expected shape [", x.size(0), ", ", groups, "], got ", scales.sizes());
+  TORCH_CHECK(!scale_ub.has_value() || *scale_ub > 0, "scale_ub: must be > 0");
+  p.quant = group_size == 0 ? rn::Quant::kDynamicToken : rn::Quant::kDynamicGroup;
+  p.group_size = static_cast<int32_t>(group_size);
+  p.scales = scales.data_ptr<float>();
+  p.scales_row_stride = scales.stride(0);
+  p.scales_group_stride = scales.stride(1);
+  p.scale_ub = scale_ub.has_value() ? static_cast<float>(*scale_ub) : 0.0f;
+}
+
+void launch(const rn::RmsNormParams& p, const at::Tensor& x) {
+  if (p.rows == 0) return;
+  const c10::DeviceGuard guard(x.device());
+#if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
+  TORCH_CHECK(x.is_cuda(), "x: expected a GPU tensor, got device ", x.device());
+#if defined(CUDA_KERNEL)
+  void* stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
+#else
+  void* stream = c10::hip::getCurrentHIPStream(x.get_device()).stream();
+#endif
+  const int err = rn::rms_norm_launch_gpu(p, stream);
+  TORCH_CHECK(err == 0, "rmsnorm-fp8 kernel launch failed: ", rn::gpu_error_string(err));
+#else
+  TORCH_CHECK(x.is_cpu(), "x: expected a CPU tensor, got device ", x.device());
+  // Chunks of >= 16K elements amortize the thread-pool dispatch.
+  const int64_t grain = std::max<int64_t>(1, 16384 / p.hidden);
+  at::parallel_for(0, p.rows, grain, [&](int64_t begin, int64_t end) { rn::rms_norm_cpu(p, begin, end); });
+#endif
+}
+
+}  // namespace
+
+void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  auto p = common_params(out, x, weight, eps);
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out: expected dtype ", x.scalar_type(),
+              ", got ", out.scalar_type());
+  launch(p, x);
+}
+
+void fused_add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x,
+                        const at::Tensor& residual, const at::Tensor& weight, double eps) {
+  auto p = common_params(out, x, weight, eps);
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out: expected dtype ", x.scalar_type(),
+              ", got ", out.scalar_type());
+  add_residual(p, residual_out, residual, x);
+  launch(p, x);
+}
+
+void rms_norm_static_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& scale, double eps) {
+  auto p = common_params(out, x, weight, eps);
+  set_static(p, out, scale, x);
+  launch(p, x);
+}
+
+void fused_add_rms_norm_static_fp8(at::Tensor& out, at::Tensor& residual_out,
+                                   const at::Tensor& x, const at::Tensor& residual,
+                                   const at::Tensor& weight, const at::Tensor& scale,
+                                   double eps) {
+  auto p = common_params(out, x, weight, eps);
+  set_static(p, out, scale, x);
+  add_residual(p, residual_out, residual, x);
+  launch(p, x);
+}
+
+void rms_norm_dynamic_fp8(at::Tensor& out, at::Tensor& scales, const at::Tensor& x,
+                          const at::Tensor& weight, double eps, int64_t group_size,
+                          std::optional<double> scale_ub) {
+  auto p = common_params(out, x, weight, eps);
+  set_dynamic(p, out, scales, group_size, scale_ub, x);
+  launch(p, x);
+}
+
+void fused_add_rms_norm_dynamic_fp8(at::Tensor& out, at::Tensor& scales,
+                                    at::Tensor& residual_out, const at::Tensor& x,
+                                    const at::Tensor& residual, const at::Tensor& weight,
+                                    double eps, int64_t group_size,
+                                    std::optional<double> scale_ub) {
+  auto p = common_params(out, x, weight, eps);
+  set_dynamic(p, out, scales, group_size, scale_ub, x);
+  add_residual(p, residual_out, residual, x);
+  launch(p, x);
+}
+
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+  ops.def("rms_norm(Tensor! out, Tensor x, Tensor weight, float eps) -> ()");
+  ops.def(
+      "fused_add_rms_norm(Tensor! out, Tensor! residual_out, Tensor x, Tensor residual, "
+      "Tensor weight, float eps) -> ()");
+  ops.def("rms_norm_static_fp8(Tensor! out, Tensor x, Tensor weight, Tensor scale, float eps) -> ()");
+  ops.def(
+      "fused_add_rms_norm_static_fp8(Tensor! out, Tensor! residual_out, Tensor x, "
+      "Tensor residual, Tensor weight, Tensor scale, float eps) -> ()");
+  ops.def(
+      "rms_norm_dynamic_fp8(Tensor! out, Tensor! scales, Tensor x, Tensor weight, float eps, "
+      "int group_size, float? scale_ub) -> ()");
+  ops.def(
+      "fused_add_rms_norm_dynamic_fp8(Tensor! out, Tensor! scales, Tensor! residual_out, "
+      "Tensor x, Tensor residual, Tensor weight, float eps, int group_size, float? scale_ub) -> ()");
+#if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
+  const auto device = c10::kCUDA;  // ROCm registers under CUDA too
+#else
+  const auto device = c10::kCPU;
+#endif
+  ops.impl("rms_norm", device, &rms_norm);
+  ops.impl("fused_add_rms_norm", device, &fused_add_rms_norm);
+  ops.impl("rms_norm_static_fp8", device, &rms_norm_static_fp8);
+  ops.impl("fused_add_rms_norm_static_fp8", device, &fused_add_rms_norm_static_fp8);
+  ops.impl("rms_norm_dynamic_fp8", device, &rms_norm_dynamic_fp8);
+  ops.impl("fused_add_rms_norm_dynamic_fp8", device, &fused_add_rms_norm_dynamic_fp8);
+}
+
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

@@ -1,0 +1,661 @@
+"""Local equivalent of ``kernel-builder create-pyproject`` + ``build_kernel``, without Nix.
+
+``fused-llm build PKG`` reads ``PKG/build.toml`` (validated by the same Rust parser
+kernel-builder uses, ``kernels._rust.Build``), compiles the ``[torch]`` sources and the
+``[kernel.*]`` sections of one backend with ``torch.utils.cpp_extension`` + ninja (incremental
+and parallel), and writes a Hub-compliant variant directory::
+
+    PKG/build/torch213-cxx11-cpu-x86_64-linux/
+        __init__.py, layers.py, ...        the package's Python files (torch-ext/<py>/)
+        _ops.py                            generated: ``ops``, ``add_op_namespace_prefix``
+        _<py>_<backend>_<7hex>.abi3.so     ops registered under that unique namespace
+        metadata.json                      id, archs, sha256 digest (kernel-builder's format)
+
+A ``[torch-noarch]`` package gets ``PKG/build/torch-<backend>/`` per backend instead.
+
+Compilation runs in a child process: a ``.so`` that registers a ``TORCH_LIBRARY`` namespace
+can be loaded once per process, and ``cpp_extension.load`` loads what it builds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BACKENDS = ("cpu", "cuda", "rocm")
+# Definitions the generated CMake project of kernel-builder passes per backend.
+BACKEND_DEFINES = {
+    "cpu": ["-DCPU_KERNEL"],
+    "cuda": ["-DCUDA_KERNEL", "-DUSE_CUDA"],
+    "rocm": ["-DROCM_KERNEL", "-DUSE_ROCM"],
+}
+# The .so must be loadable by any CPython >= 3.9 (Hub rule: abi3).
+PY_LIMITED_API = "-DPy_LIMITED_API=0x03090000"
+
+
+class BuildError(RuntimeError):
+    """A package cannot be built; the message says which file, key or tool is at fault."""
+
+
+# ---------------------------------------------------------------------------------------
+# build.toml
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelSection:
+    name: str
+    backend: str
+    depends: tuple[str, ...]
+    src: tuple[str, ...]
+    include: tuple[str, ...] = ()
+    cxx_flags: tuple[str, ...] = ()
+    cuda_capabilities: tuple[str, ...] = ()
+    cuda_flags: tuple[str, ...] = ()
+    rocm_archs: tuple[str, ...] = ()
+    hip_flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    path: Path
+    name: str
+    version: int
+    license: str
+    backends: tuple[str, ...]
+    python_depends: tuple[str, ...]
+    kernel_depends: tuple[dict, ...]
+    noarch: bool
+    torch_src: tuple[str, ...] = ()
+    torch_include: tuple[str, ...] = ()
+    torch_cxx_flags: tuple[str, ...] = ()
+    pyext: tuple[str, ...] = ("py", "pyi")
+    noarch_cuda_capabilities: tuple[str, ...] = ()
+    noarch_rocm_archs: tuple[str, ...] = ()
+    kernels: tuple[KernelSection, ...] = field(default_factory=tuple)
+
+    @property
+    def python_name(self) -> str:
+        return self.name.replace("-", "_")
+
+    def kernels_for(self, backend: str) -> list[KernelSection]:
+        return [k for k in self.kernels if k.backend == backend]
+
+
+def load_config(pkg_dir: Path) -> BuildConfig:
+    """Parse and validate ``pkg_dir/build.toml``.
+
+    Validation is kernel-builder's own (``kernels._rust.Build.open``: edition 5 schema,
+    unknown keys are errors); the TOML is then read again for the fields that parser does
+    not expose (sources, flags, capabilities)."""
+    pkg_dir = Path(pkg_dir).resolve()
+    toml_path = pkg_dir / "build.toml"
+    if not toml_path.is_file():
+        raise BuildError(f"{toml_path}: no such file (a kernel package needs a build.toml)")
+    from kernels._rust import Build  # kernels_data 0.16.2 lacks Build; the parser ships here
+
+    try:
+        Build.open(pkg_dir)
+    except ValueError as err:
+        raise BuildError(_explain_toml_error(toml_path, str(err))) from None
+    data = tomllib.loads(toml_path.read_text())
+    general = data["general"]
+    if general.get("edition") != 5:
+        raise BuildError(f"{toml_path}: [general] edition must be 5 (got {general.get('edition')!r})")
+
+    def tup(table: dict, key: str) -> tuple:
+        return tuple(table.get(key, ()))
+
+    kernels = tuple(
+        KernelSection(
+            name=kname,
+            backend=k["backend"],
+            depends=tup(k, "depends"),
+            src=tup(k, "src"),
+            include=tup(k, "include"),
+            cxx_flags=tup(k, "cxx-flags"),
+            cuda_capabilities=tup(k, "cuda-capabilities"),
+            cuda_flags=tup(k, "cuda-flags"),
+            rocm_archs=tup(k, "rocm-archs"),
+            hip_flags=tup(k, "hip-flags"),
+        )
+        for kname, k in data.get("kernel", {}).items()
+    )
+    noarch = "torch-noarch" in data
+    torch = data.get("torch", {})
+    noarch_table = data.get("torch-noarch", {})
+    config = BuildConfig(
+        path=pkg_dir,
+        name=general["name"],
+        version=general["version"],
+        license=general["license"],
+        backends=tuple(general["backends"]),
+        python_depends=tup(general, "python-depends"),
+        kernel_depends=tup(general, "kernel-depends"),
+        noarch=noarch,
+        torch_src=tup(torch, "src"),
+        torch_include=tup(torch, "include"),
+        torch_cxx_flags=tup(torch, "cxx-flags"),
+        pyext=tuple(torch.get("pyext", noarch_table.get("pyext", ("py", "pyi")))),
+        noarch_cuda_capabilities=tup(noarch_table, "cuda_capabilities"),
+        noarch_rocm_archs=tup(noarch_table, "rocm_archs"),
+        kernels=kernels,
+    )
+    for rel in (*config.torch_src, *(s for k in kernels for s in k.src)):
+        if not (pkg_dir / rel).is_file():
+            raise BuildError(f"{toml_path}: source {rel!r} does not exist")
+    if not (pkg_dir / "torch-ext" / config.python_name / "__init__.py").is_file():
+        raise BuildError(f"{pkg_dir}: torch-ext/{config.python_name}/__init__.py is required")
+    return config
+
+
+def _explain_toml_error(toml_path: Path, message: str) -> str:
+    """Add the line of the offending key to the parser's message, when it names one."""
+    match = re.search(r"[Uu]nknown (?:field|variant) `?([\w-]+)`?", message)
+    if match:
+        key = match.group(1)
+        for lineno, line in enumerate(toml_path.read_text().splitlines(), 1):
+            if re.match(rf"\s*{re.escape(key)}\s*=", line):
+                return f"{toml_path}:{lineno}: invalid key {key!r}: {message}"
+    return f"{toml_path}: {message}"
+
+
+# ---------------------------------------------------------------------------------------
+# Naming: variants, ids
+# ---------------------------------------------------------------------------------------
+
+
+def torch_backend() -> str:
+    """The backend the running torch was built for."""
+    import torch
+
+    if torch.version.cuda:
+        return "cuda"
+    if torch.version.hip:
+        return "rocm"
+    return "cpu"
+
+
+def arch_variant_name(backend: str) -> str:
+    """``torch213-cxx11-cpu-x86_64-linux`` / ``torch211-cxx11-cu130-x86_64-linux``: the name
+    the kernels loader selects for the running torch (see kernels.variants)."""
+    import torch
+
+    major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if backend == "cuda":
+        cu_major, cu_minor = torch.version.cuda.split(".")[:2]
+        tag = f"cu{cu_major}{cu_minor}"
+    elif backend == "rocm":
+        ro_major, ro_minor = torch.version.hip.split(".")[:2]
+        tag = f"rocm{ro_major}{ro_minor}"
+    else:
+        tag = "cpu"
+    abi = "cxx11" if torch.compiled_with_cxx11_abi() else "cxx98"
+    system = platform.system().lower()
+    return f"torch{major}{minor}-{abi}-{tag}-{platform.machine()}-{system}"
+
+
+def source_files(config: BuildConfig, backend: str | None = None) -> list[Path]:
+    """Every file whose content defines the build (and so its unique id)."""
+    files = {config.path / "build.toml"}
+    files.update(config.path / s for s in config.torch_src)
+    for k in config.kernels:
+        if backend is None or k.backend == backend:
+            files.update(config.path / s for s in k.src)
+    py_root = config.path / "torch-ext" / config.python_name
+    files.update(p for ext in config.pyext for p in py_root.rglob(f"*.{ext}") if "__pycache__" not in p.parts)
+    return sorted(files)
+
+
+def unique_id(config: BuildConfig, backend: str) -> str:
+    """``_<py>_<backend>_<7 hex of the sources>``: the op namespace, the .so name, the
+    ``sys.modules`` key and metadata ``id``. Content-addressed, so an unchanged package keeps
+    its id and two different builds never share one (kernel-builder uses the git tree id)."""
+    digest = hashlib.sha256()
+    for path in source_files(config, backend):
+        digest.update(path.relative_to(config.path).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return f"_{config.python_name}_{backend}_{digest.hexdigest()[:7]}"
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA capabilities
+# ---------------------------------------------------------------------------------------
+
+
+def find_nvcc() -> str:
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = [Path(cuda_home) / "bin" / "nvcc"] if cuda_home else []
+    found = shutil.which("nvcc")
+    if found:
+        candidates.append(Path(found))
+    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    for cand in candidates:
+        if cand.is_file():
+            return str(cand)
+    raise BuildError(
+        "nvcc not found (looked in $CUDA_HOME/bin, PATH, /usr/local/cuda/bin): the cuda backend "
+        "needs the CUDA toolkit; install it or build with --backend cpu"
+    )
+
+
+def toolkit_capabilities(nvcc: str) -> list[str]:
+    """Capabilities this nvcc can target, as ``X.Y`` (from ``nvcc --list-gpu-arch``)."""
+    out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, check=True).stdout
+    caps = []
+    for arch in re.findall(r"compute_(\d+)(?!\w)", out):
+        caps.append(f"{arch[:-1]}.{arch[-1]}")
+    return caps
+
+
+def select_capabilities(requested: Sequence[str], available: Sequence[str], where: str) -> list[str]:
+    """Loose intersection, as kernel-builder does: ``9.0a`` survives when ``9.0`` is available.
+    An empty result is an error."""
+    kept = [c for c in requested if c.rstrip("af") in available]
+    if not kept:
+        raise BuildError(
+            f"{where}: no CUDA capability left: cuda-capabilities {list(requested)} ∩ "
+            f"toolkit {list(available)} is empty"
+        )
+    return kept
+
+
+def gencode_flags(caps: Sequence[str]) -> tuple[list[str], list[str]]:
+    """nvcc flags and metadata archs. Every capability gets machine code; the highest plain
+    one also gets PTX (recorded as ``X.Y+PTX``) so newer GPUs can JIT it, like torch's
+    ``+PTX``. ``8.0`` alone thus gives sm_80 + PTX, which lets a Hopper run the sm80 path."""
+    flags, archs = [], []
+    plain = [c for c in caps if not c.endswith(("a", "f"))]
+    ptx_cap = max(plain, key=lambda c: tuple(int(p) for p in c.split("."))) if plain else None
+    for cap in caps:
+        num = cap.replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if cap == ptx_cap:
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+            archs.append(f"{cap}+PTX")
+        else:
+            archs.append(cap)
+    return flags, archs
+
+
+def cutlass_include() -> str:
+    """CUTLASS/CuTe headers from the ``nvidia-cutlass`` wheel (``cutlass_*`` depends)."""
+    try:
+        import cutlass_library
+    except ImportError:
+        raise BuildError("a cutlass_* dependency needs the nvidia-cutlass wheel: pip install nvidia-cutlass==4.2.0.0") from None
+    include = Path(cutlass_library.__file__).parent / "source" / "include"
+    if not include.is_dir():
+        raise BuildError(f"nvidia-cutlass is installed but {include} is missing")
+    return str(include)
+
+
+def include_dirs(config: BuildConfig, sections: Iterable[KernelSection]) -> list[str]:
+    dirs = [str(config.path / d) for d in config.torch_include]
+    for k in sections:
+        dirs += [str(config.path / d) for d in k.include]
+        if any(d.startswith("cutlass_") for d in k.depends):
+            dirs.append(cutlass_include())
+    return list(dict.fromkeys(dirs))
+
+
+# ---------------------------------------------------------------------------------------
+# Generated files
+# ---------------------------------------------------------------------------------------
+
+REGISTRATION_H = """\
+// Generated by fused-llm build (the local stand-in for kernel-builder). Do not edit.
+#pragma once
+#include <Python.h>
+
+#define FLLM_CONCAT_(A, B) A##B
+#define FLLM_CONCAT(A, B) FLLM_CONCAT_(A, B)
+#define FLLM_STRINGIFY_(A) #A
+#define FLLM_STRINGIFY(A) FLLM_STRINGIFY_(A)
+
+// Expand NAME (TORCH_EXTENSION_NAME) before it reaches the torch macros.
+#define TORCH_LIBRARY_EXPAND(NAME, MODULE) TORCH_LIBRARY(NAME, MODULE)
+#define TORCH_LIBRARY_IMPL_EXPAND(NAME, DEVICE, MODULE) TORCH_LIBRARY_IMPL(NAME, DEVICE, MODULE)
+
+// An empty Python module, so `from . import <id>` loads the .so (and its op registrations).
+#define REGISTER_EXTENSION(NAME)                                                     \\
+  PyMODINIT_FUNC FLLM_CONCAT(PyInit_, NAME)() {                                     \\
+    static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, FLLM_STRINGIFY(NAME), \\
+                                        nullptr, 0, nullptr};                        \\
+    return PyModule_Create(&module);                                                 \\
+  }
+"""
+
+OPS_PY_ARCH = '''\
+# Generated by fused-llm build. Do not edit.
+import torch
+
+from . import {id}
+
+ops = torch.ops.{id}
+
+
+def add_op_namespace_prefix(op_name: str) -> str:
+    """Prefix op_name with this build's unique op namespace."""
+    return f"{id}::{{op_name}}"
+'''
+
+OPS_PY_NOARCH = '''\
+# Generated by fused-llm build. Do not edit.
+import torch
+
+
+def _backend() -> str:
+    if torch.version.cuda is not None:
+        return "cuda"
+    if torch.version.hip is not None:
+        return "rocm"
+    return "cpu"
+
+
+_OPS_NAMESPACE = "_{py}_" + _backend() + "_{uid}"
+ops = getattr(torch.ops, _OPS_NAMESPACE)
+
+
+def add_op_namespace_prefix(op_name: str) -> str:
+    """Prefix op_name with this build's unique op namespace."""
+    return f"{{_OPS_NAMESPACE}}::{{op_name}}"
+'''
+
+
+def write_metadata(variant_dir: Path, config: BuildConfig, kernel_id: str, backend: str, archs: list[str] | None) -> dict:
+    """metadata.json as kernel-builder writes it, digest included (base64 sha256 of every
+    file of the variant except metadata.json itself, computed by kernels_data)."""
+    from kernels_data import Digest, DigestAlgorithm
+
+    digest = Digest.hash_variant(DigestAlgorithm.SHA256, variant_dir)
+    meta = {
+        "name": config.name,
+        "id": kernel_id,
+        "version": config.version,
+        "license": config.license,
+        "python-depends": list(config.python_depends),
+        "kernel-depends": list(config.kernel_depends),
+        "backend": {"type": backend, **({"archs": archs} if archs else {})},
+        "digest": {"algorithm": "sha256", "files": dict(sorted(digest.files.items()))},
+    }
+    (variant_dir / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def copy_python_package(config: BuildConfig, dest: Path) -> None:
+    src_root = config.path / "torch-ext" / config.python_name
+    for ext in config.pyext:
+        for path in src_root.rglob(f"*.{ext}"):
+            if "__pycache__" in path.parts:
+                continue
+            target = dest / path.relative_to(src_root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+
+# ---------------------------------------------------------------------------------------
+# Compilation (child process)
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class CompileJob:
+    name: str
+    sources: list[str]
+    build_dir: str
+    include_dirs: list[str]
+    cflags: list[str]
+    cuda_cflags: list[str]
+    with_cuda: bool
+
+    def run(self, on_progress: Callable[[int, int], None] | None = None) -> Path:
+        """Compile in a child process; returns the built shared object."""
+        Path(self.build_dir).mkdir(parents=True, exist_ok=True)
+        job_file = Path(self.build_dir) / "job.json"
+        job_file.write_text(json.dumps(self.__dict__))
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fused_llm.builder", "--compile-job", str(job_file)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            cwd=str(Path(__file__).resolve().parent.parent),
+        )
+        log = []
+        for line in proc.stdout:
+            log.append(line)
+            step = re.match(r"\[(\d+)/(\d+)\]", line)
+            if step and on_progress:
+                on_progress(int(step.group(1)), int(step.group(2)))
+        if proc.wait() != 0:
+            raise BuildError(f"compiling {self.name} failed:\n{_compiler_errors(log)}")
+        so = Path(self.build_dir) / f"{self.name}.so"
+        if not so.is_file():
+            raise BuildError(f"compiling {self.name}: {so} was not produced:\n{''.join(log[-40:])}")
+        return so
+
+
+def _compiler_errors(log: list[str]) -> str:
+    """The compiler's error lines (they name file:line) with a little context, else the tail."""
+    text = "".join(log)
+    lines = text.splitlines()
+    keep = [i for i, line in enumerate(lines) if re.search(r"\berror\b|Error|FAILED", line)]
+    if not keep:
+        return "\n".join(lines[-60:])
+    shown: list[str] = []
+    for i in keep[:30]:
+        for line in lines[max(0, i - 1) : i + 3]:
+            if line not in shown[-4:]:
+                shown.append(line)
+    return "\n".join(shown)
+
+
+def _compile_job_main(job_file: str) -> None:
+    """Child-process side: ``cpp_extension.load`` (ninja; only changed sources rebuild)."""
+    from torch.utils import cpp_extension
+
+    job = json.loads(Path(job_file).read_text())
+    cpp_extension.load(
+        name=job["name"],
+        sources=job["sources"],
+        extra_cflags=job["cflags"],
+        extra_cuda_cflags=job["cuda_cflags"],
+        extra_include_paths=job["include_dirs"],
+        build_directory=job["build_dir"],
+        with_cuda=job["with_cuda"],
+        is_python_module=False,
+        verbose=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Building a package
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class BuildResult:
+    package: str
+    variant_dir: Path
+    kernel_id: str
+    archs: list[str] | None
+
+
+def build_package(
+    pkg_dir: Path,
+    backend: str = "auto",
+    *,
+    clean: bool = False,
+    capabilities: Sequence[str] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[BuildResult]:
+    """Build one package for ``backend`` (``auto`` = the running torch's). ``capabilities``
+    narrows the build.toml list further (e.g. ``["8.0"]`` to run the sm80 path on a Hopper)."""
+    config = load_config(pkg_dir)
+    if clean:
+        shutil.rmtree(config.path / "build", ignore_errors=True)
+    if config.noarch:
+        return _build_noarch(config)
+    chosen = torch_backend() if backend == "auto" else backend
+    if chosen not in BACKENDS:
+        raise BuildError(f"--backend must be one of auto, {', '.join(BACKENDS)} (got {backend!r})")
+    if chosen not in config.backends:
+        raise BuildError(f"{config.path / 'build.toml'}: backend {chosen!r} is not in [general] backends {list(config.backends)}")
+    running = torch_backend()
+    if chosen != "cpu" and chosen != running:
+        raise BuildError(f"cannot build the {chosen} backend with a {running} build of torch")
+    return [_build_arch(config, chosen, capabilities, on_progress)]
+
+
+def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] | None, on_progress) -> BuildResult:
+    sections = config.kernels_for(backend)
+    if not sections:
+        raise BuildError(f"{config.path / 'build.toml'}: no [kernel.*] section has backend = {backend!r}")
+    kernel_id = unique_id(config, backend)
+    variant = arch_variant_name(backend)
+    obj_dir = config.path / "build" / ".obj" / variant
+    gen_dir = obj_dir / "generated"
+    gen_dir.mkdir(parents=True, exist_ok=True)
+    registration = gen_dir / "registration.h"
+    if not registration.is_file() or registration.read_text() != REGISTRATION_H:
+        registration.write_text(REGISTRATION_H)
+
+    compiled = [s for s in config.torch_src if s.endswith((".cpp", ".cc", ".cu"))]
+    cuda_flags: list[str] = []
+    archs: list[str] | None = None
+    for k in sections:
+        compiled += [s for s in k.src if s.endswith((".cpp", ".cc", ".cu"))]
+    cflags = ["-O3", "-std=c++17", PY_LIMITED_API, *BACKEND_DEFINES[backend], *config.torch_cxx_flags]
+    for k in sections:
+        cflags += list(k.cxx_flags)
+    if backend == "cuda":
+        find_nvcc()
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        nvcc = str(Path(CUDA_HOME) / "bin" / "nvcc") if CUDA_HOME else find_nvcc()
+        available = toolkit_capabilities(nvcc)
+        requested: list[str] = []
+        for k in sections:
+            requested += [c for c in k.cuda_capabilities if c not in requested]
+        if capabilities:
+            requested = [c for c in requested if c in capabilities or c.rstrip("af") in capabilities]
+        caps = select_capabilities(requested, available, f"{config.name} (cuda)")
+        gencode, archs = gencode_flags(caps)
+        cuda_flags = ["-O3", "-std=c++17", *BACKEND_DEFINES[backend], *gencode]
+        for k in sections:
+            cuda_flags += list(k.cuda_flags)
+    elif backend == "rocm":
+        raise BuildError("the rocm backend is built by kernel-builder (hipify + hipcc); fused-llm build supports cpu and cuda")
+
+    job = CompileJob(
+        name=kernel_id,
+        sources=[str(config.path / s) for s in dict.fromkeys(compiled)],
+        build_dir=str(obj_dir),
+        include_dirs=[str(gen_dir), *include_dirs(config, sections)],
+        cflags=cflags,
+        cuda_cflags=cuda_flags,
+        with_cuda=backend == "cuda",
+    )
+    so = job.run(on_progress)
+
+    variant_dir = config.path / "build" / variant
+    staging = Path(tempfile.mkdtemp(prefix=f".{variant}.", dir=config.path / "build"))
+    try:
+        copy_python_package(config, staging)
+        (staging / "_ops.py").write_text(OPS_PY_ARCH.format(id=kernel_id))
+        shutil.copy2(so, staging / f"{kernel_id}.abi3.so")
+        write_metadata(staging, config, kernel_id, backend, archs)
+        shutil.rmtree(variant_dir, ignore_errors=True)
+        staging.rename(variant_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return BuildResult(config.name, variant_dir, kernel_id, archs)
+
+
+def _build_noarch(config: BuildConfig) -> list[BuildResult]:
+    results = []
+    for backend in config.backends:
+        uid = unique_id(config, backend).rsplit("_", 1)[1]
+        kernel_id = f"_{config.python_name}_{backend}_{uid}"
+        archs = {"cuda": list(config.noarch_cuda_capabilities), "rocm": list(config.noarch_rocm_archs)}.get(backend) or None
+        variant_dir = config.path / "build" / f"torch-{backend}"
+        shutil.rmtree(variant_dir, ignore_errors=True)
+        variant_dir.mkdir(parents=True)
+        copy_python_package(config, variant_dir)
+        (variant_dir / "_ops.py").write_text(OPS_PY_NOARCH.format(py=config.python_name, uid=uid))
+        write_metadata(variant_dir, config, kernel_id, backend, archs)
+        results.append(BuildResult(config.name, variant_dir, kernel_id, archs))
+    return results
+
+
+# ---------------------------------------------------------------------------------------
+# --check-cuda: framework-free CUDA sources through nvcc, no torch, no GPU
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CudaCheck:
+    package: str
+    source: Path
+    capability: str
+    command: list[str]
+
+
+def cuda_checks(pkg_dirs: Iterable[Path]) -> list[CudaCheck]:
+    """One nvcc compile per framework-free ``.cu`` and capability of every cuda section."""
+    nvcc = find_nvcc()
+    available = toolkit_capabilities(nvcc)
+    checks = []
+    for pkg_dir in pkg_dirs:
+        config = load_config(pkg_dir)
+        for k in config.kernels_for("cuda"):
+            caps = select_capabilities(k.cuda_capabilities, available, f"{config.name} [kernel.{k.name}]")
+            incs = [f"-I{d}" for d in include_dirs(config, [k])]
+            for src in (s for s in k.src if s.endswith(".cu")):
+                for cap in caps:
+                    num = cap.replace(".", "")
+                    cmd = [nvcc, "-std=c++17", "-O3", "-c", "-o", os.devnull, *BACKEND_DEFINES["cuda"],
+                           f"-gencode=arch=compute_{num},code=sm_{num}", *k.cuda_flags, *incs,
+                           str(config.path / src)]
+                    checks.append(CudaCheck(config.name, config.path / src, cap, cmd))
+    return checks
+
+
+def run_cuda_check(check: CudaCheck) -> str | None:
+    """None on success, else the compiler's errors."""
+    proc = subprocess.run(check.command, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    return _compiler_errors((proc.stdout + proc.stderr).splitlines(keepends=True))
+
+
+def check_cuda(pkg_dirs: Iterable[Path], jobs: int | None = None, on_done: Callable[[CudaCheck, str | None], None] | None = None) -> list[tuple[CudaCheck, str]]:
+    """Compile-check every CUDA source; returns the failures."""
+    checks = cuda_checks(pkg_dirs)
+    failures = []
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as pool:
+        for check, error in zip(checks, pool.map(run_cuda_check, checks)):
+            if on_done:
+                on_done(check, error)
+            if error:
+                failures.append((check, error))
+    return failures
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--compile-job":
+        _compile_job_main(sys.argv[2])
+    else:
+        sys.exit("internal entry point: python -m fused_llm.builder --compile-job JOB.json")
