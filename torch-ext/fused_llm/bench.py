@@ -21,7 +21,9 @@ Entry point: ``fused-llm bench <pkg> [--quick] [--out DIR] [--providers a,b]``, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import functools
 import gc
 import importlib.metadata
 import importlib.util
@@ -31,7 +33,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,8 +49,9 @@ METHOD = (
     "Per provider and case: N independent input sets with N * bytes_per_call > 4 x L2 "
     "(N >= 1), one warm-up call per set on a side stream (torch.compile compiles, Triton "
     "autotunes there), then all N calls captured into one CUDA graph; the graph is replayed "
-    "`repeats` x `replays` times (replays lowered for long graphs to keep ~1 s per "
-    "measurement), each replay timed with CUDA events; us per call = replay time / N; "
+    "`repeats` x `replays` times (replays lowered for long graphs to keep about `budget_s` "
+    "per point, never under 3 per repeat), each replay timed with CUDA events; us per call = "
+    "replay time / N; "
     "median and p20/p80 over replays. GB/s counts the provider's own minimum bytes "
     "(each input read once, each output written once). Copy ceiling: torch.mul(a, 1.0, out=b) "
     "on 2 GiB bf16 measured the same way, counting read + write bytes."
@@ -123,6 +126,16 @@ class Suite:
 
 
 @dataclass(frozen=True)
+class Method:
+    """How each point is timed (recorded in the JSON)."""
+
+    replays: int = 20  # timed replays per repeat, lowered for long graphs (budget_s)
+    repeats: int = 5
+    budget_s: float = 1.0  # rough cap on timed seconds per point; >= 3 replays per repeat
+    l2_factor: int = 4  # input sets together exceed this many L2s
+
+
+@dataclass(frozen=True)
 class Timing:
     median_us: float  # per call
     p20_us: float
@@ -149,9 +162,7 @@ def calls_to_flush_l2(bytes_per_call: int, l2: int, factor: int = 4, max_calls: 
     return max(1, min(max_calls, factor * l2 // max(bytes_per_call, 1) + 1))
 
 
-def time_calls(
-    fns: Sequence[Fn], *, replays: int = 20, repeats: int = 5, budget_s: float = 1.0
-) -> Timing:
+def time_calls(fns: Sequence[Fn], method: Method = Method()) -> Timing:
     """Capture ``fns`` (called in order) into one CUDA graph and time its replays.
 
     Raises whatever warm-up or capture raises (e.g. a provider that synchronizes or allocates
@@ -168,6 +179,7 @@ def time_calls(
     torch.cuda.synchronize()
 
     graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.current_stream()
     try:
         with torch.cuda.graph(graph):
             for fn in fns:
@@ -176,18 +188,17 @@ def time_calls(
         torch.cuda.synchronize()
 
         # Long graphs (e.g. eager at 16K rows, or thousands of decode-size calls) would take
-        # minutes at 100 replays; keep ~budget_s per measurement but never < 3 per repeat.
+        # minutes at 100 replays; keep ~budget_s per point but never < 3 per repeat.
         t0 = time.perf_counter()
         graph.replay()
         torch.cuda.synchronize()
         one = max(time.perf_counter() - t0, 1e-6)
-        per_repeat = max(3, min(replays, int(budget_s / (repeats * one))))
+        per_repeat = max(3, min(method.replays, int(method.budget_s / (method.repeats * one))))
 
         samples: list[float] = []
-        for _ in range(repeats):
+        for _ in range(method.repeats):
             events = [
-                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                for _ in range(per_repeat)
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(per_repeat)
             ]
             for start, end in events:
                 start.record()
@@ -196,7 +207,10 @@ def time_calls(
             torch.cuda.synchronize()
             samples += [start.elapsed_time(end) * 1e3 / len(fns) for start, end in events]
     finally:
-        graph.reset()
+        # If capture_end raises, torch.cuda.graph leaves its capture stream current: restore ours.
+        torch.cuda.set_stream(stream)
+        with contextlib.suppress(RuntimeError):  # never mask the error that got us here
+            graph.reset()
     samples.sort()
     return Timing(
         median_us=_percentile(samples, 0.5),
@@ -207,14 +221,12 @@ def time_calls(
     )
 
 
-def time_us(
-    make: Callable[[int], Fn], bytes_per_call: int, *, replays: int = 20, repeats: int = 5
-) -> Timing:
+def time_us(make: Callable[[int], Fn], bytes_per_call: int, method: Method = Method()) -> Timing:
     """Time one op: ``make(seed)`` builds one independent input set and returns its call."""
-    n = calls_to_flush_l2(bytes_per_call, l2_bytes())
+    n = calls_to_flush_l2(bytes_per_call, l2_bytes(), method.l2_factor)
     fns = [make(seed) for seed in range(n)]
     try:
-        return time_calls(fns, replays=replays, repeats=repeats)
+        return time_calls(fns, method)
     finally:
         del fns
         _release_memory()
@@ -233,10 +245,11 @@ def measure_copy_ceiling(device: torch.device | str = "cuda", nbytes: int = 2 <<
     """
     a = torch.randn(nbytes // 2, dtype=torch.bfloat16, device=device)
     b = torch.empty_like(a)
+    copy = functools.partial(torch.mul, a, 1.0, out=b)
     try:
-        timing = time_calls([lambda: torch.mul(a, 1.0, out=b)])
+        timing = time_calls([copy], Method())
     finally:
-        del a, b
+        del copy, a, b
         _release_memory()
     return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
 
@@ -274,9 +287,9 @@ class Run:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return first[:300]
+    # Multi-line messages (assert_close, CUDA errors) collapse into one line for tables/JSON.
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 400 else text[:397] + "..."
 
 
 def _device_ok() -> bool:
@@ -349,9 +362,7 @@ def run_suite(
     cases: list[Case],
     providers: list[Provider],
     ceiling_gbps: float,
-    *,
-    replays: int = 20,
-    repeats: int = 5,
+    method: Method = Method(),
 ) -> Run:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -391,7 +402,7 @@ def run_suite(
                     flops=suite.flops(case) if suite.flops else None,
                 )
                 try:
-                    t = time_us(lambda seed, p=p: p.make(case, seed), nbytes, replays=replays, repeats=repeats)
+                    t = time_us(functools.partial(p.make, case), nbytes, method)
                     result.median_us, result.p20_us, result.p80_us = t.median_us, t.p20_us, t.p80_us
                     result.calls_per_graph, result.samples = t.calls_per_graph, t.samples
                     derive(result, ceiling_gbps)
@@ -469,7 +480,8 @@ def gpu_slug(name: str) -> str:
 
 def output_stem(run: Run) -> str:
     quick = "_quick" if run.metadata.get("quick") else ""
-    return f"{run.suite.name}{quick}_{gpu_slug(str(run.metadata.get('gpu', '')))}"
+    subset = run.metadata.get("file_suffix", "")
+    return f"{run.suite.name}{quick}{subset}_{gpu_slug(str(run.metadata.get('gpu', '')))}"
 
 
 def write_json(run: Run, path: Path) -> None:
@@ -502,38 +514,42 @@ def write_csv(run: Run, path: Path) -> None:
 
 
 def write_plot(run: Run, path: Path) -> None:
-    """% of the copy ceiling (TFLOP/s when the suite counts flops) against ``x_param``, one
-    subplot per ``group_param`` value, one line per provider."""
+    """Top row: % of the copy ceiling (TFLOP/s when the suite counts flops); bottom row: us per
+    call, which is what matters at decode sizes. x = ``x_param``, one column per
+    ``group_param`` value, one line per provider."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     suite = run.suite
-    use_tflops = suite.flops is not None
-    metric, label = ("tflops", "TFLOP/s") if use_tflops else ("pct_of_ceiling", "% of copy ceiling")
-    groups = sorted({r.params.get(suite.group_param) for r in run.results} if suite.group_param else {None}, key=str)
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False, sharey=True)
-    for ax, group in zip(axes[0], groups):
-        for provider in run.providers:
-            points = sorted(
-                (r.params[suite.x_param], getattr(r, metric))
-                for r in run.results
-                if r.provider == provider
-                and getattr(r, metric) is not None
-                and (suite.group_param is None or r.params.get(suite.group_param) == group)
-            )
-            if points:
-                xs, ys = zip(*points)
-                style = {"linewidth": 2.5} if provider == suite.ours else {"linewidth": 1.3}
-                ax.plot(xs, ys, marker="o", markersize=3, label=provider, **style)
-        if not use_tflops:
-            ax.axhline(100.0, color="gray", linestyle="--", linewidth=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(suite.x_param)
-        ax.set_title(f"{suite.group_param} = {group}" if suite.group_param else suite.name)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel(label)
+    top, top_label = ("tflops", "TFLOP/s") if suite.flops else ("pct_of_ceiling", "% of copy ceiling")
+    gp = suite.group_param
+    groups = sorted({r.params.get(gp) for r in run.results} if gp else {None}, key=lambda g: (g is None, g or 0))
+    fig, axes = plt.subplots(2, len(groups), figsize=(5.5 * len(groups), 7.5), squeeze=False, sharex="col")
+    for col, group in enumerate(groups):
+        for metric, ax in ((top, axes[0][col]), ("median_us", axes[1][col])):
+            for provider in run.providers:
+                points = sorted(
+                    (r.params[suite.x_param], getattr(r, metric))
+                    for r in run.results
+                    if r.provider == provider
+                    and getattr(r, metric) is not None
+                    and (gp is None or r.params.get(gp) == group)
+                )
+                if points:
+                    xs, ys = zip(*points, strict=True)
+                    width = 2.5 if provider == suite.ours else 1.3
+                    ax.plot(xs, ys, marker="o", markersize=3, linewidth=width, label=provider)
+            ax.set_xscale("log", base=2)
+            ax.grid(True, which="both", alpha=0.3)
+        if top == "pct_of_ceiling":
+            axes[0][col].axhline(100.0, color="gray", linestyle="--", linewidth=0.8)
+        axes[1][col].set_yscale("log")
+        axes[1][col].set_xlabel(suite.x_param)
+        axes[0][col].set_title(f"{gp} = {group}" if gp else suite.name)
+    axes[0][0].set_ylabel(top_label)
+    axes[1][0].set_ylabel("us per call (median)")
     axes[0][0].legend(loc="best", fontsize=8)
     md = run.metadata
     fig.suptitle(
@@ -542,7 +558,7 @@ def write_plot(run: Run, path: Path) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -559,17 +575,19 @@ def write_outputs(run: Run, out_dir: Path) -> list[Path]:
 def _cell(r: Result | None) -> str:
     if r is None:
         return ""
-    if r.error is not None:
+    if r.error is not None or r.median_us is None:
         return "[red]error[/]"
     if r.tflops is not None:
-        return f"{r.median_us:.2f} us {r.tflops:.0f} TF"
+        return f"{r.median_us:.2f} ({r.tflops:.0f} TF)"
     if r.pct_of_ceiling is not None:
-        return f"{r.median_us:.2f} us {r.pct_of_ceiling:.0f}%"
-    return f"{r.median_us:.2f} us"
+        pct = r.pct_of_ceiling
+        return f"{r.median_us:.2f} ({pct:.0f}%)" if pct >= 10 else f"{r.median_us:.2f} ({pct:.1f}%)"
+    return f"{r.median_us:.2f}"
 
 
 def render_table(run: Run) -> Any:
     """One row per case: us per call and % of ceiling per provider, then ours' speedups."""
+    from rich import box
     from rich.table import Table
 
     suite, md = run.suite, run.metadata
@@ -577,13 +595,11 @@ def render_table(run: Run) -> Any:
     cases = list(dict.fromkeys(r.case for r in run.results))
     params = list(run.results[0].params) if run.results else []
     peers = [p for p in run.providers if p != suite.ours] if suite.ours in run.providers else []
+    unit = "TFLOP/s" if suite.flops else f"% of the {md.get('copy_ceiling_gbps', 0):.0f} GB/s copy ceiling"
     table = Table(
-        title=(
-            f"{suite.name} on {md.get('gpu')}: median us per call, "
-            f"{'TFLOP/s' if suite.flops else '% of copy ceiling'} "
-            f"(copy {md.get('copy_ceiling_gbps', 0):.0f} GB/s)"
-        ),
-        caption=f"speedup = peer time / {suite.ours} time (>1: ours faster)",
+        title=f"{suite.name} on {md.get('gpu')}: median us per call ({unit})",
+        caption=f"vs X = X's time / {suite.ours}' time (>1: {suite.ours} faster)" if peers else None,
+        box=box.SIMPLE_HEAD,
     )
     for p in params:
         table.add_column(p, justify="right")
@@ -639,9 +655,38 @@ def parse_args(package: str, argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="results folder (default <pkg>/benchmarks/results)")
     parser.add_argument("--providers", default=None, help="comma-separated subset, e.g. ours,torch_compile")
     parser.add_argument("--list", action="store_true", help="print cases and providers, time nothing")
-    parser.add_argument("--replays", type=int, default=20, help="timed replays per repeat (default 20)")
-    parser.add_argument("--repeats", type=int, default=5, help="repeats (default 5)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="PARAM=V[,V]",
+        help="keep cases whose PARAM is one of the values, e.g. --only hidden=16384 (repeatable; "
+        "to split a long suite over several runs, each writing its own files)",
+    )
+    parser.add_argument("--replays", type=int, default=Method.replays, help="timed replays per repeat")
+    parser.add_argument("--repeats", type=int, default=Method.repeats, help="repeats")
+    parser.add_argument("--budget", type=float, default=Method.budget_s, help="~timed seconds per point")
     return parser.parse_args(argv)
+
+
+def select_cases(cases: list[Case], only: list[str]) -> tuple[list[Case], str]:
+    """Apply ``--only`` filters; also return a file-name suffix naming them."""
+    suffix = ""
+    for spec in only:
+        key, sep, values = spec.partition("=")
+        if not sep or not values:
+            raise ValueError(f"--only {spec!r}: expected PARAM=V[,V...]")
+        if cases and key not in cases[0].params:
+            raise ValueError(f"--only {spec!r}: cases have parameters {list(cases[0].params)}")
+        try:
+            wanted = {int(v) for v in values.split(",")}
+        except ValueError:
+            raise ValueError(f"--only {spec!r}: values must be integers") from None
+        cases = [c for c in cases if c[key] in wanted]
+        suffix += f"_{key}{'-'.join(str(v) for v in sorted(wanted))}"
+    if not cases:
+        raise ValueError(f"no case left after --only {' '.join(only)}")
+    return cases, suffix
 
 
 def select_providers(suite: Suite, spec: str | None) -> list[Provider]:
@@ -659,15 +704,19 @@ def main(package: str, argv: list[str] | None = None) -> int:
     args = parse_args(package, argv)
     from rich.console import Console
 
-    console = Console()
+    # Captured output (the device runner) would otherwise wrap the wide table at 80 columns.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     try:
         suite = load_suite(package)
         providers = select_providers(suite, args.providers)
+        cases, suffix = select_cases(suite.quick_cases if args.quick else suite.cases, args.only)
     except (FileNotFoundError, ImportError, AttributeError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         return 2
-    cases = suite.quick_cases if args.quick else suite.cases
+    if args.providers:  # a subset must not overwrite the full run's files
+        suffix += "_" + "-".join(p.name for p in providers)
+    method = Method(replays=args.replays, repeats=args.repeats, budget_s=args.budget)
 
     if args.list:
         console.print(f"{suite.name}: {suite.description}")
@@ -688,7 +737,7 @@ def main(package: str, argv: list[str] | None = None) -> int:
     ceiling = measure_copy_ceiling()
     console.print(f"copy ceiling (torch.mul, 2 GiB bf16, read+write): {ceiling:.0f} GB/s")
     try:
-        run = run_suite(suite, cases, providers, ceiling, replays=args.replays, repeats=args.repeats)
+        run = run_suite(suite, cases, providers, ceiling, method)
     except RuntimeError as exc:  # a sticky CUDA error: nothing after it can be trusted
         err.print(f"[red]error:[/] {exc}")
         return 1
@@ -696,7 +745,7 @@ def main(package: str, argv: list[str] | None = None) -> int:
         suite,
         ceiling,
         repo_root(),
-        {"quick": args.quick, "argv": list(argv or []), "replays": args.replays, "repeats": args.repeats},
+        {"quick": args.quick, "file_suffix": suffix, "argv": list(argv or []), "timing": asdict(method)},
     )
     console.print(render_table(run))
     for name, reason in run.skipped.items():

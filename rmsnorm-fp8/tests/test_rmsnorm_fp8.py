@@ -1,0 +1,442 @@
+"""rmsnorm-fp8 against a plain-PyTorch fp64 reference that rounds and quantizes like the kernel.
+
+The package is loaded the way users load it, through kernels.get_kernel; LOCAL_KERNELS points
+at the fresh build (set by the checkout's conftest, or by kernel-builder's ci-test).
+Runs on CUDA when torch has a GPU (the CUDA variant), else on the CPU variant.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import kernels
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fused_llm.testing import (
+    FP8_DTYPES,
+    assert_close,
+    assert_fp8_close,
+    assert_fully_written,
+    device,
+    empty_poisoned,
+)
+
+rmsnorm_fp8 = kernels.get_kernel("fused-llm/rmsnorm-fp8", version=1)
+
+DEVICE = device()
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HIDDEN = (1, 7, 64, 2048, 4096, 5120, 8192, 16384, 13331)  # 13331: odd and large
+ROWS = (0, 1, 3, 257, 4096)
+EPS = 1e-6
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
+
+
+def affordable(rows: int, hidden: int) -> bool:
+    """All sizes on a GPU; on the CPU (CI: 2 cores) skip the few > 4M-element cases."""
+    return DEVICE == "cuda" or rows * hidden <= 1 << 22
+
+
+SIZES = [(r, h) for r, h in itertools.product(ROWS, HIDDEN) if affordable(r, h)]
+
+
+def seed_of(*parts) -> int:
+    """A stable per-case seed: fresh inputs for every case, reproducible across runs."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def size_id(size: tuple[int, int]) -> str:
+    return f"{size[0]}x{size[1]}"
+
+
+# ---------------------------------------------------------------------------------------
+# Reference: fp64 statistics, the kernel's rounding order, the kernel's quantization.
+# ---------------------------------------------------------------------------------------
+
+
+def ref_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    dtype = x.dtype
+    v = x if residual is None else (x.float() + residual.float()).to(dtype)
+    vd = v.double()
+    normed = (vd * torch.rsqrt(vd.pow(2).mean(-1, keepdim=True) + eps)).float().to(dtype)
+    y = (normed.float() * weight.float()).to(dtype)
+    return y, v
+
+
+def quantize(y: torch.Tensor, inv_scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    m = FP8_MAX[fp8_dtype]
+    return (y.float() * inv_scale).clamp(-m, m).to(fp8_dtype)
+
+
+def ref_dynamic(y: torch.Tensor, fp8_dtype: torch.dtype, group: int | None, scale_ub: float | None):
+    m = FP8_MAX[fp8_dtype]
+    rows, hidden = y.reshape(-1, y.shape[-1]).shape
+    g = group or hidden
+    yg = y.float().reshape(rows, hidden // g, g)
+    amax = yg.abs().amax(-1, keepdim=True)
+    if scale_ub is not None:
+        amax = amax.clamp(max=scale_ub)
+    scale = torch.maximum(amax / m, torch.tensor(1.0 / (512.0 * m), device=y.device))
+    q = quantize(yg, 1.0 / scale, fp8_dtype).reshape(y.shape)
+    return q, scale.reshape(rows, hidden // g)
+
+
+def make_inputs(rows: int, hidden: int, dtype: torch.dtype, *, seed: int, residual: bool = True):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(rows, hidden, dtype=dtype, device=DEVICE, generator=gen) * 2
+    res = torch.randn(rows, hidden, dtype=dtype, device=DEVICE, generator=gen) if residual else None
+    w = (torch.rand(hidden, dtype=torch.float32, device=DEVICE, generator=gen) + 0.5).to(dtype)
+    return x, res, w
+
+
+# ---------------------------------------------------------------------------------------
+# Unquantized
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", SIZES, ids=size_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fused_add", [False, True], ids=["plain", "fused_add"])
+def test_rms_norm(size, dtype, fused_add):
+    rows, hidden = size
+    x, res, w = make_inputs(rows, hidden, dtype, seed=seed_of(rows, hidden, str(dtype)), residual=fused_add)
+    y_ref, v_ref = ref_norm(x, res, w, EPS)
+    out = empty_poisoned((rows, hidden), dtype, DEVICE)
+    if fused_add:
+        got, new_res = rmsnorm_fp8.fused_add_rms_norm(x, res, w, EPS, out=out)
+        assert_fully_written(new_res, "residual_out")
+        assert torch.equal(new_res, v_ref), "residual_out must equal x + residual rounded to the dtype"
+    else:
+        got = rmsnorm_fp8.rms_norm(x, w, EPS, out=out)
+    assert got is out
+    assert_close(got, y_ref, "out")
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_ci(dtype):
+    test_rms_norm((3, 4096), dtype, True)
+    test_rms_norm((1, 7), dtype, False)
+
+
+# ---------------------------------------------------------------------------------------
+# Static FP8
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", SIZES, ids=size_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=str)
+@pytest.mark.parametrize("fused_add", [False, True], ids=["plain", "fused_add"])
+def test_static_fp8(size, dtype, fp8_dtype, fused_add):
+    rows, hidden = size
+    x, res, w = make_inputs(rows, hidden, dtype, seed=seed_of(rows, hidden, "static"), residual=fused_add)
+    # A scale that sends the largest values past the FP8 maximum, so saturation is exercised.
+    scale = torch.tensor([3.0 / FP8_MAX[fp8_dtype]], device=DEVICE)
+    y_ref, v_ref = ref_norm(x, res, w, EPS)
+    q_ref = quantize(y_ref, 1.0 / scale, fp8_dtype)
+    out = empty_poisoned((rows, hidden), fp8_dtype, DEVICE)
+    if fused_add:
+        q, new_res = rmsnorm_fp8.fused_add_rms_norm_fp8(x, res, w, scale, EPS, fp8_dtype=fp8_dtype, out=out)
+        assert torch.equal(new_res, v_ref)
+    else:
+        q = rmsnorm_fp8.rms_norm_fp8(x, w, scale, EPS, fp8_dtype=fp8_dtype, out=out)
+    assert q is out
+    assert_fp8_close(q, q_ref, scale, scale)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=str)
+def test_static_fp8_ci(fp8_dtype):
+    test_static_fp8((257, 2048), torch.bfloat16, fp8_dtype, True)
+
+
+# ---------------------------------------------------------------------------------------
+# Dynamic FP8: per token and per group
+# ---------------------------------------------------------------------------------------
+
+DYNAMIC_SIZES = [(r, h) for r, h in SIZES if h % 64 == 0] + [(5, 7), (2, 1)]
+
+
+@pytest.mark.parametrize("size", DYNAMIC_SIZES, ids=size_id)
+@pytest.mark.parametrize("group", [None, 64, 128], ids=["token", "g64", "g128"])
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_dynamic_fp8(size, group, fp8_dtype, dtype):
+    rows, hidden = size
+    if group and hidden % group:
+        pytest.skip("hidden size not a multiple of the group")
+    fused_add = rows % 2 == 1  # both paths over the size list, at half the cases
+    x, res, w = make_inputs(rows, hidden, dtype, seed=seed_of(rows, hidden, group), residual=fused_add)
+    if rows:
+        x[0].zero_()  # an all-zero row (and group): the scale floor keeps it finite
+        if res is not None:
+            res[0].zero_()
+    y_ref, v_ref = ref_norm(x, res, w, EPS)
+    q_ref, s_ref = ref_dynamic(y_ref, fp8_dtype, group, None)
+    if fused_add:
+        q, s, new_res = rmsnorm_fp8.fused_add_rms_norm_dynamic_fp8(x, res, w, EPS, group_size=group, fp8_dtype=fp8_dtype)
+        assert torch.equal(new_res, v_ref)
+    else:
+        q, s = rmsnorm_fp8.rms_norm_dynamic_fp8(x, w, EPS, group_size=group, fp8_dtype=fp8_dtype)
+    assert s.dtype == torch.float32 and s.shape == s_ref.shape
+    assert_fully_written(s, "scales")
+    torch.testing.assert_close(s, s_ref, rtol=2 * 2**-7 if dtype != torch.float32 else 1e-5, atol=0)
+    g = group or hidden
+    expand = lambda sc: sc.repeat_interleave(g, dim=-1) if rows else sc.reshape(0, hidden)  # noqa: E731
+    assert_fp8_close(q, q_ref, expand(s), expand(s_ref))
+
+
+@pytest.mark.parametrize("group", [None, 128])
+def test_dynamic_scale_ub_and_column_major(group):
+    x, res, w = make_inputs(33, 1024, torch.bfloat16, seed=7)
+    x[3] *= 50  # a row whose absmax exceeds the bound
+    y_ref, v_ref = ref_norm(x, res, w, EPS)
+    q_ref, s_ref = ref_dynamic(y_ref, torch.float8_e4m3fn, group, 4.0)
+    q, s, _ = rmsnorm_fp8.fused_add_rms_norm_dynamic_fp8(
+        x, res, w, EPS, group_size=group, scale_ub=4.0, column_major_scales=True, fp8_dtype=torch.float8_e4m3fn
+    )
+    assert s.shape == s_ref.shape and s.stride() == (1, s.shape[0]), "column-major scales: groups-major storage"
+    torch.testing.assert_close(s, s_ref, rtol=2 * 2**-7, atol=0)
+    assert (s <= 4.0 / 448 * (1 + 2**-7)).all(), "scale_ub bounds every scale"
+    g = group or 1024
+    assert_fp8_close(q, q_ref, s.repeat_interleave(g, -1), s_ref.repeat_interleave(g, -1))
+
+
+@pytest.mark.kernels_ci
+def test_dynamic_fp8_ci():
+    test_dynamic_fp8((257, 2048), 128, torch.float8_e4m3fn, torch.bfloat16)
+    test_dynamic_fp8((3, 4096), None, torch.float8_e4m3fnuz, torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts: non-contiguous rows, leading dims, in place
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_non_contiguous_rows(dtype):
+    hidden = 1024
+    wide = torch.randn(65, hidden + 96, dtype=dtype, device=DEVICE)
+    x = wide[:, 32 : 32 + hidden]  # row stride hidden + 96, 64-byte offset
+    res = torch.randn(65, 2 * hidden, dtype=dtype, device=DEVICE)[:, ::1][:, :hidden]
+    w = torch.rand(hidden, dtype=dtype, device=DEVICE) + 0.5
+    assert not x.is_contiguous() and not res.is_contiguous()
+    y_ref, v_ref = ref_norm(x, res, w, EPS)
+    out, new_res = rmsnorm_fp8.fused_add_rms_norm(x, res, w, EPS)
+    assert torch.equal(new_res, v_ref)
+    assert_close(out, y_ref, "out")
+    scale = torch.tensor([0.01], device=DEVICE)
+    q = rmsnorm_fp8.rms_norm_fp8(x, w, scale, EPS)
+    assert_fp8_close(q, quantize(ref_norm(x, None, w, EPS)[0], 1 / scale, q.dtype), scale, scale)
+
+
+def test_misaligned_rows_take_the_generic_path():
+    # A 1-element offset breaks 16-byte alignment; results must not change.
+    base = torch.randn(40 * 2049, dtype=torch.bfloat16, device=DEVICE)
+    x = base[1:].view(-1)[: 40 * 2048].view(40, 2048)
+    w = torch.rand(2048, dtype=torch.bfloat16, device=DEVICE) + 0.5
+    assert_close(rmsnorm_fp8.rms_norm(x, w, EPS), ref_norm(x, None, w, EPS)[0], "out")
+
+
+def test_leading_dims():
+    x, res, w = make_inputs(6, 256, torch.bfloat16, seed=3)
+    x3, r3 = x.view(2, 3, 256), res.view(2, 3, 256)
+    out, new_res = rmsnorm_fp8.fused_add_rms_norm(x3, r3, w, EPS)
+    assert out.shape == (2, 3, 256) and new_res.shape == (2, 3, 256)
+    assert_close(out.view(6, 256), ref_norm(x, res, w, EPS)[0], "out")
+    q, s = rmsnorm_fp8.rms_norm_dynamic_fp8(x3, w, EPS)
+    assert q.shape == (2, 3, 256) and s.shape == (2, 3, 1)
+
+
+@pytest.mark.kernels_ci
+def test_in_place():
+    x, res, w = make_inputs(17, 4096, torch.bfloat16, seed=11)
+    y_ref, v_ref = ref_norm(x, res, w, EPS)
+    x_ptr, res_ptr = x.data_ptr(), res.data_ptr()
+    out, new_res = rmsnorm_fp8.fused_add_rms_norm(x, res, w, EPS, out=x, inplace=True)
+    assert out.data_ptr() == x_ptr and new_res.data_ptr() == res_ptr
+    assert torch.equal(res, v_ref)
+    assert_close(x, y_ref, "x (in place)")
+
+
+# ---------------------------------------------------------------------------------------
+# Random shapes and strides
+# ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(0, 70),
+    hidden=st.integers(1, 3000),
+    pad=st.integers(0, 40),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_random_shapes(rows, hidden, pad, dtype, seed):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(rows, hidden + pad, dtype=dtype, device=DEVICE, generator=gen)[:, pad:]
+    res = torch.randn(rows, hidden, dtype=dtype, device=DEVICE, generator=gen)
+    w = torch.rand(hidden, dtype=dtype, device=DEVICE, generator=gen) + 0.5
+    y_ref, v_ref = ref_norm(x, res, w, EPS)
+    out, new_res = rmsnorm_fp8.fused_add_rms_norm(x, res, w, EPS)
+    assert torch.equal(new_res, v_ref)
+    assert_close(out, y_ref, "out")
+    scale = torch.tensor([0.02], device=DEVICE)
+    q, _ = rmsnorm_fp8.fused_add_rms_norm_fp8(x, res, w, scale, EPS)
+    assert_fp8_close(q, quantize(y_ref, 1 / scale, q.dtype), scale, scale)
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input: a clear error naming the argument, before anything is written
+# ---------------------------------------------------------------------------------------
+
+
+def _bad_cases():
+    x = torch.randn(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.ones(64, dtype=torch.bfloat16, device=DEVICE)
+    s = torch.tensor([0.1], device=DEVICE)
+    k = rmsnorm_fp8
+    return [
+        ("x dtype", lambda: k.rms_norm(x.to(torch.int32), w), TypeError, "x: expected dtype"),
+        ("x scalar", lambda: k.rms_norm(x[0, 0], w), ValueError, "x:"),
+        ("x last-dim stride", lambda: k.rms_norm(x.t(), torch.ones(4, dtype=x.dtype, device=DEVICE)), ValueError, "x: the last dimension must be contiguous"),
+        ("weight shape", lambda: k.rms_norm(x, w[:32]), ValueError, "weight: expected shape (64,)"),
+        ("weight dtype", lambda: k.rms_norm(x, w.float()), TypeError, "weight: expected dtype torch.bfloat16"),
+        ("weight device", lambda: k.rms_norm(x, w.to("meta")), ValueError, "weight: expected device"),
+        ("residual shape", lambda: k.fused_add_rms_norm(x, x[:2], w), ValueError, "residual: expected shape"),
+        ("residual dtype", lambda: k.fused_add_rms_norm(x, x.half(), w), TypeError, "residual: expected dtype"),
+        ("out dtype", lambda: k.rms_norm(x, w, out=torch.empty_like(x, dtype=torch.float32)), TypeError, "out: expected dtype"),
+        ("out shape", lambda: k.rms_norm(x, w, out=x[:2].clone()), ValueError, "out: expected shape"),
+        ("scale dtype", lambda: k.rms_norm_fp8(x, w, s.double()), TypeError, "scale: expected dtype torch.float32"),
+        ("scale shape", lambda: k.rms_norm_fp8(x, w, torch.ones(2, device=DEVICE)), ValueError, "scale: expected one element"),
+        ("scale not a tensor", lambda: k.rms_norm_fp8(x, w, 0.5), TypeError, "scale:"),
+        ("scale device", lambda: k.rms_norm_fp8(x, w, s.to("meta")), ValueError, "scale: expected device"),
+        ("fp8_dtype", lambda: k.rms_norm_fp8(x, w, s, fp8_dtype=torch.float8_e5m2), TypeError, "fp8_dtype:"),
+        ("group_size value", lambda: k.rms_norm_dynamic_fp8(x, w, group_size=32), ValueError, "group_size: expected"),
+        ("group_size divides", lambda: k.rms_norm_dynamic_fp8(x[:, :48].contiguous(), w[:48], group_size=64), ValueError, "group_size: hidden size 48"),
+        ("scale_ub", lambda: k.rms_norm_dynamic_fp8(x, w, scale_ub=-1.0), ValueError, "scale_ub:"),
+        ("eps", lambda: k.rms_norm(x, w, -1.0), ValueError, "eps:"),
+    ]
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_input(case):
+    _, call, exc, message = case
+    with pytest.raises(exc, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        call()
+
+
+def test_bad_input_writes_nothing():
+    x, res, w = make_inputs(4, 64, torch.bfloat16, seed=1)
+    before = res.clone()
+    with pytest.raises(TypeError, match="weight"):
+        rmsnorm_fp8.fused_add_rms_norm(x, res, w.float(), EPS, inplace=True)
+    assert torch.equal(res, before)
+
+
+def test_raw_op_checks_name_the_argument():
+    # Direct torch.ops callers bypass the Python checks; the C++ checks still name arguments.
+    x = torch.randn(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    out = torch.empty(4, 64, dtype=torch.float8_e4m3fn, device=DEVICE)
+    with pytest.raises(RuntimeError, match="scale: expected a float32 tensor"):
+        rmsnorm_fp8.ops.rms_norm_static_fp8(out, x, torch.ones(64, dtype=x.dtype, device=DEVICE), torch.ones(3, device=DEVICE), EPS)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.library contract and torch.compile
+# ---------------------------------------------------------------------------------------
+
+
+def _opcheck_cases():
+    x = torch.randn(5, 256, dtype=torch.bfloat16, device=DEVICE)
+    r = torch.randn_like(x)
+    w = torch.rand(256, dtype=torch.bfloat16, device=DEVICE) + 0.5
+    s = torch.tensor([0.01], device=DEVICE)
+    fp8 = lambda: torch.empty(5, 256, dtype=torch.float8_e4m3fn, device=DEVICE)  # noqa: E731
+    ops = rmsnorm_fp8.ops
+    return {
+        "rms_norm": (ops.rms_norm, (torch.empty_like(x), x, w, EPS)),
+        "fused_add_rms_norm": (ops.fused_add_rms_norm, (torch.empty_like(x), torch.empty_like(x), x, r, w, EPS)),
+        "rms_norm_static_fp8": (ops.rms_norm_static_fp8, (fp8(), x, w, s, EPS)),
+        "fused_add_rms_norm_static_fp8": (ops.fused_add_rms_norm_static_fp8, (fp8(), torch.empty_like(x), x, r, w, s, EPS)),
+        "rms_norm_dynamic_fp8": (ops.rms_norm_dynamic_fp8, (fp8(), torch.empty(5, 2, device=DEVICE), x, w, EPS, 128, None)),
+        "fused_add_rms_norm_dynamic_fp8": (
+            ops.fused_add_rms_norm_dynamic_fp8,
+            (fp8(), torch.empty(5, 1, device=DEVICE), torch.empty_like(x), x, r, w, EPS, 0, 3.0),
+        ),
+    }
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("name", list(_opcheck_cases()))
+def test_opcheck(name):
+    op, args = _opcheck_cases()[name]
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    if "fp8" in name:
+        # torch's SchemaCheckMode compares tensors with a multiply that float8 lacks
+        # ("mul_cpu_reduced_float" not implemented for 'Float8_e4m3fn'); the mutation
+        # contract of the FP8 ops is checked bitwise in test_only_declared_outputs_mutate.
+        utils = utils[1:]
+    torch.library.opcheck(op, args, test_utils=utils)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("name", list(_opcheck_cases()))
+def test_only_declared_outputs_mutate(name):
+    op, args = _opcheck_cases()[name]
+    schema = op.default._schema
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    op(*args)
+    for arg, old, spec in zip(args, before, schema.arguments):
+        if not isinstance(arg, torch.Tensor):
+            continue
+        mutable = spec.alias_info is not None and spec.alias_info.is_write
+        same = torch.equal(arg.view(torch.uint8), old.view(torch.uint8)) if arg.numel() else True
+        if not mutable:
+            assert same, f"{name}: input {spec.name} was modified but is not declared mutable"
+        else:
+            assert not same or arg.numel() == 0, f"{name}: output {spec.name} was not written"
+
+
+@pytest.mark.kernels_ci
+def test_torch_compile_fullgraph():
+    x, res, w = make_inputs(9, 512, torch.bfloat16, seed=5)
+    scale = torch.tensor([0.02], device=DEVICE)
+
+    def block(x, res, w, scale):
+        q, new_res = rmsnorm_fp8.fused_add_rms_norm_fp8(x, res, w, scale, EPS)
+        q2, s2 = rmsnorm_fp8.rms_norm_dynamic_fp8(new_res, w, EPS, group_size=128)
+        return q.float() * scale, new_res * 2, q2.float(), s2, rmsnorm_fp8.rms_norm(x, w, EPS)
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    eager = block(x, res.clone(), w, scale)
+    got = compiled(x, res.clone(), w, scale)
+    for a, b in zip(got, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# Layer
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layer_matches_llama_rmsnorm(dtype):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    hidden = 768
+    host = LlamaRMSNorm(hidden, eps=1e-5).to(device=DEVICE, dtype=dtype)
+    with torch.no_grad():
+        host.weight.copy_(torch.rand(hidden) + 0.5)
+    x = torch.randn(2, 7, hidden, dtype=dtype, device=DEVICE)
+    expected = host(x)
+    got = rmsnorm_fp8.layers.RMSNorm.forward(host, x)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, **{"rtol": 2 * 2**-7, "atol": 1e-5} if dtype != torch.float32 else {})

@@ -1,0 +1,103 @@
+"""The ``fused-llm`` command: build, check, benchmark and demonstrate the kernel packages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import builder, packages
+
+console = Console(stderr=True)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+
+
+def build_packages(names: list[str], backend: str = "auto", *, clean: bool = False, capabilities: list[str] | None = None) -> list[builder.BuildResult]:
+    """Build ``names`` (all packages when empty) with a progress bar per package."""
+    names = names or packages.kernel_packages()
+    results = []
+    with _progress() as progress:
+        for name in names:
+            task = progress.add_task(f"build {name}", total=None)
+
+            def on_progress(done: int, total: int, task=task) -> None:
+                progress.update(task, completed=done, total=total)
+
+            t0 = time.perf_counter()
+            for result in builder.build_package(packages.package_dir(name), backend, clean=clean, capabilities=capabilities, on_progress=on_progress):
+                results.append(result)
+                progress.console.print(
+                    f"[green]built[/] {name} -> {result.variant_dir.relative_to(packages.repo_root())} "
+                    f"({result.kernel_id}{', archs ' + ' '.join(result.archs) if result.archs else ''}) "
+                    f"in {time.perf_counter() - t0:.1f}s"
+                )
+            progress.update(task, completed=progress.tasks[task].total or 1, total=progress.tasks[task].total or 1)
+    return results
+
+
+def check_cuda(names: list[str]) -> int:
+    dirs = [packages.package_dir(n) for n in (names or packages.kernel_packages())]
+    checks = builder.cuda_checks(dirs)
+    with _progress() as progress:
+        task = progress.add_task("nvcc check", total=len(checks))
+
+        def on_done(check: builder.CudaCheck, error: str | None) -> None:
+            status = "[green]ok[/]" if error is None else "[red]FAILED[/]"
+            progress.console.print(f"{status} {check.package}: {check.source.name} sm_{check.capability.replace('.', '')}")
+            progress.advance(task)
+
+        failures = builder.check_cuda(dirs, on_done=on_done)
+    for check, error in failures:
+        console.print(f"[red]{check.source} (capability {check.capability}):[/]\n{error}")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fused-llm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_build = sub.add_parser("build", help="build kernel packages into PKG/build/<variant>/")
+    p_build.add_argument("packages", nargs="*", metavar="PKG", help="package names (default: all)")
+    p_build.add_argument("--backend", default="auto", choices=["auto", *builder.BACKENDS])
+    p_build.add_argument("--clean", action="store_true", help="remove PKG/build first")
+    p_build.add_argument("--capabilities", help="comma-separated subset of cuda-capabilities, e.g. 8.0")
+    p_build.add_argument("--check-cuda", action="store_true", help="only compile-check the framework-free .cu files with nvcc")
+
+    p_bench = sub.add_parser("bench", help="benchmark a package against its peers (GPU)")
+    p_bench.add_argument("package", metavar="PKG")
+    p_bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for the harness (--quick, --out DIR, --providers a,b)")
+
+    p_demo = sub.add_parser("demo", help="build, kernelize a small Llama, compare with eager (and time it on a GPU)")
+    p_demo.add_argument("--no-build", action="store_true", help="use the existing builds")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            if args.check_cuda:
+                return check_cuda(args.packages)
+            caps = args.capabilities.split(",") if args.capabilities else None
+            build_packages(args.packages, args.backend, clean=args.clean, capabilities=caps)
+            return 0
+        if args.command == "bench":
+            from . import bench
+
+            return bench.main(args.package, args.rest)
+        if args.command == "demo":
+            from . import demo
+
+            return demo.main(build=not args.no_build)
+    except (builder.BuildError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/] {err}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

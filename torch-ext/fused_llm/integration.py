@@ -1,0 +1,123 @@
+"""transformers integration: which hub layer names our packages serve, and ``kernelize``.
+
+transformers tags its modules with hub layer names (``LlamaRMSNorm`` → ``"RMSNorm"``, …);
+``kernels.kernelize`` swaps the ``forward`` of every tagged module for the layer the active
+kernel mapping names. This module builds that mapping for the packages that exist and
+reports what was swapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from . import packages
+
+# hub layer name -> (package, layer class in <package>.layers)
+LAYERS: dict[str, tuple[str, str]] = {
+    "RMSNorm": ("rmsnorm-fp8", "RMSNorm"),
+}
+# Every package ships CUDA (sm80, sm90), ROCm (gfx942) and CPU code.
+DEVICES = ("cuda", "rocm", "cpu")
+
+Source = Literal["local", "hub"]
+
+
+def kernel_mapping(source: Source = "local", devices: tuple[str, ...] = DEVICES) -> dict:
+    """The mapping for ``kernels.use_kernel_mapping``: ``local`` loads each package's
+    ``build/`` (run ``fused-llm build`` first); ``hub`` names ``fused-llm/<pkg>`` version 1,
+    which ``LOCAL_KERNELS`` can redirect."""
+    from kernels import LayerRepository, LocalLayerRepository
+
+    if source not in ("local", "hub"):
+        raise ValueError(f"source: expected 'local' or 'hub', got {source!r}")
+    available = set(packages.kernel_packages()) if source == "local" else None
+    mapping: dict = {}
+    for layer_name, (package, layer_class) in LAYERS.items():
+        if source == "local":
+            if package not in available:
+                continue
+            path = packages.package_dir(package)
+            if not (path / "build").is_dir():
+                raise FileNotFoundError(f"{package} has no build/: run `fused-llm build {package}` first")
+            repo = LocalLayerRepository(path, layer_name=layer_class)
+        else:
+            repo = LayerRepository(packages.hub_repo_id(package), layer_name=layer_class, version=packages.HUB_VERSION)
+        mapping[layer_name] = {device: repo for device in devices}
+    return mapping
+
+
+@dataclass
+class KernelizeReport:
+    """Which tagged modules now run one of our layers, and which kept their own forward."""
+
+    swapped: list[tuple[str, str, str]] = field(default_factory=list)  # (module, class, layer)
+    kept: list[tuple[str, str]] = field(default_factory=list)  # (module, class)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for _, cls, layer in self.swapped:
+            key = f"{cls} -> {layer}"
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"  {n:3d} x {what}" for what, n in self.counts().items()]
+        kept = {cls for _, cls in self.kept}
+        if kept:
+            lines.append(f"  kept their own forward: {len(self.kept)} ({', '.join(sorted(kept))})")
+        return "kernelized:\n" + ("\n".join(lines) if lines else "  nothing")
+
+
+def _report(model: nn.Module) -> KernelizeReport:
+    report = KernelizeReport()
+    for name, module in model.named_modules():
+        cls = type(module)
+        layer_name = getattr(cls, "kernel_layer_name", None)
+        if layer_name not in LAYERS:
+            continue
+        forward = getattr(module.forward, "__func__", None)
+        if forward is not None and forward is not cls.forward:
+            report.swapped.append((name, cls.__name__, f"{forward.__module__.split('.')[0]}.{forward.__qualname__}"))
+        else:
+            report.kept.append((name, cls.__name__))
+    return report
+
+
+def kernelize(
+    model: nn.Module,
+    mode=None,
+    *,
+    source: Source = "local",
+    device: str | None = None,
+    use_fallback: bool = True,
+) -> KernelizeReport:
+    """Swap our kernels into ``model`` (in place) and report what was swapped.
+
+    ``mode`` defaults to ``kernels.Mode.INFERENCE``; ``device`` to the model's (``cuda``,
+    ``rocm`` or ``cpu``). Only our mapping is active inside the call."""
+    from kernels import Mode, use_kernel_mapping
+    from kernels import kernelize as hub_kernelize
+
+    mode = Mode.INFERENCE if mode is None else mode
+    mapping = kernel_mapping(source)
+    with use_kernel_mapping(mapping, inherit_mapping=False):
+        hub_kernelize(model, mode=mode, device=device, use_fallback=use_fallback)
+    return _report(model)
+
+
+def tiny_llama(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A small Llama-architecture model with random weights, defined here so the demo and the
+    tests need no download: 2 layers, hidden 256, GQA 8/4 heads."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+    )
+    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()

@@ -1,0 +1,72 @@
+"""Test helpers shared by every package's tests: devices, poisoning, tolerances, FP8 ulps."""
+
+from __future__ import annotations
+
+import torch
+
+# Per-dtype tolerances for outputs rounded to the dtype. The kernel and the fp64 reference
+# differ only in the fp32 statistics: a sum of H = 16384 squares in fp32 is off by up to
+# ~sqrt(H) * 6e-8 ~ 8e-6 relative (seen: 2.6e-6), hence fp32 rtol 1e-5. In fp16/bf16 that
+# error can flip the two roundings LlamaRMSNorm prescribes by an ulp each: rtol = 2 ulps.
+TOLERANCES: dict[torch.dtype, dict[str, float]] = {
+    torch.float32: {"rtol": 1e-5, "atol": 1e-6},
+    torch.float16: {"rtol": 2 * 2**-10, "atol": 1e-5},
+    torch.bfloat16: {"rtol": 2 * 2**-7, "atol": 1e-5},
+}
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+_FP8_MIN_EXP = {torch.float8_e4m3fn: -6, torch.float8_e4m3fnuz: -7}  # smallest normal exponent
+
+
+def device() -> str:
+    """The device whose kernels the loaded variant implements: CUDA when torch has one."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with NaN (its dtype's NaN bit pattern for FP8) so unwritten elements show."""
+    if t.dtype in FP8_DTYPES:
+        nan_byte = 0x7F if t.dtype == torch.float8_e4m3fn else 0x80
+        t.view(torch.uint8).fill_(nan_byte)
+    else:
+        t.fill_(float("nan"))
+    return t
+
+
+def empty_poisoned(shape, dtype: torch.dtype, device: str) -> torch.Tensor:
+    return poison_(torch.empty(shape, dtype=dtype, device=device))
+
+
+def assert_fully_written(t: torch.Tensor, name: str) -> None:
+    bad = torch.isnan(t.float()).sum().item()
+    assert bad == 0, f"{name}: {bad} of {t.numel()} elements still hold the poison (not written)"
+
+
+def fp8_ulp(values: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of the FP8 grid at ``values`` (in the FP8 domain): 2^(e-3), subnormals included."""
+    v = values.float().abs()
+    exp = torch.floor(torch.log2(torch.where(v > 0, v, torch.ones_like(v))))
+    exp = torch.clamp(exp, min=_FP8_MIN_EXP[fp8_dtype])
+    return torch.exp2(exp - 3)
+
+
+def assert_fp8_close(q: torch.Tensor, q_ref: torch.Tensor, scale: torch.Tensor, scale_ref: torch.Tensor,
+                     *, max_mismatch: float = 0.01, name: str = "q") -> None:
+    """Dequantized values within one FP8 ulp of the reference's (each with its own scale), and
+    at most ``max_mismatch`` of the elements not bit-identical (rounding-boundary flips)."""
+    assert q.dtype == q_ref.dtype, f"{name}: dtype {q.dtype} != {q_ref.dtype}"
+    qf, rf = q.float(), q_ref.float()
+    assert_fully_written(qf, name)
+    deq, deq_ref = qf * scale.float(), rf * scale_ref.float()
+    tol = fp8_ulp(rf, q.dtype) * scale_ref.float() * 1.001 + 1e-12
+    err = (deq - deq_ref).abs()
+    worst = (err / tol).max().item() if err.numel() else 0.0
+    assert worst <= 1.0, f"{name}: dequantized error up to {worst:.2f} FP8 ulps"
+    if q.numel():
+        mismatch = (q.view(torch.uint8) != q_ref.view(torch.uint8)).float().mean().item()
+        assert mismatch <= max_mismatch, f"{name}: {mismatch:.2%} of the bytes differ from the reference"
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
+    assert_fully_written(actual, name)
+    torch.testing.assert_close(actual, expected.to(actual.dtype), **TOLERANCES[actual.dtype], msg=lambda m: f"{name}: {m}")
