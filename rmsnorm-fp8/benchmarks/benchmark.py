@@ -106,10 +106,14 @@ class RmsnormFp8(Benchmark):
 
     def _reference(self) -> torch.Tensor:
         q_ref, r_ref = fused_add_rms_norm_fp8_ref(self.x, self.residual, self.weight, self.scale)
-        try:
-            check_fp8(self.q, q_ref)
-        except AssertionError as exc:  # the runner reports RuntimeError cleanly
-            raise RuntimeError(f"Verification failed: {exc}") from exc
+        # The runner times one verify call (after `warmup` untimed ones) as the reference's time
+        # in its Speedup column: check q on the first call only, so that time is the reference's.
+        if not getattr(self, "_q_checked", False):
+            try:
+                check_fp8(self.q, q_ref)
+            except AssertionError as exc:  # the runner reports RuntimeError cleanly
+                raise RuntimeError(f"Verification failed: {exc}") from exc
+            self._q_checked = True
         return r_ref
 
     # decode: one token of an 8B-class model (hidden 4096)

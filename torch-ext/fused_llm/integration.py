@@ -28,8 +28,8 @@ Source = Literal["local", "hub"]
 
 def kernel_mapping(source: Source = "local", devices: tuple[str, ...] = DEVICES) -> dict:
     """The mapping for ``kernels.use_kernel_mapping``: ``local`` loads each package's
-    ``build/`` (run ``fused-llm build`` first); ``hub`` names ``fused-llm/<pkg>`` version 1,
-    which ``LOCAL_KERNELS`` can redirect."""
+    ``build/`` (run ``fused-llm build`` first); ``hub`` names ``fused-llm/<pkg>`` version 1
+    (branch ``v1``), which ``LOCAL_KERNELS`` can redirect."""
     from kernels import LayerRepository, LocalLayerRepository
 
     if source not in ("local", "hub"):
@@ -45,7 +45,11 @@ def kernel_mapping(source: Source = "local", devices: tuple[str, ...] = DEVICES)
                 raise FileNotFoundError(f"{package} has no build/: run `fused-llm build {package}` first")
             repo = LocalLayerRepository(path, layer_name=layer_class)
         else:
-            repo = LayerRepository(packages.hub_repo_id(package), layer_name=layer_class, version=packages.HUB_VERSION)
+            # Version N lives on branch vN. kernels 0.17.2's LayerRepository(version=N) asks
+            # the Hub API for that branch before anything else, even when LOCAL_KERNELS
+            # overrides the repo (kernels/layer/layer.py, _resolve_revision); naming the
+            # branch loads the same kernel and keeps the LOCAL_KERNELS redirect offline.
+            repo = LayerRepository(packages.hub_repo_id(package), layer_name=layer_class, revision=f"v{packages.HUB_VERSION}")
         mapping[layer_name] = {device: repo for device in devices}
     return mapping
 

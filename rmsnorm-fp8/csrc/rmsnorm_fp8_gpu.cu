@@ -1,0 +1,753 @@
+// GPU kernels of rmsnorm-fp8 (CUDA; hipified for ROCm gfx942). Framework-free: raw pointers,
+// element strides and a stream in, a cudaError_t value out.
+//
+// For every row (T = input dtype, all statistics in fp32):
+//   v   = T(x + residual) -> residual_out         (or v = x without a residual)
+//   rstd = rsqrt(mean(v^2) + eps)
+//   y   = T(float(T(v * rstd)) * weight)
+//   out = y | e4m3(clamp(y * inv_scale, +-fp8_max)), inv_scale static, per row or per group.
+//
+// Two kernels:
+//   * rms_norm_fast_kernel: 16-byte vectors, the whole row held in registers (read once from
+//     global memory), TPR threads per row, ITERS vectors per thread, several rows per block when
+//     TPR is small. Used when pointers/strides are 16-byte aligned and the row fits on chip.
+//   * rms_norm_generic_kernel: one block per row, scalar strided loops, later passes re-read
+//     v from global memory (L2). Any alignment, any H (1, 7, 10^6 ...).
+// Launch configs are chosen in choose_fast_config(), outside the kernel bodies.
+//
+// Aliasing: residual_out may alias residual and out may alias x. In both kernels every element
+// of x / residual is read by the thread that later writes the same element of out /
+// residual_out, before it writes it; that is why x and residual use plain (coherent) loads and
+// only weight goes through the read-only path (__ldg).
+
+#include <cuda_runtime.h>
+#ifndef USE_ROCM
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
+#include <atomic>
+#include <cstdint>
+
+#include "numerics.h"
+#include "rmsnorm_fp8.h"
+
+namespace fused_llm {
+namespace rmsnorm_fp8 {
+namespace {
+
+#ifndef USE_ROCM
+constexpr int kWarpSize = 32;
+#else
+constexpr int kWarpSize = 64;  // gfx942 wavefront
+#endif
+// Shared-memory slots for one partial per warp of a 1024-thread block.
+constexpr int kMaxWarps = 1024 / kWarpSize;
+
+// Quantization modes as template values (Quant::k* mirrored; kept as ints for templates).
+constexpr int kQNone = 0;
+constexpr int kQStatic = 1;
+constexpr int kQToken = 2;
+constexpr int kQGroup = 3;
+constexpr int kFmtFn = 0;
+constexpr int kFmtFnuz = 1;
+
+// ---- dtype traits ----------------------------------------------------------------------------
+// Values travel as packed 32-bit words: one fp32 or two 16-bit elements (element 2k in the low
+// half). All arithmetic is in fp32; pack() rounds to T with RNE.
+struct Fp32Tag {};
+struct Fp16Tag {};
+struct Bf16Tag {};
+
+template <class T>
+struct Elem;
+
+template <>
+struct Elem<Fp32Tag> {
+  static constexpr int kBytes = 4;
+  static constexpr int kPerWord = 1;
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
+  __device__ __forceinline__ static uint32_t pack(const float* f) { return __float_as_uint(f[0]); }
+  __device__ __forceinline__ static float round(float f) { return f; }
+  __device__ __forceinline__ static float load(const void* base, int64_t i) {
+    return static_cast<const float*>(base)[i];
+  }
+  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
+    static_cast<float*>(base)[i] = f;
+  }
+};
+
+template <>
+struct Elem<Bf16Tag> {
+  static constexpr int kBytes = 2;
+  static constexpr int kPerWord = 2;
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xffff0000u);
+  }
+  __device__ __forceinline__ static uint32_t pack(const float* f) {
+#ifndef USE_ROCM
+    const __nv_bfloat162 h = __floats2bfloat162_rn(f[0], f[1]);  // one cvt.rn.bf16x2.f32 on sm_80+
+    return static_cast<uint32_t>(__bfloat16_as_ushort(h.x)) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(h.y)) << 16);
+#else
+    return static_cast<uint32_t>(float_to_bf16(f[0])) |
+           (static_cast<uint32_t>(float_to_bf16(f[1])) << 16);
+#endif
+  }
+  __device__ __forceinline__ static uint16_t to_bits(float f) {
+#ifndef USE_ROCM
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+    return float_to_bf16(f);
+#endif
+  }
+  __device__ __forceinline__ static float round(float f) { return bf16_to_float(to_bits(f)); }
+  __device__ __forceinline__ static float load(const void* base, int64_t i) {
+    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+  }
+  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
+    static_cast<uint16_t*>(base)[i] = to_bits(f);
+  }
+};
+
+template <>
+struct Elem<Fp16Tag> {
+  static constexpr int kBytes = 2;
+  static constexpr int kPerWord = 2;
+  __device__ __forceinline__ static float from_bits(uint32_t h) {
+#ifndef USE_ROCM
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+#else
+    return half_to_float(static_cast<uint16_t>(h));
+#endif
+  }
+  __device__ __forceinline__ static uint16_t to_bits(float f) {
+#ifndef USE_ROCM
+    return __half_as_ushort(__float2half_rn(f));
+#else
+    return float_to_half(f);
+#endif
+  }
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
+    f[0] = from_bits(w & 0xffffu);
+    f[1] = from_bits(w >> 16);
+  }
+  __device__ __forceinline__ static uint32_t pack(const float* f) {
+#ifndef USE_ROCM
+    const __half2 h = __floats2half2_rn(f[0], f[1]);  // one cvt.rn.f16x2.f32 on sm_80+
+    return static_cast<uint32_t>(__half_as_ushort(h.x)) |
+           (static_cast<uint32_t>(__half_as_ushort(h.y)) << 16);
+#else
+    return static_cast<uint32_t>(float_to_half(f[0])) |
+           (static_cast<uint32_t>(float_to_half(f[1])) << 16);
+#endif
+  }
+  __device__ __forceinline__ static float round(float f) { return from_bits(to_bits(f)); }
+  __device__ __forceinline__ static float load(const void* base, int64_t i) {
+    return from_bits(static_cast<const uint16_t*>(base)[i]);
+  }
+  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
+    static_cast<uint16_t*>(base)[i] = to_bits(f);
+  }
+};
+
+// 16-byte vector <-> floats.
+template <class T>
+__device__ __forceinline__ void unpack_vec(const uint4& v, float* f) {
+  constexpr int P = Elem<T>::kPerWord;
+  Elem<T>::unpack(v.x, f);
+  Elem<T>::unpack(v.y, f + P);
+  Elem<T>::unpack(v.z, f + 2 * P);
+  Elem<T>::unpack(v.w, f + 3 * P);
+}
+
+template <class T>
+__device__ __forceinline__ uint4 pack_vec(const float* f) {
+  constexpr int P = Elem<T>::kPerWord;
+  uint4 v;
+  v.x = Elem<T>::pack(f);
+  v.y = Elem<T>::pack(f + P);
+  v.z = Elem<T>::pack(f + 2 * P);
+  v.w = Elem<T>::pack(f + 3 * P);
+  return v;
+}
+
+// ---- math helpers ----------------------------------------------------------------------------
+// IEEE division even under --use_fast_math, so scales match torch's `amax / fp8_max` and `1 / s`.
+__device__ __forceinline__ float div_rn(float a, float b) {
+#ifndef USE_ROCM
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// Clamp that keeps NaN (torch.clamp propagates it; fminf/fmaxf would drop it).
+__device__ __forceinline__ float clamp_fp8(float v, float fp8_max) {
+  return v < -fp8_max ? -fp8_max : (v > fp8_max ? fp8_max : v);
+}
+
+// Two clamped values -> two e4m3 bytes (a in the low byte).
+template <int FMT>
+__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
+#ifndef USE_ROCM
+  if constexpr (FMT == kFmtFn) {
+    // cvt.rn.satfinite.e4m3x2.f32 on sm_89+, emulated by cuda_fp8.hpp below that.
+    return static_cast<uint32_t>(
+        __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+  }
+#endif
+  if constexpr (FMT == kFmtFn) {
+    return static_cast<uint32_t>(float_to_e4m3fn(a)) |
+           (static_cast<uint32_t>(float_to_e4m3fn(b)) << 8);
+  } else {
+    return static_cast<uint32_t>(float_to_e4m3fnuz(a)) |
+           (static_cast<uint32_t>(float_to_e4m3fnuz(b)) << 8);
+  }
+}
+
+__device__ __forceinline__ uint8_t fp8_one(float a, int fmt) {
+  return static_cast<uint8_t>(fmt == kFmtFn ? fp8x2<kFmtFn>(a, 0.0f) : fp8x2<kFmtFnuz>(a, 0.0f));
+}
+
+__device__ __forceinline__ float shfl_xor(float v, int offset) {
+#ifndef USE_ROCM
+  return __shfl_xor_sync(0xffffffffu, v, offset);
+#else
+  return __shfl_xor(v, offset);
+#endif
+}
+
+template <bool kMax>
+__device__ __forceinline__ float combine(float a, float b) {
+  return kMax ? fmaxf(a, b) : a + b;
+}
+
+// Reduce over the `tpr` consecutive threads of a row (tpr a power of two; the block is a whole
+// number of warps). tpr <= warp size: xor shuffles inside the warp (several rows per warp stay
+// separate). tpr > warp size: each warp reduces, then the row's warps combine through `smem`
+// (one slot per warp of the block). Every thread of the block must call this (uniformly); every
+// caller gets its row's result.
+template <bool kMax>
+__device__ __forceinline__ float row_reduce(float v, int tpr, float* smem) {
+  const int width = tpr < kWarpSize ? tpr : kWarpSize;
+  for (int o = width >> 1; o > 0; o >>= 1) v = combine<kMax>(v, shfl_xor(v, o));
+  if (tpr > kWarpSize) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int warp = threadIdx.x / kWarpSize;
+    const int warps_per_row = tpr / kWarpSize;
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    const int first = warp & ~(warps_per_row - 1);  // first warp of this row
+    v = lane < warps_per_row ? smem[first + lane] : 0.0f;  // 0: identity for sum and max(|y|)
+    for (int o = kWarpSize >> 1; o > 0; o >>= 1) v = combine<kMax>(v, shfl_xor(v, o));
+  }
+  return v;
+}
+
+// ---- kernel arguments --------------------------------------------------------------------
+struct KernelArgs {
+  const void* x;             // [rows, H], row stride x_stride
+  const void* residual;      // [rows, H] or nullptr
+  const void* weight;        // [H]
+  void* residual_out;        // [rows, H] when residual != nullptr
+  void* out;                 // [rows, H]: T (kNone) or fp8 bytes
+  int64_t x_stride, residual_stride, residual_out_stride, out_stride;  // elements
+  int64_t rows;
+  int64_t hidden;
+  float inv_hidden;          // 1 / H: mean = sum * (1 / H), as torch's mean reduction does
+  float eps;
+  const float* static_scale;  // [1] (kStatic)
+  float* scales;              // token: [rows]; group: [rows, H / group_size]
+  int64_t scales_row_stride, scales_group_stride;
+  float scale_ub;             // > 0: upper bound on amax
+  float fp8_max;              // 448 (fn) or 240 (fnuz)
+  float min_scale;            // kMinScaleFactor / fp8_max
+  int group_size;             // elements per group (kQGroup)
+  // fast kernel only
+  int nvec;                   // H / VEC
+  int tpr_log2;               // threads per row = 1 << tpr_log2
+  int rows_per_block;
+  int group_vecs_log2;        // group_size / VEC = 1 << group_vecs_log2 (kQGroup)
+};
+
+// Fast kernel register budget: ITERS <= 4 fits 64 registers (1024-thread blocks, 2048 resident
+// threads/SM at <= 32 registers, 1024 at 64). ITERS == 8 would keep 2 x 8 vectors live plus
+// temporaries (~100-128 registers) and so is capped at 512 threads; 512 x 8 vectors cover no more
+// than 1024 x 4, so the launcher never picks it (no instantiations); kept for experiments.
+template <int ITERS>
+struct FastMaxThreads {
+  static constexpr int value = ITERS >= 8 ? 512 : 1024;
+};
+
+// ---- fast kernel -------------------------------------------------------------------------
+// Thread t of a row handles vectors j * TPR + t, j < ITERS. Block = rows_per_block x TPR.
+template <class T, int ITERS, int QM, int FMT>
+__global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
+    rms_norm_fast_kernel(const KernelArgs a) {
+  using E = Elem<T>;
+  constexpr int kVec = 16 / E::kBytes;
+  __shared__ float s_sum[kMaxWarps];
+  __shared__ float s_max[kMaxWarps];
+
+  const int tpr = 1 << a.tpr_log2;
+  const int t = threadIdx.x & (tpr - 1);
+  const int64_t row_raw = static_cast<int64_t>(blockIdx.x) * a.rows_per_block + (threadIdx.x >> a.tpr_log2);
+  // Threads of a row past the end still take part in the shuffles; they load and store nothing.
+  const bool row_ok = row_raw < a.rows;
+  const int64_t row = row_ok ? row_raw : 0;
+  const bool has_res = a.residual != nullptr;
+
+  const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
+  const char* r_row = static_cast<const char*>(a.residual) + row * a.residual_stride * E::kBytes;
+  char* ro_row = static_cast<char*>(a.residual_out) + row * a.residual_out_stride * E::kBytes;
+
+  // Issue every load of the row before any use: x and residual.
+  uint4 v[ITERS];
+  uint4 r[ITERS];
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int j = 0; j < ITERS; ++j) {
+    const int vi = j * tpr + t;
+    const bool in = vi < a.nvec;
+    v[j] = (in && row_ok) ? reinterpret_cast<const uint4*>(x_row)[vi] : zero;
+    r[j] = (in && row_ok && has_res) ? reinterpret_cast<const uint4*>(r_row)[vi] : zero;
+  }
+  float inv_scale = 0.0f;
+  if constexpr (QM == kQStatic) inv_scale = div_rn(1.0f, __ldg(a.static_scale));
+
+  // v = T(x + residual) -> residual_out; sum of squares.
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < ITERS; ++j) {
+    float f[kVec];
+    unpack_vec<T>(v[j], f);
+    if (has_res) {
+      float g[kVec];
+      unpack_vec<T>(r[j], g);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) f[k] += g[k];
+      v[j] = pack_vec<T>(f);
+      unpack_vec<T>(v[j], f);
+      const int vi = j * tpr + t;
+      if (row_ok && vi < a.nvec) reinterpret_cast<uint4*>(ro_row)[vi] = v[j];
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) ss = fmaf(f[k], f[k], ss);
+  }
+  // Weight loads go out before the reduction so their (mostly L2-hit) latency overlaps it.
+  // Loading them together with x and residual would keep 3 x ITERS vectors live at once and
+  // spill the 16-bit ITERS=4 kernels past their 64-register budget.
+  uint4 w[ITERS];
+#pragma unroll
+  for (int j = 0; j < ITERS; ++j) {
+    const int vi = j * tpr + t;
+    w[j] = vi < a.nvec ? __ldg(reinterpret_cast<const uint4*>(a.weight) + vi) : zero;
+  }
+  ss = row_reduce<false>(ss, tpr, s_sum);
+  const float rstd = rsqrtf(ss * a.inv_hidden + a.eps);
+
+  // y = T(float(T(v * rstd)) * w), kept packed in v[]; |y| max for the token scale.
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < ITERS; ++j) {
+    float f[kVec];
+    float g[kVec];
+    unpack_vec<T>(v[j], f);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) f[k] *= rstd;
+    unpack_vec<T>(pack_vec<T>(f), f);  // n = T(v * rstd), packed (2 elements per cvt)
+    unpack_vec<T>(w[j], g);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) f[k] *= g[k];
+    v[j] = pack_vec<T>(f);
+    if constexpr (QM == kQToken) {
+      unpack_vec<T>(v[j], f);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) amax = fmaxf(amax, fabsf(f[k]));
+    }
+  }
+
+  char* out_row = static_cast<char*>(a.out) + row * a.out_stride * (QM == kQNone ? E::kBytes : 1);
+  if constexpr (QM == kQNone) {
+#pragma unroll
+    for (int j = 0; j < ITERS; ++j) {
+      const int vi = j * tpr + t;
+      if (row_ok && vi < a.nvec) reinterpret_cast<uint4*>(out_row)[vi] = v[j];
+    }
+    return;
+  } else {
+    if constexpr (QM == kQToken) {
+      amax = row_reduce<true>(amax, tpr, s_max);
+      if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
+      const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
+      if (row_ok && t == 0) a.scales[row * a.scales_row_stride] = scale;
+      inv_scale = div_rn(1.0f, scale);
+    }
+#pragma unroll
+    for (int j = 0; j < ITERS; ++j) {
+      const int vi = j * tpr + t;
+      float f[kVec];
+      unpack_vec<T>(v[j], f);
+      float inv = inv_scale;
+      if constexpr (QM == kQGroup) {
+        // A group is 1 << group_vecs_log2 consecutive vectors = as many adjacent lanes (same j).
+        float gmax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) gmax = fmaxf(gmax, fabsf(f[k]));
+        const int gv = 1 << a.group_vecs_log2;
+        for (int o = gv >> 1; o > 0; o >>= 1) gmax = fmaxf(gmax, shfl_xor(gmax, o));
+        if (a.scale_ub > 0.0f) gmax = fminf(gmax, a.scale_ub);
+        const float scale = fmaxf(div_rn(gmax, a.fp8_max), a.min_scale);
+        if (row_ok && vi < a.nvec && (t & (gv - 1)) == 0)
+          a.scales[row * a.scales_row_stride + (vi >> a.group_vecs_log2) * a.scales_group_stride] = scale;
+        inv = div_rn(1.0f, scale);
+      }
+      uint32_t q[kVec / 4];
+#pragma unroll
+      for (int k = 0; k < kVec / 4; ++k) {
+        const uint32_t lo = fp8x2<FMT>(clamp_fp8(f[4 * k] * inv, a.fp8_max),
+                                       clamp_fp8(f[4 * k + 1] * inv, a.fp8_max));
+        const uint32_t hi = fp8x2<FMT>(clamp_fp8(f[4 * k + 2] * inv, a.fp8_max),
+                                       clamp_fp8(f[4 * k + 3] * inv, a.fp8_max));
+        q[k] = lo | (hi << 16);
+      }
+      if (row_ok && vi < a.nvec) {
+        if constexpr (kVec == 8) {
+          reinterpret_cast<uint2*>(out_row)[vi] = make_uint2(q[0], q[1]);
+        } else if constexpr (kVec == 4) {
+          reinterpret_cast<uint32_t*>(out_row)[vi] = q[0];
+        }
+      }
+    }
+  }
+}
+
+// ---- generic kernel ----------------------------------------------------------------------
+// One block per row (blockDim a multiple of the warp size). Pass 1 reads x (+ residual), writes
+// residual_out and sums v^2; later passes re-read v (from residual_out, else x) from L2.
+// Element c is handled by thread c % blockDim in every pass except the per-group passes (one warp
+// per group), which only read v after the reduction barrier and write fp8 out / scales.
+template <class T>
+__global__ void __launch_bounds__(1024, 1) rms_norm_generic_kernel(const KernelArgs a, int quant, int fmt) {
+  using E = Elem<T>;
+  __shared__ float s_sum[kMaxWarps];
+  __shared__ float s_max[kMaxWarps];
+  const int64_t row = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int nthreads = blockDim.x;
+  const int64_t H = a.hidden;
+  const bool has_res = a.residual != nullptr;
+
+  const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
+  const char* r_row = static_cast<const char*>(a.residual) + row * a.residual_stride * E::kBytes;
+  char* ro_row = static_cast<char*>(a.residual_out) + row * a.residual_out_stride * E::kBytes;
+  char* out_row = static_cast<char*>(a.out) + row * a.out_stride * (quant == kQNone ? E::kBytes : 1);
+  const void* v_row = has_res ? static_cast<const void*>(ro_row) : static_cast<const void*>(x_row);
+
+  float ss = 0.0f;
+  for (int64_t c = tid; c < H; c += nthreads) {
+    float v = E::load(x_row, c);
+    if (has_res) {
+      v = E::round(v + E::load(r_row, c));
+      E::store(ro_row, c, v);
+    }
+    ss = fmaf(v, v, ss);
+  }
+  ss = row_reduce<false>(ss, nthreads, s_sum);  // its barrier also publishes residual_out
+  const float rstd = rsqrtf(ss * a.inv_hidden + a.eps);
+  auto y_at = [&](int64_t c) {
+    const float n = E::round(E::load(v_row, c) * rstd);
+    return E::round(n * E::load(a.weight, c));
+  };
+
+  if (quant == kQNone) {
+    for (int64_t c = tid; c < H; c += nthreads) E::store(out_row, c, y_at(c));
+    return;
+  }
+  uint8_t* q_row = reinterpret_cast<uint8_t*>(out_row);
+  if (quant == kQStatic || quant == kQToken) {
+    float inv;
+    if (quant == kQStatic) {
+      inv = div_rn(1.0f, *a.static_scale);
+    } else {
+      float amax = 0.0f;
+      for (int64_t c = tid; c < H; c += nthreads) amax = fmaxf(amax, fabsf(y_at(c)));
+      amax = row_reduce<true>(amax, nthreads, s_max);
+      if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
+      const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
+      if (tid == 0) a.scales[row * a.scales_row_stride] = scale;
+      inv = div_rn(1.0f, scale);
+    }
+    for (int64_t c = tid; c < H; c += nthreads) q_row[c] = fp8_one(clamp_fp8(y_at(c) * inv, a.fp8_max), fmt);
+    return;
+  }
+  // Per group: one warp per group, lanes stride over the group's columns.
+  const int lane = tid % kWarpSize;
+  const int nwarps = nthreads / kWarpSize;
+  const int64_t gs = a.group_size;
+  const int64_t ngroups = H / gs;
+  for (int64_t g = tid / kWarpSize; g < ngroups; g += nwarps) {
+    float amax = 0.0f;
+    for (int64_t c = g * gs + lane; c < (g + 1) * gs; c += kWarpSize) amax = fmaxf(amax, fabsf(y_at(c)));
+    for (int o = kWarpSize >> 1; o > 0; o >>= 1) amax = fmaxf(amax, shfl_xor(amax, o));
+    if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
+    const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
+    if (lane == 0) a.scales[row * a.scales_row_stride + g * a.scales_group_stride] = scale;
+    const float inv = div_rn(1.0f, scale);
+    for (int64_t c = g * gs + lane; c < (g + 1) * gs; c += kWarpSize)
+      q_row[c] = fp8_one(clamp_fp8(y_at(c) * inv, a.fp8_max), fmt);
+  }
+}
+
+// ---- launch configuration ----------------------------------------------------------------
+struct FastConfig {
+  bool ok = false;
+  int tpr = 0;              // threads per row, power of two
+  int iters = 0;            // vectors per thread: 1, 2, 4
+  int rows_per_block = 0;
+};
+
+int next_pow2(int64_t n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+int log2_exact(int n) {
+  int l = 0;
+  while ((1 << l) < n) ++l;
+  return l;
+}
+
+constexpr int kFastMaxIters = 4;  // see FastMaxThreads
+int max_tpr(int iters) { return iters >= 8 ? FastMaxThreads<8>::value : FastMaxThreads<1>::value; }
+
+// nvec = H / VEC vectors per row; group_vecs = vectors per quant group (1 outside group mode).
+//
+// * ITERS (vectors per thread): the largest of {4, 2} that still puts at least one 1024-thread
+//   set of row threads on every SM (rows * TPR >= num_sms * 1024; 1024 threads/SM is the
+//   occupancy these ~64-register kernels get), else 1. Prefill (many rows) thus gets 4 loads
+//   in flight per input per thread and few threads per row (cheap reductions); decode
+//   (1-32 rows) gets as many threads per row as possible: shortest per-row latency.
+// * TPR = next_pow2(ceil(nvec / ITERS)), raised to the group width in group mode; when it exceeds
+//   1024, ITERS doubles (up to 4: 1024 x 4 vectors = H 32768 bf16/fp16, 16384 fp32); past that
+//   the row does not fit in registers and the generic kernel takes it.
+// * rows per block: TPR < 256 packs 256 / TPR rows per block (256-thread blocks), but no more than
+//   ceil(rows / num_sms) so that a few rows still spread over all SMs; rounded up so a block is
+//   a whole number of warps (the shuffles use the full-warp mask).
+FastConfig choose_fast_config(int64_t nvec, int64_t rows, int num_sms, int group_vecs) {
+  FastConfig c;
+  const int64_t resident = static_cast<int64_t>(num_sms) * 1024;
+  int iters = 1;
+  for (int cand : {4, 2}) {
+    if (rows * next_pow2((nvec + cand - 1) / cand) >= resident) {
+      iters = cand;
+      break;
+    }
+  }
+  int tpr = next_pow2((nvec + iters - 1) / iters);
+  if (tpr < group_vecs) tpr = group_vecs;
+  while (tpr > max_tpr(iters)) {
+    iters *= 2;
+    if (iters > kFastMaxIters) return c;  // does not fit on chip
+    tpr = next_pow2((nvec + iters - 1) / iters);
+    if (tpr < group_vecs) tpr = group_vecs;
+  }
+  // Raising TPR to the group width may leave fewer vectors per thread.
+  while (iters > 1 && static_cast<int64_t>(tpr) * (iters / 2) >= nvec) iters /= 2;
+  int rpb = 1;
+  if (tpr < 256) {
+    const int64_t spread = (rows + num_sms - 1) / num_sms;
+    rpb = static_cast<int>(spread < 256 / tpr ? spread : 256 / tpr);
+    const int warp_rows = tpr < kWarpSize ? kWarpSize / tpr : 1;  // 256 / tpr is a multiple
+    rpb = (rpb + warp_rows - 1) / warp_rows * warp_rows;
+  }
+  c.ok = true;
+  c.tpr = tpr;
+  c.iters = iters;
+  c.rows_per_block = rpb;
+  return c;
+}
+
+// Multiprocessor count of the current device, queried once per device.
+cudaError_t sm_count(int* n) {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev >= 0 && dev < 64) {
+    const int v = cache[dev].load(std::memory_order_relaxed);
+    if (v > 0) {
+      *n = v;
+      return cudaSuccess;
+    }
+  }
+  int v = 0;
+  e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  if (v < 1) v = 1;
+  if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+  *n = v;
+  return cudaSuccess;
+}
+
+bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+
+template <class T, int ITERS, int QM, int FMT>
+cudaError_t launch_fast(const KernelArgs& a, const FastConfig& c, cudaStream_t stream) {
+  const int64_t blocks = (a.rows + c.rows_per_block - 1) / c.rows_per_block;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  rms_norm_fast_kernel<T, ITERS, QM, FMT>
+      <<<static_cast<unsigned>(blocks), c.tpr * c.rows_per_block, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <class T, int ITERS>
+cudaError_t dispatch_quant(const RmsNormParams& p, const KernelArgs& a, const FastConfig& c,
+                           cudaStream_t s) {
+  const bool fnuz = p.fp8_format == Fp8Format::kE4M3FNUZ;
+  switch (p.quant) {
+    case Quant::kNone:
+      return launch_fast<T, ITERS, kQNone, kFmtFn>(a, c, s);
+    case Quant::kStatic:
+      return fnuz ? launch_fast<T, ITERS, kQStatic, kFmtFnuz>(a, c, s)
+                  : launch_fast<T, ITERS, kQStatic, kFmtFn>(a, c, s);
+    case Quant::kDynamicToken:
+      return fnuz ? launch_fast<T, ITERS, kQToken, kFmtFnuz>(a, c, s)
+                  : launch_fast<T, ITERS, kQToken, kFmtFn>(a, c, s);
+    case Quant::kDynamicGroup:
+      return fnuz ? launch_fast<T, ITERS, kQGroup, kFmtFnuz>(a, c, s)
+                  : launch_fast<T, ITERS, kQGroup, kFmtFn>(a, c, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class T>
+cudaError_t launch_typed(const RmsNormParams& p, KernelArgs a, cudaStream_t s) {
+  constexpr int eb = Elem<T>::kBytes;
+  constexpr int vec = 16 / eb;
+  const bool has_res = p.residual != nullptr;
+  const bool is_group = p.quant == Quant::kDynamicGroup;
+
+  // Fast path: every 16-byte access (and the VEC-byte fp8 stores) must be aligned, and a group
+  // must be a power-of-two number of whole vectors inside one warp.
+  const auto rows_ok16 = [](const void* ptr, int64_t stride) {
+    return aligned(ptr, 16) && (stride * eb) % 16 == 0;
+  };
+  bool fast = p.hidden % vec == 0 && rows_ok16(p.x, p.x_row_stride) && aligned(p.weight, 16);
+  if (has_res) {
+    fast = fast && rows_ok16(p.residual, p.residual_row_stride) &&
+           rows_ok16(p.residual_out, p.residual_out_row_stride);
+  }
+  if (p.quant == Quant::kNone) {
+    fast = fast && rows_ok16(p.out, p.out_row_stride);
+  } else {
+    fast = fast && aligned(p.out, vec) && p.out_row_stride % vec == 0;
+  }
+  int group_vecs = 1;
+  if (is_group) {
+    group_vecs = p.group_size / vec;
+    fast = fast && p.group_size % vec == 0 && group_vecs <= kWarpSize &&
+           (group_vecs & (group_vecs - 1)) == 0;
+  }
+
+  FastConfig c;
+  if (fast) {
+    int num_sms = 0;
+    const cudaError_t e = sm_count(&num_sms);
+    if (e != cudaSuccess) return e;
+    c = choose_fast_config(p.hidden / vec, p.rows, num_sms, group_vecs);
+  }
+  if (c.ok) {
+    a.nvec = static_cast<int>(p.hidden / vec);
+    a.tpr_log2 = log2_exact(c.tpr);
+    a.rows_per_block = c.rows_per_block;
+    a.group_vecs_log2 = log2_exact(group_vecs);
+    switch (c.iters) {
+      case 1: return dispatch_quant<T, 1>(p, a, c, s);
+      case 2: return dispatch_quant<T, 2>(p, a, c, s);
+      case 4: return dispatch_quant<T, 4>(p, a, c, s);
+      default: return cudaErrorInvalidConfiguration;
+    }
+  }
+
+  // Generic kernel: one block per row; 1024 threads once a row has enough columns to use them.
+  if (p.rows > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const int threads = p.hidden >= 8192 ? 1024 : 256;
+  rms_norm_generic_kernel<T><<<static_cast<unsigned>(p.rows), threads, 0, s>>>(
+      a, static_cast<int>(p.quant), static_cast<int>(p.fp8_format));
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int rms_norm_launch_gpu(const RmsNormParams& p, void* stream) {
+  if (p.rows == 0) return 0;
+  if (p.rows < 0 || p.hidden < 1 || p.x == nullptr || p.weight == nullptr || p.out == nullptr)
+    return static_cast<int>(cudaErrorInvalidValue);
+  if (p.residual != nullptr && p.residual_out == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  switch (p.quant) {
+    case Quant::kNone:
+      break;
+    case Quant::kStatic:
+      if (p.static_scale == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+      break;
+    case Quant::kDynamicToken:
+      if (p.scales == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+      break;
+    case Quant::kDynamicGroup:
+      if (p.scales == nullptr || p.group_size <= 0 || p.hidden % p.group_size != 0)
+        return static_cast<int>(cudaErrorInvalidValue);
+      break;
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+
+  KernelArgs a{};
+  a.x = p.x;
+  a.residual = p.residual;
+  a.weight = p.weight;
+  a.residual_out = p.residual_out;
+  a.out = p.out;
+  a.x_stride = p.x_row_stride;
+  a.residual_stride = p.residual_row_stride;
+  a.residual_out_stride = p.residual_out_row_stride;
+  a.out_stride = p.out_row_stride;
+  a.rows = p.rows;
+  a.hidden = p.hidden;
+  a.inv_hidden = 1.0f / static_cast<float>(p.hidden);
+  a.eps = p.eps;
+  a.static_scale = p.static_scale;
+  a.scales = p.scales;
+  a.scales_row_stride = p.scales_row_stride;
+  a.scales_group_stride = p.scales_group_stride;
+  a.scale_ub = p.scale_ub;
+  a.fp8_max = fp8_max_value(p.fp8_format);
+  a.min_scale = kMinScaleFactor / a.fp8_max;
+  a.group_size = p.group_size;
+
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaError_t e;
+  switch (p.dtype) {
+    case DType::kFloat32:
+      e = launch_typed<Fp32Tag>(p, a, s);
+      break;
+    case DType::kFloat16:
+      e = launch_typed<Fp16Tag>(p, a, s);
+      break;
+    case DType::kBFloat16:
+      e = launch_typed<Bf16Tag>(p, a, s);
+      break;
+    default:
+      e = cudaErrorInvalidValue;
+  }
+  return static_cast<int>(e);
+}
+
+const char* gpu_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+}  // namespace rmsnorm_fp8
+}  // namespace fused_llm

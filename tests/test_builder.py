@@ -1,0 +1,197 @@
+"""The local builder: variant naming, metadata, ids, capabilities and its error messages."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from kernels.variants import parse_variant, resolve_variant
+from kernels_data import Digest, DigestAlgorithm, Metadata
+
+from fused_llm import builder, packages
+
+ROOT = packages.repo_root()
+HAS_NVCC = shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").is_file()
+
+
+def built_variant(name: str = "rmsnorm-fp8") -> Path:
+    backend = builder.torch_backend()
+    return packages.package_dir(name) / "build" / builder.arch_variant_name(backend)
+
+
+def copy_package(tmp_path: Path, name: str = "rmsnorm-fp8") -> Path:
+    dest = tmp_path / name
+    shutil.copytree(packages.package_dir(name), dest, ignore=shutil.ignore_patterns("build", "__pycache__", "results"))
+    return dest
+
+
+# ---------------------------------------------------------------------------------------
+# Naming
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+def test_variant_name_is_what_the_loader_selects():
+    name = builder.arch_variant_name(builder.torch_backend())
+    major, minor = torch.__version__.split(".")[:2]
+    assert name.startswith(f"torch{major}{minor}-cxx11-")
+    if builder.torch_backend() == "cpu":
+        assert name == f"torch{major}{minor}-cxx11-cpu-x86_64-linux" or not name.endswith("x86_64-linux")
+    resolved, trace = resolve_variant([parse_variant(name)])
+    assert resolved is not None and resolved.variant_str == name, trace
+
+
+def test_cuda_variant_name_format(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    name = builder.arch_variant_name("cuda")
+    assert "-cu130-" in name
+    parse_variant(name)
+
+
+def test_unique_id_follows_the_sources(tmp_path):
+    pkg = copy_package(tmp_path)
+    config = builder.load_config(pkg)
+    first = builder.unique_id(config, "cpu")
+    assert first.startswith("_rmsnorm_fp8_cpu_") and len(first.rsplit("_", 1)[1]) == 7
+    assert builder.unique_id(config, "cpu") == first, "same sources, same id"
+    assert builder.unique_id(config, "cuda") != first, "backends get their own namespace"
+    (pkg / "csrc" / "rmsnorm_fp8_cpu.cpp").write_text((pkg / "csrc" / "rmsnorm_fp8_cpu.cpp").read_text() + "\n// changed\n")
+    assert builder.unique_id(config, "cpu") != first, "a changed source changes the id"
+    cuda_before = builder.unique_id(config, "cuda")
+    (pkg / "torch-ext" / "rmsnorm_fp8" / "layers.py").write_text("# changed\n")
+    assert builder.unique_id(config, "cuda") != cuda_before, "a changed Python file changes the id"
+
+
+def test_gencode_flags_and_archs():
+    flags, archs = builder.gencode_flags(["8.0"])
+    assert flags == ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"]
+    assert archs == ["8.0+PTX"]
+    flags, archs = builder.gencode_flags(["8.0", "9.0a"])
+    assert "-gencode=arch=compute_90a,code=sm_90a" in flags and archs == ["8.0+PTX", "9.0a"]
+    flags, archs = builder.gencode_flags(["8.0", "9.0"])
+    assert archs == ["8.0", "9.0+PTX"]
+
+
+def test_capability_intersection():
+    assert builder.select_capabilities(["8.0", "9.0a"], ["7.5", "8.0", "9.0"], "x") == ["8.0", "9.0a"]
+    assert builder.select_capabilities(["7.0", "9.0"], ["7.5", "9.0"], "x") == ["9.0"]
+    with pytest.raises(builder.BuildError, match=r"no CUDA capability left.*\['6\.0'\].*toolkit"):
+        builder.select_capabilities(["6.0"], ["7.5", "8.0"], "pkg (cuda)")
+
+
+# ---------------------------------------------------------------------------------------
+# The built variant
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+def test_metadata_parses_and_digest_matches():
+    variant = built_variant()
+    meta = Metadata.read_from_file(variant / "metadata.json")
+    assert meta.id == (variant / "_ops.py").read_text().split("from . import ")[1].split()[0]
+    assert str(meta.name) == "rmsnorm-fp8" and meta.version == 1 and meta.license == "Apache-2.0"
+    assert (variant / f"{meta.id}.abi3.so").is_file()
+    assert {"__init__.py", "_ops.py", "layers.py", f"{meta.id}.abi3.so"} <= set(meta.digest.files)
+    meta.digest.validate(Digest.hash_variant(DigestAlgorithm.SHA256, variant))
+    if builder.torch_backend() == "cuda":
+        assert meta.backend.archs and all(a.startswith(("8.0", "9.0")) for a in meta.backend.archs)
+
+
+def test_loaded_module_is_the_build():
+    mod = packages.get_kernel("rmsnorm-fp8")
+    meta = Metadata.read_from_file(built_variant() / "metadata.json")
+    assert mod.__name__ == meta.id
+    assert hasattr(mod, "layers") and "layers" in mod.__all__
+
+
+def test_noarch_build(tmp_path):
+    root = tmp_path / "fused-llm"
+    (root / "torch-ext").mkdir(parents=True)
+    shutil.copy(ROOT / "build.toml", root / "build.toml")
+    (root / "torch-ext" / "fused_llm").mkdir()
+    (root / "torch-ext" / "fused_llm" / "__init__.py").write_text("from ._ops import ops, add_op_namespace_prefix\n")
+    results = builder.build_package(root)
+    assert sorted(r.variant_dir.name for r in results) == ["torch-cpu", "torch-cuda", "torch-rocm"]
+    for r in results:
+        meta = Metadata.read_from_file(r.variant_dir / "metadata.json")
+        assert meta.id == r.kernel_id and meta.id.startswith(f"_fused_llm_{r.variant_dir.name[6:]}_")
+    cuda = Metadata.read_from_file(root / "build" / "torch-cuda" / "metadata.json")
+    assert cuda.backend.archs == ["8.0", "9.0"]
+
+
+# ---------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------
+
+
+def test_invalid_key_names_key_and_line(tmp_path):
+    pkg = copy_package(tmp_path)
+    text = (pkg / "build.toml").read_text().replace('include = ["csrc"]', 'includes = ["csrc"]', 1)
+    (pkg / "build.toml").write_text(text)
+    lineno = next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith("includes"))
+    with pytest.raises(builder.BuildError, match=rf"build.toml:{lineno}: invalid key 'includes'"):
+        builder.load_config(pkg)
+
+
+def test_missing_required_key(tmp_path):
+    pkg = copy_package(tmp_path)
+    (pkg / "build.toml").write_text((pkg / "build.toml").read_text().replace('license = "Apache-2.0"\n', ""))
+    with pytest.raises(builder.BuildError, match="license"):
+        builder.load_config(pkg)
+
+
+def test_missing_source(tmp_path):
+    pkg = copy_package(tmp_path)
+    (pkg / "csrc" / "numerics.h").unlink()
+    with pytest.raises(builder.BuildError, match="source 'csrc/numerics.h' does not exist"):
+        builder.load_config(pkg)
+
+
+def test_missing_nvcc(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(builder.Path, "is_file", lambda self: False)
+    with pytest.raises(builder.BuildError, match="nvcc not found"):
+        builder.find_nvcc()
+
+
+def test_cuda_backend_needs_cuda_torch():
+    if builder.torch_backend() == "cuda":
+        pytest.skip("torch has CUDA here")
+    with pytest.raises(builder.BuildError, match="cannot build the cuda backend with a cpu build of torch"):
+        builder.build_package(packages.package_dir("rmsnorm-fp8"), "cuda")
+
+
+def test_compiler_error_names_the_file(tmp_path):
+    pkg = copy_package(tmp_path)
+    src = pkg / "csrc" / "rmsnorm_fp8_cpu.cpp"
+    src.write_text(src.read_text() + "\nint broken( { return 0; }\n")
+    with pytest.raises(builder.BuildError) as err:
+        builder.build_package(pkg, "cpu")
+    assert "rmsnorm_fp8_cpu.cpp" in str(err.value) and "error" in str(err.value)
+
+
+def test_cli_reports_errors_cleanly(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fused_llm.cli", "build", "no-such-package"],
+                          capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "torch-ext")})
+    assert proc.returncode == 2
+    assert "no-such-package" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA sources compile without torch or a GPU
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not installed")
+def test_check_cuda_compiles_every_cuda_source():
+    dirs = [packages.package_dir(n) for n in packages.kernel_packages()]
+    checks = builder.cuda_checks(dirs)
+    assert {c.capability for c in checks} >= {"8.0", "9.0"}
+    failures = builder.check_cuda(dirs)
+    assert not failures, "\n".join(f"{c.source} sm_{c.capability}: {e}" for c, e in failures)

@@ -1,0 +1,62 @@
+"""End to end: kernelize a tiny random-weight Llama and compare its logits with eager."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import fused_llm
+from fused_llm.testing import device
+
+DEVICE = device()
+# Float32 logits agree to rounding; bf16 models (GPU) round every layer, so compare loosely.
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+
+
+def _logits(model, tokens):
+    with torch.inference_mode():
+        return model(tokens).logits.float()
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("source", ["local", "hub"])
+def test_kernelize_tiny_llama(dtype, source):
+    eager = fused_llm.tiny_llama(DEVICE, dtype)
+    model = copy.deepcopy(eager)
+    report = fused_llm.kernelize(model, source=source)
+
+    norms = [n for n, m in model.named_modules() if type(m).__name__ == "LlamaRMSNorm"]
+    assert len(norms) == 2 * model.config.num_hidden_layers + 1
+    assert sorted(n for n, _, _ in report.swapped) == sorted(norms), report
+    assert not report.kept
+    assert all(layer.endswith("RMSNorm.forward") for _, _, layer in report.swapped)
+
+    tokens = torch.randint(0, model.config.vocab_size, (2, 19), device=DEVICE)
+    ref, got = _logits(eager, tokens), _logits(model, tokens)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    else:
+        assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.97
+        torch.testing.assert_close(got, ref, rtol=0.05, atol=0.05 * ref.abs().max().item())
+
+
+def test_training_mode_keeps_the_original_forward():
+    from kernels import Mode
+
+    model = fused_llm.tiny_llama(DEVICE)
+    report = fused_llm.kernelize(model, mode=Mode.TRAINING)
+    assert not report.swapped and report.kept, "RMSNorm has no backward, so training keeps eager"
+
+
+def test_report_text():
+    model = fused_llm.tiny_llama(DEVICE)
+    text = str(fused_llm.kernelize(model))
+    assert "LlamaRMSNorm -> rmsnorm_fp8" in text or "LlamaRMSNorm -> _rmsnorm_fp8" in text, text
+
+
+def test_bad_source():
+    with pytest.raises(ValueError, match="source: expected 'local' or 'hub'"):
+        fused_llm.kernel_mapping("nowhere")
