@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU-machine session for the device tool: install the carried wheels, build the CUDA
+# variants, then run the requested stages. Logs go to $OUT (the device tool brings them back).
+#   bash tools/gpu-session.sh test sanitize demo bench-quick bench sm80
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/torch-ext PYTHONUNBUFFERED=1 FUSED_LLM_ROOT=$PWD
+export MAX_JOBS=16
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton, transformers, kernels; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, kernels.__version__)" | tee -a "$OUT/gpu.txt"
+( time python3 -m fused_llm.cli build ) 2>&1 | tee "$OUT/build.log" || exit 1
+for stage in "$@"; do
+  echo "=== stage $stage"
+  case $stage in
+    test)
+      python3 -X faulthandler -m pytest -v -x -p no:cacheprovider --import-mode=importlib -o addopts="" rmsnorm-fp8/tests tests > "$OUT/test.log" 2>&1
+      echo "pytest exit: $?"
+      grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$OUT/test.log" | tail -3
+      grep -E "Fatal Python|File .*(tests|torch-ext|rmsnorm)" "$OUT/test.log" | head -20
+      tail -5 "$OUT/test.log" ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        FUSED_LLM_SKIP_BUILD=1 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
+          rmsnorm-fp8/tests/test_rmsnorm_fp8.py -k "ci or non_contiguous or misaligned or leading or in_place" 2>&1 | tee "$OUT/sanitize-$tool.log" | tail -6
+        echo "compute-sanitizer $tool exit: ${PIPESTATUS[0]}"
+      done ;;
+    demo) python3 -m fused_llm.cli demo --no-build 2>&1 | tee "$OUT/demo.log" ;;
+    bench-quick) python3 -m fused_llm.cli bench rmsnorm-fp8 --quick --out "$OUT" 2>&1 | tee "$OUT/bench-quick.log" | tail -30 ;;
+    bench) python3 -m fused_llm.cli bench rmsnorm-fp8 --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+    sm80)  # the sm80 code path through PTX: a build with only capability 8.0 (sm_80 + PTX)
+      python3 -m fused_llm.cli build rmsnorm-fp8 --capabilities 8.0 2>&1 | tail -3
+      FUSED_LLM_SKIP_BUILD=1 python3 -m pytest -q -x -p no:cacheprovider -o addopts="" --import-mode=importlib rmsnorm-fp8/tests 2>&1 | tee "$OUT/test-sm80.log" | tail -5
+      python3 -m fused_llm.cli build rmsnorm-fp8 2>&1 | tail -1 ;;
+  esac
+done
