@@ -25,6 +25,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <cooperative_groups.h>
 #endif
 
 #include <atomic>
@@ -247,6 +248,33 @@ __device__ __forceinline__ float row_reduce(float v, int tpr, float* smem) {
   return v;
 }
 
+// Combine one value per CTA across the thread-block cluster that shares a row (sm90 only;
+// `cluster` == 1 elsewhere, where this is the identity). Each CTA publishes its partial in
+// `slot`, the cluster barrier makes the slots visible, and every CTA adds them up in rank order,
+// so all CTAs of a row get bit-identical results. The caller must keep its shared memory alive
+// until every CTA has read it (a final cluster barrier, see cluster_exit_barrier).
+template <bool kMax>
+__device__ __forceinline__ float cluster_reduce(float v, int cluster, float* slot) {
+#if !defined(USE_ROCM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    if (threadIdx.x == 0) *slot = v;
+    cl.sync();
+    float acc = 0.0f;  // identity for the sum and for max(|y|)
+    for (int rank = 0; rank < cluster; ++rank) acc = combine<kMax>(acc, *cl.map_shared_rank(slot, rank));
+    return acc;
+  }
+#endif
+  return v;
+}
+
+__device__ __forceinline__ void cluster_exit_barrier(int cluster) {
+#if !defined(USE_ROCM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) cooperative_groups::this_cluster().sync();
+#endif
+}
+
 // ---- kernel arguments --------------------------------------------------------------------
 struct KernelArgs {
   const void* x;             // [rows, H], row stride x_stride
@@ -271,6 +299,7 @@ struct KernelArgs {
   int tpr_log2;               // threads per row = 1 << tpr_log2
   int rows_per_block;
   int group_vecs_log2;        // group_size / VEC = 1 << group_vecs_log2 (kQGroup)
+  int cluster_log2;           // a row is split over 1 << cluster_log2 CTAs of a cluster (sm90)
 };
 
 // Fast kernel register budget: ITERS <= 4 fits 64 registers (1024-thread blocks, 2048 resident
@@ -292,28 +321,41 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
   __shared__ float s_sum[kMaxWarps];
   __shared__ float s_max[kMaxWarps];
 
+  __shared__ float s_cluster[2];  // this CTA's partial sum of squares and |y| max
   const int tpr = 1 << a.tpr_log2;
   const int t = threadIdx.x & (tpr - 1);
-  const int64_t row_raw = static_cast<int64_t>(blockIdx.x) * a.rows_per_block + (threadIdx.x >> a.tpr_log2);
+  // With a cluster of C CTAs per row (decode shapes on sm90), CTA rank c of the row handles the
+  // vectors [c * nvec / C, (c + 1) * nvec / C): the row's loads and math spread over C SMs.
+  const int cluster = 1 << a.cluster_log2;
+  const int crank = static_cast<int>(blockIdx.x) & (cluster - 1);
+  const int nvec = a.nvec >> a.cluster_log2;  // vectors this CTA handles per row
+  const int64_t row_raw = (static_cast<int64_t>(blockIdx.x) >> a.cluster_log2) * a.rows_per_block +
+                          (threadIdx.x >> a.tpr_log2);
   // Threads of a row past the end still take part in the shuffles; they load and store nothing.
   const bool row_ok = row_raw < a.rows;
   const int64_t row = row_ok ? row_raw : 0;
   const bool has_res = a.residual != nullptr;
 
-  const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
-  const char* r_row = static_cast<const char*>(a.residual) + row * a.residual_stride * E::kBytes;
-  char* ro_row = static_cast<char*>(a.residual_out) + row * a.residual_out_stride * E::kBytes;
+  const int64_t col0 = static_cast<int64_t>(crank) * nvec * kVec;  // first column of this CTA
+  const char* x_row = static_cast<const char*>(a.x) + (row * a.x_stride + col0) * E::kBytes;
+  const char* r_row = static_cast<const char*>(a.residual) + (row * a.residual_stride + col0) * E::kBytes;
+  char* ro_row = static_cast<char*>(a.residual_out) + (row * a.residual_out_stride + col0) * E::kBytes;
+  const uint4* w_row = reinterpret_cast<const uint4*>(static_cast<const char*>(a.weight) + col0 * E::kBytes);
 
-  // Issue every load of the row before any use: x and residual.
+  // Issue every load of the row before any use: x and residual, and the weight too when
+  // ITERS <= 2 (decode shapes: its latency would otherwise add a dependent round trip, and
+  // 3 x 2 vectors fit the register budget; at ITERS 4 they do not, see below).
   uint4 v[ITERS];
   uint4 r[ITERS];
+  uint4 w[ITERS];
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
   for (int j = 0; j < ITERS; ++j) {
     const int vi = j * tpr + t;
-    const bool in = vi < a.nvec;
+    const bool in = vi < nvec;
     v[j] = (in && row_ok) ? reinterpret_cast<const uint4*>(x_row)[vi] : zero;
     r[j] = (in && row_ok && has_res) ? reinterpret_cast<const uint4*>(r_row)[vi] : zero;
+    if constexpr (ITERS <= 2) w[j] = in ? __ldg(w_row + vi) : zero;
   }
   float inv_scale = 0.0f;
   if constexpr (QM == kQStatic) inv_scale = div_rn(1.0f, __ldg(a.static_scale));
@@ -332,7 +374,7 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
       v[j] = pack_vec<T>(f);
       unpack_vec<T>(v[j], f);
       const int vi = j * tpr + t;
-      if (row_ok && vi < a.nvec) reinterpret_cast<uint4*>(ro_row)[vi] = v[j];
+      if (row_ok && vi < nvec) reinterpret_cast<uint4*>(ro_row)[vi] = v[j];
     }
 #pragma unroll
     for (int k = 0; k < kVec; ++k) ss = fmaf(f[k], f[k], ss);
@@ -340,13 +382,14 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
   // Weight loads go out before the reduction so their (mostly L2-hit) latency overlaps it.
   // Loading them together with x and residual would keep 3 x ITERS vectors live at once and
   // spill the 16-bit ITERS=4 kernels past their 64-register budget.
-  uint4 w[ITERS];
+  if constexpr (ITERS > 2) {
 #pragma unroll
-  for (int j = 0; j < ITERS; ++j) {
-    const int vi = j * tpr + t;
-    w[j] = vi < a.nvec ? __ldg(reinterpret_cast<const uint4*>(a.weight) + vi) : zero;
+    for (int j = 0; j < ITERS; ++j) {
+      const int vi = j * tpr + t;
+      w[j] = vi < nvec ? __ldg(w_row + vi) : zero;
+    }
   }
-  ss = row_reduce<false>(ss, tpr, s_sum);
+  ss = cluster_reduce<false>(row_reduce<false>(ss, tpr, s_sum), cluster, &s_cluster[0]);
   const float rstd = rsqrtf(ss * a.inv_hidden + a.eps);
 
   // y = T(float(T(v * rstd)) * w), kept packed in v[]; |y| max for the token scale.
@@ -370,20 +413,21 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
     }
   }
 
-  char* out_row = static_cast<char*>(a.out) + row * a.out_stride * (QM == kQNone ? E::kBytes : 1);
+  char* out_row = static_cast<char*>(a.out) + (row * a.out_stride + col0) * (QM == kQNone ? E::kBytes : 1);
   if constexpr (QM == kQNone) {
 #pragma unroll
     for (int j = 0; j < ITERS; ++j) {
       const int vi = j * tpr + t;
-      if (row_ok && vi < a.nvec) reinterpret_cast<uint4*>(out_row)[vi] = v[j];
+      if (row_ok && vi < nvec) reinterpret_cast<uint4*>(out_row)[vi] = v[j];
     }
+    cluster_exit_barrier(cluster);
     return;
   } else {
     if constexpr (QM == kQToken) {
-      amax = row_reduce<true>(amax, tpr, s_max);
+      amax = cluster_reduce<true>(row_reduce<true>(amax, tpr, s_max), cluster, &s_cluster[1]);
       if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
       const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
-      if (row_ok && t == 0) a.scales[row * a.scales_row_stride] = scale;
+      if (row_ok && t == 0 && crank == 0) a.scales[row * a.scales_row_stride] = scale;
       inv_scale = div_rn(1.0f, scale);
     }
 #pragma unroll
@@ -401,8 +445,8 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
         for (int o = gv >> 1; o > 0; o >>= 1) gmax = fmaxf(gmax, shfl_xor(gmax, o));
         if (a.scale_ub > 0.0f) gmax = fminf(gmax, a.scale_ub);
         const float scale = fmaxf(div_rn(gmax, a.fp8_max), a.min_scale);
-        if (row_ok && vi < a.nvec && (t & (gv - 1)) == 0)
-          a.scales[row * a.scales_row_stride + (vi >> a.group_vecs_log2) * a.scales_group_stride] = scale;
+        if (row_ok && vi < nvec && (t & (gv - 1)) == 0)
+          a.scales[row * a.scales_row_stride + ((vi + crank * nvec) >> a.group_vecs_log2) * a.scales_group_stride] = scale;
         inv = div_rn(1.0f, scale);
       }
       uint32_t q[kVec / 4];
@@ -414,7 +458,7 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
                                        clamp_fp8(f[4 * k + 3] * inv, a.fp8_max));
         q[k] = lo | (hi << 16);
       }
-      if (row_ok && vi < a.nvec) {
+      if (row_ok && vi < nvec) {
         if constexpr (kVec == 8) {
           reinterpret_cast<uint2*>(out_row)[vi] = make_uint2(q[0], q[1]);
         } else if constexpr (kVec == 4) {
@@ -423,6 +467,7 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
       }
     }
   }
+  cluster_exit_barrier(cluster);
 }
 
 // ---- generic kernel ----------------------------------------------------------------------
@@ -508,6 +553,7 @@ struct FastConfig {
   int tpr = 0;              // threads per row, power of two
   int iters = 0;            // vectors per thread: 1, 2, 4
   int rows_per_block = 0;
+  int cluster = 1;          // CTAs per row (a thread-block cluster on sm90), power of two <= 8
 };
 
 int next_pow2(int64_t n) {
@@ -572,25 +618,46 @@ FastConfig choose_fast_config(int64_t nvec, int64_t rows, int num_sms, int group
   return c;
 }
 
-// Multiprocessor count of the current device, queried once per device.
-cudaError_t sm_count(int* n) {
+// Decode shapes on sm90: split each row over a cluster of C CTAs when the rows alone cannot
+// occupy the GPU. One SM working through a 16384-wide row is bound by its own load and
+// instruction issue (measured on an H200: 5.1 us for 1 row, against ~2 us of launch and DRAM
+// latency), so spreading the row over C SMs shortens it; the CTAs exchange their partial sums
+// through distributed shared memory. C is the largest of 8, 4, 2 that keeps >= 256 vectors per
+// CTA (a full 256-thread CTA) and all rows * C CTAs resident in one wave (<= one per SM).
+FastConfig choose_cluster_config(int64_t nvec, int64_t rows, int num_sms, int group_vecs) {
+  FastConfig c;
+  for (int cl = 8; cl >= 2; cl /= 2) {
+    const int64_t per_cta = nvec / cl;
+    if (nvec % cl != 0 || per_cta < 256 || per_cta % group_vecs != 0 || rows * cl > num_sms) continue;
+    c.cluster = cl;
+    c.tpr = next_pow2(per_cta) > 1024 ? 1024 : next_pow2(per_cta);
+    c.iters = static_cast<int>((per_cta + c.tpr - 1) / c.tpr);
+    if (c.iters > 2 || (c.iters == 2 && c.tpr * 2 < per_cta)) return FastConfig{};
+    c.rows_per_block = 1;
+    c.ok = true;
+    return c;
+  }
+  return c;
+}
+
+// Multiprocessor count and compute-capability major of the current device, queried once per
+// device (packed as sms * 16 + major in one atomic so readers never see half an update).
+cudaError_t device_info(int* num_sms, int* cc_major) {
   static std::atomic<int> cache[64];
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  if (dev >= 0 && dev < 64) {
-    const int v = cache[dev].load(std::memory_order_relaxed);
-    if (v > 0) {
-      *n = v;
-      return cudaSuccess;
-    }
+  int packed = (dev >= 0 && dev < 64) ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (packed == 0) {
+    int sms = 0, major = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess) return e;
+    packed = (sms < 1 ? 1 : sms) * 16 + (major & 15);
+    if (dev >= 0 && dev < 64) cache[dev].store(packed, std::memory_order_relaxed);
   }
-  int v = 0;
-  e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-  if (e != cudaSuccess) return e;
-  if (v < 1) v = 1;
-  if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
-  *n = v;
+  *num_sms = packed / 16;
+  *cc_major = packed % 16;
   return cudaSuccess;
 }
 
@@ -600,6 +667,22 @@ template <class T, int ITERS, int QM, int FMT>
 cudaError_t launch_fast(const KernelArgs& a, const FastConfig& c, cudaStream_t stream) {
   const int64_t blocks = (a.rows + c.rows_per_block - 1) / c.rows_per_block;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+#ifndef USE_ROCM
+  if (c.cluster > 1) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(blocks * c.cluster));
+    config.blockDim = dim3(c.tpr * c.rows_per_block);
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = c.cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, rms_norm_fast_kernel<T, ITERS, QM, FMT>, a);
+  }
+#endif
   rms_norm_fast_kernel<T, ITERS, QM, FMT>
       <<<static_cast<unsigned>(blocks), c.tpr * c.rows_per_block, 0, stream>>>(a);
   return cudaGetLastError();
@@ -656,16 +739,20 @@ cudaError_t launch_typed(const RmsNormParams& p, KernelArgs a, cudaStream_t s) {
 
   FastConfig c;
   if (fast) {
-    int num_sms = 0;
-    const cudaError_t e = sm_count(&num_sms);
+    int num_sms = 0, cc_major = 0;
+    const cudaError_t e = device_info(&num_sms, &cc_major);
     if (e != cudaSuccess) return e;
-    c = choose_fast_config(p.hidden / vec, p.rows, num_sms, group_vecs);
+#ifndef USE_ROCM
+    if (cc_major >= 9) c = choose_cluster_config(p.hidden / vec, p.rows, num_sms, group_vecs);
+#endif
+    if (!c.ok) c = choose_fast_config(p.hidden / vec, p.rows, num_sms, group_vecs);
   }
   if (c.ok) {
     a.nvec = static_cast<int>(p.hidden / vec);
     a.tpr_log2 = log2_exact(c.tpr);
     a.rows_per_block = c.rows_per_block;
     a.group_vecs_log2 = log2_exact(group_vecs);
+    a.cluster_log2 = log2_exact(c.cluster);
     switch (c.iters) {
       case 1: return dispatch_quant<T, 1>(p, a, c, s);
       case 2: return dispatch_quant<T, 2>(p, a, c, s);

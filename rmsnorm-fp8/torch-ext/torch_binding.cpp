@@ -2,6 +2,8 @@
 // with friendlier messages; these keep direct torch.ops callers safe), dispatch.
 #include "torch_binding.h"
 
+#include <string>
+
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -19,6 +21,21 @@
 namespace rn = fused_llm::rmsnorm_fp8;
 
 namespace {
+
+// Shapes and devices are formatted here rather than streamed with c10's operator<<: a .so
+// whose toolchain links libstdc++ statically (seen with the GPU image's cpp_extension build)
+// would hand its own std::ostream to libc10's copy of libstdc++ and crash (seen: SIGSEGV on
+// the "scale" message). std::string crosses that boundary safely.
+std::string shape_str(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+std::string device_str(const at::Tensor& t) {
+  std::string s = c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
+  return t.device().has_index() ? s + ":" + std::to_string(t.device().index()) : s;
+}
 
 rn::DType to_dtype(const at::Tensor& t, const char* name) {
   switch (t.scalar_type()) {
@@ -41,8 +58,8 @@ rn::Fp8Format to_fp8_format(const at::Tensor& out) {
 void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
   TORCH_CHECK(t.dim() == 2, name, ": expected a 2-D [rows, hidden] tensor, got ", t.dim(), "-D");
   TORCH_CHECK(t.size(0) == x.size(0) && t.size(1) == x.size(1), name, ": expected shape ",
-              x.sizes(), ", got ", t.sizes());
-  TORCH_CHECK(t.device() == x.device(), name, ": expected device ", x.device(), ", got ", t.device());
+              shape_str(x), ", got ", shape_str(t));
+  TORCH_CHECK(t.device() == x.device(), name, ": expected device ", device_str(x), ", got ", device_str(t));
   TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, name,
               ": the last dimension must be contiguous (stride 1), got stride ", t.stride(1));
 }
@@ -54,11 +71,11 @@ rn::RmsNormParams common_params(const at::Tensor& out, const at::Tensor& x,
   check_rows(x, "x", x);
   check_rows(out, "out", x);
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), "weight: expected shape [",
-              x.size(1), "], got ", weight.sizes());
+              x.size(1), "], got ", shape_str(weight));
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight: expected dtype ",
               x.scalar_type(), " (x's), got ", weight.scalar_type());
-  TORCH_CHECK(weight.device() == x.device(), "weight: expected device ", x.device(), ", got ",
-              weight.device());
+  TORCH_CHECK(weight.device() == x.device(), "weight: expected device ", device_str(x), ", got ",
+              device_str(weight));
   TORCH_CHECK(weight.is_contiguous(), "weight: must be contiguous");
   rn::RmsNormParams p;
   p.rows = x.size(0);
@@ -93,9 +110,9 @@ void set_static(rn::RmsNormParams& p, const at::Tensor& out, const at::Tensor& s
   p.fp8_format = to_fp8_format(out);
   TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat,
               "scale: expected a float32 tensor with one element, got ", scale.scalar_type(),
-              " of shape ", scale.sizes());
-  TORCH_CHECK(scale.device() == x.device(), "scale: expected device ", x.device(), ", got ",
-              scale.device());
+              " of shape ", shape_str(scale));
+  TORCH_CHECK(scale.device() == x.device(), "scale: expected device ", device_str(x), ", got ",
+              device_str(scale));
   p.static_scale = scale.data_ptr<float>();
 }
 
@@ -109,9 +126,9 @@ void set_dynamic(rn::RmsNormParams& p, const at::Tensor& out, at::Tensor& scales
               x.size(1), " is not a multiple of ", group_size);
   TORCH_CHECK(scales.scalar_type() == at::kFloat, "scales: expected float32, got ",
               scales.scalar_type());
-  TORCH_CHECK(scales.device() == x.device(), "scales: expected device ", x.device());
+  TORCH_CHECK(scales.device() == x.device(), "scales: expected device ", device_str(x));
   TORCH_CHECK(scales.dim() == 2 && scales.size(0) == x.size(0) && scales.size(1) == groups,
-              "scales: expected shape [", x.size(0), ", ", groups, "], got ", scales.sizes());
+              "scales: expected shape [", x.size(0), ", ", groups, "], got ", shape_str(scales));
   TORCH_CHECK(!scale_ub.has_value() || *scale_ub > 0, "scale_ub: must be > 0");
   p.quant = group_size == 0 ? rn::Quant::kDynamicToken : rn::Quant::kDynamicGroup;
   p.group_size = static_cast<int32_t>(group_size);
@@ -125,7 +142,7 @@ void launch(const rn::RmsNormParams& p, const at::Tensor& x) {
   if (p.rows == 0) return;
   const c10::DeviceGuard guard(x.device());
 #if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
-  TORCH_CHECK(x.is_cuda(), "x: expected a GPU tensor, got device ", x.device());
+  TORCH_CHECK(x.is_cuda(), "x: expected a GPU tensor, got device ", device_str(x));
 #if defined(CUDA_KERNEL)
   void* stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
 #else
@@ -134,7 +151,7 @@ void launch(const rn::RmsNormParams& p, const at::Tensor& x) {
   const int err = rn::rms_norm_launch_gpu(p, stream);
   TORCH_CHECK(err == 0, "rmsnorm-fp8 kernel launch failed: ", rn::gpu_error_string(err));
 #else
-  TORCH_CHECK(x.is_cpu(), "x: expected a CPU tensor, got device ", x.device());
+  TORCH_CHECK(x.is_cpu(), "x: expected a CPU tensor, got device ", device_str(x));
   // Chunks of >= 16K elements amortize the thread-pool dispatch.
   const int64_t grain = std::max<int64_t>(1, 16384 / p.hidden);
   at::parallel_for(0, p.rows, grain, [&](int64_t begin, int64_t end) { rn::rms_norm_cpu(p, begin, end); });
