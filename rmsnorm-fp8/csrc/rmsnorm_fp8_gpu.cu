@@ -61,8 +61,33 @@ struct Fp32Tag {};
 struct Fp16Tag {};
 struct Bf16Tag {};
 
+// Register-level reinterpretation of a 32-bit word as a packed pair type and back.
+template <class P>
+__device__ __forceinline__ P bit_cast_u32(uint32_t w) {
+  P p;
+  memcpy(&p, &w, sizeof(p));
+  return p;
+}
+template <class P>
+__device__ __forceinline__ uint32_t bit_cast_to_u32(const P& p) {
+  uint32_t w;
+  memcpy(&w, &p, sizeof(w));
+  return w;
+}
+
 template <class T>
 struct Elem;
+
+// Fallback packed op through fp32 (ROCm): unpack, operate, round once.
+template <class E, bool kMul>
+__device__ __forceinline__ uint32_t packed_op(uint32_t a, uint32_t b) {
+  float fa[2], fb[2];
+  E::unpack(a, fa);
+  E::unpack(b, fb);
+  fa[0] = kMul ? fa[0] * fb[0] : fa[0] + fb[0];
+  fa[1] = kMul ? fa[1] * fb[1] : fa[1] + fb[1];
+  return E::pack(fa);
+}
 
 template <>
 struct Elem<Fp32Tag> {
@@ -71,6 +96,12 @@ struct Elem<Fp32Tag> {
   __device__ __forceinline__ static void unpack(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
   __device__ __forceinline__ static uint32_t pack(const float* f) { return __float_as_uint(f[0]); }
   __device__ __forceinline__ static float round(float f) { return f; }
+  __device__ __forceinline__ static uint32_t add2(uint32_t a, uint32_t b) {
+    return __float_as_uint(__uint_as_float(a) + __uint_as_float(b));
+  }
+  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
+    return __float_as_uint(__uint_as_float(a) * __uint_as_float(b));
+  }
   __device__ __forceinline__ static float load(const void* base, int64_t i) {
     return static_cast<const float*>(base)[i];
   }
@@ -105,6 +136,24 @@ struct Elem<Bf16Tag> {
 #endif
   }
   __device__ __forceinline__ static float round(float f) { return bf16_to_float(to_bits(f)); }
+  // Packed add / multiply of two bf16 pairs, rounded once: equal to torch's fp32 op + cast
+  // (a bf16 product is exact in fp32; a sum is too unless one term is below half an ulp).
+  __device__ __forceinline__ static uint32_t add2(uint32_t a, uint32_t b) {
+#ifndef USE_ROCM
+    const __nv_bfloat162 r = __hadd2(bit_cast_u32<__nv_bfloat162>(a), bit_cast_u32<__nv_bfloat162>(b));
+    return bit_cast_to_u32(r);
+#else
+    return packed_op<Elem<Bf16Tag>, false>(a, b);
+#endif
+  }
+  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
+#ifndef USE_ROCM
+    const __nv_bfloat162 r = __hmul2(bit_cast_u32<__nv_bfloat162>(a), bit_cast_u32<__nv_bfloat162>(b));
+    return bit_cast_to_u32(r);
+#else
+    return packed_op<Elem<Bf16Tag>, true>(a, b);
+#endif
+  }
   __device__ __forceinline__ static float load(const void* base, int64_t i) {
     return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
   }
@@ -146,6 +195,20 @@ struct Elem<Fp16Tag> {
 #endif
   }
   __device__ __forceinline__ static float round(float f) { return from_bits(to_bits(f)); }
+  __device__ __forceinline__ static uint32_t add2(uint32_t a, uint32_t b) {
+#ifndef USE_ROCM
+    return bit_cast_to_u32(__hadd2(bit_cast_u32<__half2>(a), bit_cast_u32<__half2>(b)));
+#else
+    return packed_op<Elem<Fp16Tag>, false>(a, b);
+#endif
+  }
+  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
+#ifndef USE_ROCM
+    return bit_cast_to_u32(__hmul2(bit_cast_u32<__half2>(a), bit_cast_u32<__half2>(b)));
+#else
+    return packed_op<Elem<Fp16Tag>, true>(a, b);
+#endif
+  }
   __device__ __forceinline__ static float load(const void* base, int64_t i) {
     return from_bits(static_cast<const uint16_t*>(base)[i]);
   }
@@ -175,6 +238,16 @@ __device__ __forceinline__ uint4 pack_vec(const float* f) {
   return v;
 }
 
+template <class T, bool kMul>
+__device__ __forceinline__ uint4 packed_vec_op(const uint4& a, const uint4& b) {
+  uint4 r;
+  r.x = kMul ? Elem<T>::mul2(a.x, b.x) : Elem<T>::add2(a.x, b.x);
+  r.y = kMul ? Elem<T>::mul2(a.y, b.y) : Elem<T>::add2(a.y, b.y);
+  r.z = kMul ? Elem<T>::mul2(a.z, b.z) : Elem<T>::add2(a.z, b.z);
+  r.w = kMul ? Elem<T>::mul2(a.w, b.w) : Elem<T>::add2(a.w, b.w);
+  return r;
+}
+
 // ---- math helpers ----------------------------------------------------------------------------
 // IEEE division even under --use_fast_math, so scales match torch's `amax / fp8_max` and `1 / s`.
 __device__ __forceinline__ float div_rn(float a, float b) {
@@ -188,6 +261,18 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 // Clamp that keeps NaN (torch.clamp propagates it; fminf/fmaxf would drop it).
 __device__ __forceinline__ float clamp_fp8(float v, float fp8_max) {
   return v < -fp8_max ? -fp8_max : (v > fp8_max ? fp8_max : v);
+}
+
+// The clamp before an e4m3 conversion. The hardware e4m3fn conversion saturates by itself
+// (.satfinite: out-of-range and inf go to +-448, NaN stays NaN, exactly what the clamp does),
+// so it is skipped there: 4 instructions per element on a kernel that is close to issue-bound
+// at decode sizes.
+template <int FMT>
+__device__ __forceinline__ float fp8_clamp_input(float v, float fp8_max) {
+#ifndef USE_ROCM
+  if constexpr (FMT == kFmtFn) return v;
+#endif
+  return clamp_fp8(v, fp8_max);
 }
 
 // Two clamped values -> two e4m3 bytes (a in the low byte).
@@ -364,18 +449,13 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < ITERS; ++j) {
-    float f[kVec];
-    unpack_vec<T>(v[j], f);
     if (has_res) {
-      float g[kVec];
-      unpack_vec<T>(r[j], g);
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) f[k] += g[k];
-      v[j] = pack_vec<T>(f);
-      unpack_vec<T>(v[j], f);
+      v[j] = packed_vec_op<T, false>(v[j], r[j]);  // T(x + residual), one packed add per pair
       const int vi = j * tpr + t;
       if (row_ok && vi < nvec) reinterpret_cast<uint4*>(ro_row)[vi] = v[j];
     }
+    float f[kVec];
+    unpack_vec<T>(v[j], f);
 #pragma unroll
     for (int k = 0; k < kVec; ++k) ss = fmaf(f[k], f[k], ss);
   }
@@ -397,15 +477,11 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
 #pragma unroll
   for (int j = 0; j < ITERS; ++j) {
     float f[kVec];
-    float g[kVec];
     unpack_vec<T>(v[j], f);
 #pragma unroll
     for (int k = 0; k < kVec; ++k) f[k] *= rstd;
-    unpack_vec<T>(pack_vec<T>(f), f);  // n = T(v * rstd), packed (2 elements per cvt)
-    unpack_vec<T>(w[j], g);
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) f[k] *= g[k];
-    v[j] = pack_vec<T>(f);
+    // n = T(v * rstd) (2 elements per cvt), then y = T(n * w) as one packed multiply per pair.
+    v[j] = packed_vec_op<T, true>(pack_vec<T>(f), w[j]);
     if constexpr (QM == kQToken) {
       unpack_vec<T>(v[j], f);
 #pragma unroll
@@ -452,10 +528,10 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
       uint32_t q[kVec / 4];
 #pragma unroll
       for (int k = 0; k < kVec / 4; ++k) {
-        const uint32_t lo = fp8x2<FMT>(clamp_fp8(f[4 * k] * inv, a.fp8_max),
-                                       clamp_fp8(f[4 * k + 1] * inv, a.fp8_max));
-        const uint32_t hi = fp8x2<FMT>(clamp_fp8(f[4 * k + 2] * inv, a.fp8_max),
-                                       clamp_fp8(f[4 * k + 3] * inv, a.fp8_max));
+        const uint32_t lo = fp8x2<FMT>(fp8_clamp_input<FMT>(f[4 * k] * inv, a.fp8_max),
+                                       fp8_clamp_input<FMT>(f[4 * k + 1] * inv, a.fp8_max));
+        const uint32_t hi = fp8x2<FMT>(fp8_clamp_input<FMT>(f[4 * k + 2] * inv, a.fp8_max),
+                                       fp8_clamp_input<FMT>(f[4 * k + 3] * inv, a.fp8_max));
         q[k] = lo | (hi << 16);
       }
       if (row_ok && vi < nvec) {
