@@ -254,6 +254,15 @@ def measure_copy_ceiling(device: torch.device | str = "cuda", nbytes: int = 2 <<
     return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
 
 
+def measure_launch_floor(device: torch.device | str = "cuda") -> float:
+    """us per call of a one-element ``torch.add`` timed the same way: what one kernel costs in
+    graph replay before it moves any data (the floor under every decode-size number)."""
+    a = torch.ones(1, device=device)
+    b = torch.empty_like(a)
+    # 256 calls per graph, like the decode-size points, so the graph launch itself amortizes.
+    return time_calls([functools.partial(torch.add, a, 1.0, out=b)] * 256, Method()).median_us
+
+
 # ---------------------------------------------------------------------------------------------
 # Running a suite
 
@@ -736,6 +745,8 @@ def main(package: str, argv: list[str] | None = None) -> int:
     console.print(f"{suite.name}: {len(cases)} cases x {len(providers)} providers on {torch.cuda.get_device_name()}")
     ceiling = measure_copy_ceiling()
     console.print(f"copy ceiling (torch.mul, 2 GiB bf16, read+write): {ceiling:.0f} GB/s")
+    floor_us = measure_launch_floor()
+    console.print(f"launch floor (one-element torch.add, graph replay): {floor_us:.2f} us")
     try:
         run = run_suite(suite, cases, providers, ceiling, method)
     except RuntimeError as exc:  # a sticky CUDA error: nothing after it can be trusted
@@ -745,7 +756,8 @@ def main(package: str, argv: list[str] | None = None) -> int:
         suite,
         ceiling,
         repo_root(),
-        {"quick": args.quick, "file_suffix": suffix, "argv": list(argv or []), "timing": asdict(method)},
+        {"quick": args.quick, "file_suffix": suffix, "argv": list(argv or []), "timing": asdict(method),
+         "launch_floor_us": floor_us},
     )
     console.print(render_table(run))
     for name, reason in run.skipped.items():
