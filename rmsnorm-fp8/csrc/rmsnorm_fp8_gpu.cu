@@ -25,7 +25,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-#include <cooperative_groups.h>
 #endif
 
 #include <atomic>
@@ -333,33 +332,6 @@ __device__ __forceinline__ float row_reduce(float v, int tpr, float* smem) {
   return v;
 }
 
-// Combine one value per CTA across the thread-block cluster that shares a row (sm90 only;
-// `cluster` == 1 elsewhere, where this is the identity). Each CTA publishes its partial in
-// `slot`, the cluster barrier makes the slots visible, and every CTA adds them up in rank order,
-// so all CTAs of a row get bit-identical results. The caller must keep its shared memory alive
-// until every CTA has read it (a final cluster barrier, see cluster_exit_barrier).
-template <bool kMax>
-__device__ __forceinline__ float cluster_reduce(float v, int cluster, float* slot) {
-#if !defined(USE_ROCM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    if (threadIdx.x == 0) *slot = v;
-    cl.sync();
-    float acc = 0.0f;  // identity for the sum and for max(|y|)
-    for (int rank = 0; rank < cluster; ++rank) acc = combine<kMax>(acc, *cl.map_shared_rank(slot, rank));
-    return acc;
-  }
-#endif
-  return v;
-}
-
-__device__ __forceinline__ void cluster_exit_barrier(int cluster) {
-#if !defined(USE_ROCM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) cooperative_groups::this_cluster().sync();
-#endif
-}
-
 // ---- kernel arguments --------------------------------------------------------------------
 struct KernelArgs {
   const void* x;             // [rows, H], row stride x_stride
@@ -384,7 +356,6 @@ struct KernelArgs {
   int tpr_log2;               // threads per row = 1 << tpr_log2
   int rows_per_block;
   int group_vecs_log2;        // group_size / VEC = 1 << group_vecs_log2 (kQGroup)
-  int cluster_log2;           // a row is split over 1 << cluster_log2 CTAs of a cluster (sm90)
 };
 
 // Fast kernel register budget: ITERS <= 4 fits 64 registers (1024-thread blocks, 2048 resident
@@ -406,26 +377,19 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
   __shared__ float s_sum[kMaxWarps];
   __shared__ float s_max[kMaxWarps];
 
-  __shared__ float s_cluster[2];  // this CTA's partial sum of squares and |y| max
   const int tpr = 1 << a.tpr_log2;
   const int t = threadIdx.x & (tpr - 1);
-  // With a cluster of C CTAs per row (decode shapes on sm90), CTA rank c of the row handles the
-  // vectors [c * nvec / C, (c + 1) * nvec / C): the row's loads and math spread over C SMs.
-  const int cluster = 1 << a.cluster_log2;
-  const int crank = static_cast<int>(blockIdx.x) & (cluster - 1);
-  const int nvec = a.nvec >> a.cluster_log2;  // vectors this CTA handles per row
-  const int64_t row_raw = (static_cast<int64_t>(blockIdx.x) >> a.cluster_log2) * a.rows_per_block +
-                          (threadIdx.x >> a.tpr_log2);
+  const int nvec = a.nvec;
+  const int64_t row_raw = static_cast<int64_t>(blockIdx.x) * a.rows_per_block + (threadIdx.x >> a.tpr_log2);
   // Threads of a row past the end still take part in the shuffles; they load and store nothing.
   const bool row_ok = row_raw < a.rows;
   const int64_t row = row_ok ? row_raw : 0;
   const bool has_res = a.residual != nullptr;
 
-  const int64_t col0 = static_cast<int64_t>(crank) * nvec * kVec;  // first column of this CTA
-  const char* x_row = static_cast<const char*>(a.x) + (row * a.x_stride + col0) * E::kBytes;
-  const char* r_row = static_cast<const char*>(a.residual) + (row * a.residual_stride + col0) * E::kBytes;
-  char* ro_row = static_cast<char*>(a.residual_out) + (row * a.residual_out_stride + col0) * E::kBytes;
-  const uint4* w_row = reinterpret_cast<const uint4*>(static_cast<const char*>(a.weight) + col0 * E::kBytes);
+  const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
+  const char* r_row = static_cast<const char*>(a.residual) + row * a.residual_stride * E::kBytes;
+  char* ro_row = static_cast<char*>(a.residual_out) + row * a.residual_out_stride * E::kBytes;
+  const uint4* w_row = static_cast<const uint4*>(a.weight);
 
   // Issue every load of the row before any use: x and residual, and the weight too when
   // ITERS <= 2 (decode shapes: its latency would otherwise add a dependent round trip, and
@@ -469,7 +433,7 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
       w[j] = vi < nvec ? __ldg(w_row + vi) : zero;
     }
   }
-  ss = cluster_reduce<false>(row_reduce<false>(ss, tpr, s_sum), cluster, &s_cluster[0]);
+  ss = row_reduce<false>(ss, tpr, s_sum);
   const float rstd = rsqrtf(ss * a.inv_hidden + a.eps);
 
   // y = T(float(T(v * rstd)) * w), kept packed in v[]; |y| max for the token scale.
@@ -489,21 +453,20 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
     }
   }
 
-  char* out_row = static_cast<char*>(a.out) + (row * a.out_stride + col0) * (QM == kQNone ? E::kBytes : 1);
+  char* out_row = static_cast<char*>(a.out) + row * a.out_stride * (QM == kQNone ? E::kBytes : 1);
   if constexpr (QM == kQNone) {
 #pragma unroll
     for (int j = 0; j < ITERS; ++j) {
       const int vi = j * tpr + t;
       if (row_ok && vi < nvec) reinterpret_cast<uint4*>(out_row)[vi] = v[j];
     }
-    cluster_exit_barrier(cluster);
     return;
   } else {
     if constexpr (QM == kQToken) {
-      amax = cluster_reduce<true>(row_reduce<true>(amax, tpr, s_max), cluster, &s_cluster[1]);
+      amax = row_reduce<true>(amax, tpr, s_max);
       if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
       const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
-      if (row_ok && t == 0 && crank == 0) a.scales[row * a.scales_row_stride] = scale;
+      if (row_ok && t == 0) a.scales[row * a.scales_row_stride] = scale;
       inv_scale = div_rn(1.0f, scale);
     }
 #pragma unroll
@@ -522,7 +485,7 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
         if (a.scale_ub > 0.0f) gmax = fminf(gmax, a.scale_ub);
         const float scale = fmaxf(div_rn(gmax, a.fp8_max), a.min_scale);
         if (row_ok && vi < nvec && (t & (gv - 1)) == 0)
-          a.scales[row * a.scales_row_stride + ((vi + crank * nvec) >> a.group_vecs_log2) * a.scales_group_stride] = scale;
+          a.scales[row * a.scales_row_stride + (vi >> a.group_vecs_log2) * a.scales_group_stride] = scale;
         inv = div_rn(1.0f, scale);
       }
       uint32_t q[kVec / 4];
@@ -543,7 +506,6 @@ __global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
       }
     }
   }
-  cluster_exit_barrier(cluster);
 }
 
 // ---- generic kernel ----------------------------------------------------------------------
@@ -629,7 +591,6 @@ struct FastConfig {
   int tpr = 0;              // threads per row, power of two
   int iters = 0;            // vectors per thread: 1, 2, 4
   int rows_per_block = 0;
-  int cluster = 1;          // CTAs per row (a thread-block cluster on sm90), power of two <= 8
 };
 
 int next_pow2(int64_t n) {
@@ -649,36 +610,27 @@ int max_tpr(int iters) { return iters >= 8 ? FastMaxThreads<8>::value : FastMaxT
 
 // nvec = H / VEC vectors per row; group_vecs = vectors per quant group (1 outside group mode).
 //
-// * ITERS (vectors per thread): the largest of {4, 2} that still puts at least one 1024-thread
-//   set of row threads on every SM (rows * TPR >= num_sms * 1024; 1024 threads/SM is the
-//   occupancy these ~64-register kernels get), else 1. Prefill (many rows) thus gets 4 loads
-//   in flight per input per thread and few threads per row (cheap reductions); decode
-//   (1-32 rows) gets as many threads per row as possible: shortest per-row latency.
-// * TPR = next_pow2(ceil(nvec / ITERS)), raised to the group width in group mode; when it exceeds
-//   1024, ITERS doubles (up to 4: 1024 x 4 vectors = H 32768 bf16/fp16, 16384 fp32); past that
-//   the row does not fit in registers and the generic kernel takes it.
+// One row per group of TPR threads, each thread holding ITERS vectors of the row in registers:
+// * ITERS = 2 up to 1024 vectors (H <= 8192 in bf16/fp16), else 4 (up to 4096 vectors = H 32768
+//   bf16; longer rows take the generic kernel). Measured on an H200 against ITERS 1 / 2 / 4 at
+//   H 4096 / 8192 / 16384 and 1..1024 rows: this was the best or within 3% everywhere (e.g.
+//   16384 x 256 rows: 10.4 us at ITERS 4 vs 11.6 at 2; 4096 x 512: 6.2 us at 2 vs 6.4 at 1).
+//   More vectors per thread mean fewer threads per row, so more rows are resident at once
+//   (64 registers at ITERS 4 still leave 1024 threads per SM) and the reductions are shorter.
+// * TPR = next_pow2(ceil(nvec / ITERS)), raised to the group width in group mode.
 // * rows per block: TPR < 256 packs 256 / TPR rows per block (256-thread blocks), but no more than
 //   ceil(rows / num_sms) so that a few rows still spread over all SMs; rounded up so a block is
 //   a whole number of warps (the shuffles use the full-warp mask).
+// Splitting decode rows over a thread-block cluster (sm90, DSMEM reduction) was tried and
+// measured no faster at 16384 columns (3.64 us either way at 1 row) and slower at 4096
+// (2.95 vs 2.35 us), so it is not used.
 FastConfig choose_fast_config(int64_t nvec, int64_t rows, int num_sms, int group_vecs) {
   FastConfig c;
-  const int64_t resident = static_cast<int64_t>(num_sms) * 1024;
-  int iters = 1;
-  for (int cand : {4, 2}) {
-    if (rows * next_pow2((nvec + cand - 1) / cand) >= resident) {
-      iters = cand;
-      break;
-    }
-  }
+  int iters = nvec <= 1024 ? 2 : kFastMaxIters;
   int tpr = next_pow2((nvec + iters - 1) / iters);
   if (tpr < group_vecs) tpr = group_vecs;
-  while (tpr > max_tpr(iters)) {
-    iters *= 2;
-    if (iters > kFastMaxIters) return c;  // does not fit on chip
-    tpr = next_pow2((nvec + iters - 1) / iters);
-    if (tpr < group_vecs) tpr = group_vecs;
-  }
-  // Raising TPR to the group width may leave fewer vectors per thread.
+  if (tpr > max_tpr(iters)) return c;  // the row does not fit in registers
+  // Raising TPR to the group width (or a short row) may leave fewer vectors per thread.
   while (iters > 1 && static_cast<int64_t>(tpr) * (iters / 2) >= nvec) iters /= 2;
   int rpb = 1;
   if (tpr < 256) {
@@ -694,46 +646,20 @@ FastConfig choose_fast_config(int64_t nvec, int64_t rows, int num_sms, int group
   return c;
 }
 
-// Decode shapes on sm90: split each row over a cluster of C CTAs when the rows alone cannot
-// occupy the GPU. One SM working through a 16384-wide row is bound by its own load and
-// instruction issue (measured on an H200: 5.1 us for 1 row, against ~2 us of launch and DRAM
-// latency), so spreading the row over C SMs shortens it; the CTAs exchange their partial sums
-// through distributed shared memory. C is the largest of 8, 4, 2 that keeps >= 256 vectors per
-// CTA (a full 256-thread CTA) and all rows * C CTAs resident in one wave (<= one per SM).
-FastConfig choose_cluster_config(int64_t nvec, int64_t rows, int num_sms, int group_vecs) {
-  FastConfig c;
-  for (int cl = 8; cl >= 2; cl /= 2) {
-    const int64_t per_cta = nvec / cl;
-    if (nvec % cl != 0 || per_cta < 256 || per_cta % group_vecs != 0 || rows * cl > num_sms) continue;
-    c.cluster = cl;
-    c.tpr = next_pow2(per_cta) > 1024 ? 1024 : next_pow2(per_cta);
-    c.iters = static_cast<int>((per_cta + c.tpr - 1) / c.tpr);
-    if (c.iters > 2 || (c.iters == 2 && c.tpr * 2 < per_cta)) return FastConfig{};
-    c.rows_per_block = 1;
-    c.ok = true;
-    return c;
-  }
-  return c;
-}
-
-// Multiprocessor count and compute-capability major of the current device, queried once per
-// device (packed as sms * 16 + major in one atomic so readers never see half an update).
-cudaError_t device_info(int* num_sms, int* cc_major) {
+// Multiprocessor count of the current device, queried once per device.
+cudaError_t sm_count(int* n) {
   static std::atomic<int> cache[64];
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  int packed = (dev >= 0 && dev < 64) ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (packed == 0) {
-    int sms = 0, major = 0;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  int v = (dev >= 0 && dev < 64) ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
-    packed = (sms < 1 ? 1 : sms) * 16 + (major & 15);
-    if (dev >= 0 && dev < 64) cache[dev].store(packed, std::memory_order_relaxed);
+    v = v < 1 ? 1 : v;
+    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
   }
-  *num_sms = packed / 16;
-  *cc_major = packed % 16;
+  *n = v;
   return cudaSuccess;
 }
 
@@ -743,22 +669,6 @@ template <class T, int ITERS, int QM, int FMT>
 cudaError_t launch_fast(const KernelArgs& a, const FastConfig& c, cudaStream_t stream) {
   const int64_t blocks = (a.rows + c.rows_per_block - 1) / c.rows_per_block;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-#ifndef USE_ROCM
-  if (c.cluster > 1) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(blocks * c.cluster));
-    config.blockDim = dim3(c.tpr * c.rows_per_block);
-    config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = c.cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, rms_norm_fast_kernel<T, ITERS, QM, FMT>, a);
-  }
-#endif
   rms_norm_fast_kernel<T, ITERS, QM, FMT>
       <<<static_cast<unsigned>(blocks), c.tpr * c.rows_per_block, 0, stream>>>(a);
   return cudaGetLastError();
@@ -815,20 +725,16 @@ cudaError_t launch_typed(const RmsNormParams& p, KernelArgs a, cudaStream_t s) {
 
   FastConfig c;
   if (fast) {
-    int num_sms = 0, cc_major = 0;
-    const cudaError_t e = device_info(&num_sms, &cc_major);
+    int num_sms = 0;
+    const cudaError_t e = sm_count(&num_sms);
     if (e != cudaSuccess) return e;
-#ifndef USE_ROCM
-    if (cc_major >= 9) c = choose_cluster_config(p.hidden / vec, p.rows, num_sms, group_vecs);
-#endif
-    if (!c.ok) c = choose_fast_config(p.hidden / vec, p.rows, num_sms, group_vecs);
+    c = choose_fast_config(p.hidden / vec, p.rows, num_sms, group_vecs);
   }
   if (c.ok) {
     a.nvec = static_cast<int>(p.hidden / vec);
     a.tpr_log2 = log2_exact(c.tpr);
     a.rows_per_block = c.rows_per_block;
     a.group_vecs_log2 = log2_exact(group_vecs);
-    a.cluster_log2 = log2_exact(c.cluster);
     switch (c.iters) {
       case 1: return dispatch_quant<T, 1>(p, a, c, s);
       case 2: return dispatch_quant<T, 2>(p, a, c, s);
