@@ -59,6 +59,7 @@ def test_unique_id_follows_the_sources(tmp_path):
     assert first.startswith("_rmsnorm_fp8_cpu_") and len(first.rsplit("_", 1)[1]) == 7
     assert builder.unique_id(config, "cpu") == first, "same sources, same id"
     assert builder.unique_id(config, "cuda") != first, "backends get their own namespace"
+    assert builder.unique_id(config, "cuda", ["8.0+PTX"]) != builder.unique_id(config, "cuda", ["8.0", "9.0+PTX"])
     (pkg / "csrc" / "rmsnorm_fp8_cpu.cpp").write_text((pkg / "csrc" / "rmsnorm_fp8_cpu.cpp").read_text() + "\n// changed\n")
     assert builder.unique_id(config, "cpu") != first, "a changed source changes the id"
     cuda_before = builder.unique_id(config, "cuda")

@@ -219,11 +219,13 @@ def source_files(config: BuildConfig, backend: str | None = None) -> list[Path]:
     return sorted(files)
 
 
-def unique_id(config: BuildConfig, backend: str) -> str:
+def unique_id(config: BuildConfig, backend: str, archs: Sequence[str] = ()) -> str:
     """``_<py>_<backend>_<7 hex of the sources>``: the op namespace, the .so name, the
     ``sys.modules`` key and metadata ``id``. Content-addressed, so an unchanged package keeps
-    its id and two different builds never share one (kernel-builder uses the git tree id)."""
+    its id and two different builds never share one (kernel-builder uses the git tree id);
+    ``archs`` enter the hash too, so a narrowed ``--capabilities`` build is a different id."""
     digest = hashlib.sha256()
+    digest.update(",".join(archs).encode() + b"\0")
     for path in source_files(config, backend):
         digest.update(path.relative_to(config.path).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
@@ -523,7 +525,6 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
     sections = config.kernels_for(backend)
     if not sections:
         raise BuildError(f"{config.path / 'build.toml'}: no [kernel.*] section has backend = {backend!r}")
-    kernel_id = unique_id(config, backend)
     variant = arch_variant_name(backend)
     obj_dir = config.path / "build" / ".obj" / variant
     gen_dir = obj_dir / "generated"
@@ -559,6 +560,7 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
     elif backend == "rocm":
         raise BuildError("the rocm backend is built by kernel-builder (hipify + hipcc); fused-llm build supports cpu and cuda")
 
+    kernel_id = unique_id(config, backend, archs or ())
     job = CompileJob(
         name=kernel_id,
         sources=[str(config.path / s) for s in dict.fromkeys(compiled)],
