@@ -621,9 +621,12 @@ int max_tpr(int iters) { return iters >= 8 ? FastMaxThreads<8>::value : FastMaxT
 // * rows per block: TPR < 256 packs 256 / TPR rows per block (256-thread blocks), but no more than
 //   ceil(rows / num_sms) so that a few rows still spread over all SMs; rounded up so a block is
 //   a whole number of warps (the shuffles use the full-warp mask).
-// Splitting decode rows over a thread-block cluster (sm90, DSMEM reduction) was tried and
-// measured no faster at 16384 columns (3.64 us either way at 1 row) and slower at 4096
-// (2.95 vs 2.35 us), so it is not used.
+// Tried on an H200 and dropped (measured, not guessed):
+// * splitting decode rows over a thread-block cluster (sm90, DSMEM reduction): no faster at
+//   16384 columns (3.64 us either way at 1 row), slower at 4096 (2.95 vs 2.35 us);
+// * a persistent kernel (one 2-vector row per block, the next row's loads issued before the
+//   current row's reduction): 16.6 vs 17.3 us at 512 x 16384, but slower from 1024 rows on
+//   (2048 x 16384: 66.1 vs 60.0 us; 16384 x 16384: 475 vs 447 us).
 FastConfig choose_fast_config(int64_t nvec, int64_t rows, int num_sms, int group_vecs) {
   FastConfig c;
   int iters = nvec <= 1024 ? 2 : kFastMaxIters;
