@@ -156,17 +156,33 @@ def _out(out: torch.Tensor | None, x: torch.Tensor, x2: torch.Tensor, dtype: tor
     return out, _check_like(out, "out", x, x2, dtype)
 
 
-def _residual_out(residual: torch.Tensor, r2: torch.Tensor, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _prologue(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The checks every op starts with: x as rows, the weight, eps."""
+    x2 = _check_x(x)
+    return x2, _check_weight(weight, x), _check_eps(eps)
+
+
+def _residual(residual: torch.Tensor, x: torch.Tensor, x2: torch.Tensor, inplace: bool):
+    """Returns (residual rows, the tensor receiving x + residual, its rows)."""
+    r2 = _check_like(residual, "residual", x, x2)
     if inplace:
-        return residual, r2
+        return r2, residual, r2
     new = torch.empty_like(residual, memory_format=torch.contiguous_format)
-    return new, new.view(r2.shape)
+    return r2, new, new.view(r2.shape)
 
 
-def _new_scales(rows: int, groups: int, device: torch.device, column_major: bool) -> torch.Tensor:
+def _dynamic_scales(x: torch.Tensor, x2: torch.Tensor, group_size: int | None, scale_ub: float | None,
+                    column_major: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Returns (group size or 0 for per token, the [rows, groups] scales the op writes, the
+    tensor handed back: [..., groups], or the [rows, groups] column-major view)."""
+    rows, hidden = x2.shape
+    group = _check_group(group_size, scale_ub, hidden)
+    groups = hidden // group if group else 1
     if column_major:  # [rows, groups] stored groups-major, the layout DeepGEMM-style GEMMs read
-        return torch.empty((groups, rows), dtype=torch.float32, device=device).t()
-    return torch.empty((rows, groups), dtype=torch.float32, device=device)
+        scales = torch.empty((groups, rows), dtype=torch.float32, device=x.device).t()
+        return group, scales, scales
+    scales = torch.empty((rows, groups), dtype=torch.float32, device=x.device)
+    return group, scales, scales.view(*x.shape[:-1], groups)
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,9 +192,7 @@ def _new_scales(rows: int, groups: int, device: torch.device, column_major: bool
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of ``x`` scaled by ``weight``; output in x's dtype (``out`` may be ``x``)."""
-    x2 = _check_x(x)
-    weight = _check_weight(weight, x)
-    eps = _check_eps(eps)
+    x2, weight, eps = _prologue(x, weight, eps)
     out, o2 = _out(out, x, x2, x.dtype)
     ops.rms_norm(o2, x2, weight, eps)
     return out
@@ -196,12 +210,9 @@ def fused_add_rms_norm(
     """``v = x + residual``; returns ``(rms_norm(v), v)``. With ``inplace=True`` ``v`` is
     written into ``residual`` (as inference engines do); ``out`` may be a given tensor,
     ``x`` included."""
-    x2 = _check_x(x)
-    r2 = _check_like(residual, "residual", x, x2)
-    weight = _check_weight(weight, x)
-    eps = _check_eps(eps)
+    x2, weight, eps = _prologue(x, weight, eps)
+    r2, res_out, ro2 = _residual(residual, x, x2, inplace)
     out, o2 = _out(out, x, x2, x.dtype)
-    res_out, ro2 = _residual_out(residual, r2, inplace)
     ops.fused_add_rms_norm(o2, ro2, x2, r2, weight, eps)
     return out, res_out
 
@@ -217,12 +228,9 @@ def rms_norm_fp8(
 ) -> torch.Tensor:
     """RMSNorm quantized to FP8 with a static per-tensor ``scale`` (float32, one element):
     ``q = saturate(y / scale)``. ``fp8_dtype`` defaults to the platform's e4m3 format."""
-    x2 = _check_x(x)
-    weight = _check_weight(weight, x)
+    x2, weight, eps = _prologue(x, weight, eps)
     scale = _check_scale(scale, x)
-    eps = _check_eps(eps)
-    fp8_dtype = _check_fp8_dtype(fp8_dtype, x)
-    out, o2 = _out(out, x, x2, fp8_dtype)
+    out, o2 = _out(out, x, x2, _check_fp8_dtype(fp8_dtype, x))
     ops.rms_norm_static_fp8(o2, x2, weight, scale, eps)
     return out
 
@@ -239,14 +247,10 @@ def fused_add_rms_norm_fp8(
     inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual add, RMSNorm and static FP8 quantization; returns ``(q, x + residual)``."""
-    x2 = _check_x(x)
-    r2 = _check_like(residual, "residual", x, x2)
-    weight = _check_weight(weight, x)
+    x2, weight, eps = _prologue(x, weight, eps)
+    r2, res_out, ro2 = _residual(residual, x, x2, inplace)
     scale = _check_scale(scale, x)
-    eps = _check_eps(eps)
-    fp8_dtype = _check_fp8_dtype(fp8_dtype, x)
-    out, o2 = _out(out, x, x2, fp8_dtype)
-    res_out, ro2 = _residual_out(residual, r2, inplace)
+    out, o2 = _out(out, x, x2, _check_fp8_dtype(fp8_dtype, x))
     ops.fused_add_rms_norm_static_fp8(o2, ro2, x2, r2, weight, scale, eps)
     return out, res_out
 
@@ -266,15 +270,11 @@ def rms_norm_dynamic_fp8(
     (per group of 64 or 128 columns; ``column_major_scales`` stores them groups-major, as
     block-FP8 GEMMs read them). ``scale = max(min(amax, scale_ub) / fp8_max, 1 / (512 fp8_max))``;
     ``q = saturate(y / scale)``."""
-    x2 = _check_x(x)
-    weight = _check_weight(weight, x)
-    eps = _check_eps(eps)
-    group = _check_group(group_size, scale_ub, x2.shape[1])
-    fp8_dtype = _check_fp8_dtype(fp8_dtype, x)
-    out, o2 = _out(None, x, x2, fp8_dtype)
-    scales = _new_scales(x2.shape[0], x2.shape[1] // group if group else 1, x.device, column_major_scales)
+    x2, weight, eps = _prologue(x, weight, eps)
+    group, scales, scales_out = _dynamic_scales(x, x2, group_size, scale_ub, column_major_scales)
+    out, o2 = _out(None, x, x2, _check_fp8_dtype(fp8_dtype, x))
     ops.rms_norm_dynamic_fp8(o2, scales, x2, weight, eps, group, scale_ub)
-    return out, scales.view(*x.shape[:-1], scales.shape[1]) if not column_major_scales else scales
+    return out, scales_out
 
 
 def fused_add_rms_norm_dynamic_fp8(
@@ -291,17 +291,12 @@ def fused_add_rms_norm_dynamic_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Residual add, RMSNorm and dynamic FP8 quantization; returns ``(q, scales, x + residual)``
     (scales as in :func:`rms_norm_dynamic_fp8`)."""
-    x2 = _check_x(x)
-    r2 = _check_like(residual, "residual", x, x2)
-    weight = _check_weight(weight, x)
-    eps = _check_eps(eps)
-    group = _check_group(group_size, scale_ub, x2.shape[1])
-    fp8_dtype = _check_fp8_dtype(fp8_dtype, x)
-    out, o2 = _out(None, x, x2, fp8_dtype)
-    scales = _new_scales(x2.shape[0], x2.shape[1] // group if group else 1, x.device, column_major_scales)
-    res_out, ro2 = _residual_out(residual, r2, inplace)
+    x2, weight, eps = _prologue(x, weight, eps)
+    r2, res_out, ro2 = _residual(residual, x, x2, inplace)
+    group, scales, scales_out = _dynamic_scales(x, x2, group_size, scale_ub, column_major_scales)
+    out, o2 = _out(None, x, x2, _check_fp8_dtype(fp8_dtype, x))
     ops.fused_add_rms_norm_dynamic_fp8(o2, scales, ro2, x2, r2, weight, eps, group, scale_ub)
-    return out, (scales.view(*x.shape[:-1], scales.shape[1]) if not column_major_scales else scales), res_out
+    return out, scales_out, res_out
 
 
 # ---------------------------------------------------------------------------------------
