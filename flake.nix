@@ -12,7 +12,10 @@
     { self, kernel-builder, ... }:
     let
       inherit (kernel-builder.inputs.nixpkgs) lib;
-      kernelPackages = [ "rmsnorm-fp8" ];
+      kernelPackages = [
+        "rmsnorm-fp8"
+        "swiglu-fp8"
+      ];
       perPackage = lib.genAttrs kernelPackages (
         name:
         kernel-builder.lib.genKernelFlakeOutputs {

@@ -124,6 +124,16 @@ def test_noarch_build(tmp_path):
     assert cuda.backend.archs == ["8.0", "9.0"]
 
 
+def test_shared_headers_stay_identical():
+    # Each package must build alone (kernel-builder copies only its directory), so small
+    # framework-free headers such as csrc/numerics.h are copied into every package; they must not
+    # drift apart.
+    copies = sorted(ROOT.glob("*/csrc/numerics.h"))
+    assert len(copies) >= 1
+    texts = {p.read_text() for p in copies}
+    assert len(texts) == 1, f"csrc/numerics.h differs between {[str(p.relative_to(ROOT)) for p in copies]}"
+
+
 # ---------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------

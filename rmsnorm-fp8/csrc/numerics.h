@@ -1,6 +1,8 @@
 // Framework-free scalar conversions shared by the CPU kernel and the GPU kernels.
 // Every conversion rounds to nearest, ties to even, exactly like torch's `.to(dtype)`, so the
 // CPU backend is bit-identical to a torch reference that casts the same fp32 values.
+// Every package carries its own copy (kernel-builder builds a package directory alone); the
+// copies are kept identical, which tests/test_builder.py checks.
 #pragma once
 
 #include <cstdint>
