@@ -6,7 +6,7 @@ comparison run by ``fused-llm bench rmsnorm-fp8`` (CUDA graphs, L2 rotation, eag
 torch.compile / Liger). The runner here times single calls with a host clock, so its numbers
 are for a quick look only.
 
-Op: r = x + residual; y = RMSNorm(r) * weight (bf16); q = e4m3fn(clamp(y / scale)).
+Op: r = x + residual; y = RMSNorm(r) * weight (bf16); q = e4m3fn(clamp(y * (1 / scale))).
 """
 
 from __future__ import annotations

@@ -177,11 +177,15 @@ def test_dynamic_fp8(size, group, fp8_dtype, dtype):
             res[0].zero_()
     y_ref, v_ref = ref_norm(x, res, w, EPS)
     q_ref, s_ref = ref_dynamic(y_ref, fp8_dtype, group, None)
+    out = empty_poisoned((rows, hidden), fp8_dtype, DEVICE)
+    scales = empty_poisoned(tuple(s_ref.shape), torch.float32, DEVICE)
+    kwargs = dict(group_size=group, fp8_dtype=fp8_dtype, out=out, scales=scales)
     if fused_add:
-        q, s, new_res = rmsnorm_fp8.fused_add_rms_norm_dynamic_fp8(x, res, w, EPS, group_size=group, fp8_dtype=fp8_dtype)
+        q, s, new_res = rmsnorm_fp8.fused_add_rms_norm_dynamic_fp8(x, res, w, EPS, **kwargs)
         assert torch.equal(new_res, v_ref)
     else:
-        q, s = rmsnorm_fp8.rms_norm_dynamic_fp8(x, w, EPS, group_size=group, fp8_dtype=fp8_dtype)
+        q, s = rmsnorm_fp8.rms_norm_dynamic_fp8(x, w, EPS, **kwargs)
+    assert q is out and s is scales
     assert s.dtype == torch.float32 and s.shape == s_ref.shape
     assert_fully_written(s, "scales")
     torch.testing.assert_close(s, s_ref, rtol=2 * 2**-7 if dtype != torch.float32 else 1e-5, atol=0)
@@ -252,6 +256,39 @@ def test_misaligned_rows_take_the_generic_path():
     x = base[1:].view(-1)[: 40 * 2048].view(40, 2048)
     w = torch.rand(2048, dtype=torch.bfloat16, device=DEVICE) + 0.5
     assert_close(rmsnorm_fp8.rms_norm(x, w, EPS), ref_norm(x, None, w, EPS)[0], "out")
+
+
+@pytest.mark.parametrize("group", [None, 64, 128], ids=["token", "g64", "g128"])
+@pytest.mark.parametrize("hidden", [2048, 65536], ids=["misaligned2048", "wide65536"])
+def test_generic_kernel_dynamic(group, hidden):
+    # The generic kernel: a 1-element offset breaks 16-byte alignment, and 65536 bf16 columns
+    # are more than the vectorized kernel keeps in registers. Both fused-add and static too.
+    rows = 5
+    base = torch.randn(rows * hidden + 1, dtype=torch.bfloat16, device=DEVICE)
+    x = base[1:].view(rows, hidden) if hidden == 2048 else base[:-1].view(rows, hidden)
+    res = torch.randn(rows, hidden, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.rand(hidden, dtype=torch.bfloat16, device=DEVICE) + 0.5
+    y_ref, v_ref = ref_norm(x, res, w, EPS)
+    q_ref, s_ref = ref_dynamic(y_ref, torch.float8_e4m3fn, group, None)
+    q, s, new_res = rmsnorm_fp8.fused_add_rms_norm_dynamic_fp8(x, res, w, EPS, group_size=group)
+    assert torch.equal(new_res, v_ref)
+    torch.testing.assert_close(s, s_ref, rtol=2 * 2**-7, atol=0)
+    g = group or hidden
+    assert_fp8_close(q, q_ref, s.repeat_interleave(g, -1), s_ref.repeat_interleave(g, -1))
+    scale = torch.tensor([0.01], device=DEVICE)
+    q, _ = rmsnorm_fp8.fused_add_rms_norm_fp8(x, res, w, scale, EPS)
+    assert_fp8_close(q, quantize(y_ref, 1 / scale, q.dtype), scale, scale)
+
+
+def test_overlapping_outputs_are_refused():
+    x, res, w = make_inputs(4, 64, torch.bfloat16, seed=2)
+    with pytest.raises(RuntimeError, match="out: expected an output whose elements do not share memory"):
+        rmsnorm_fp8.rms_norm(x, w, EPS, out=torch.empty(1, 64, dtype=x.dtype, device=DEVICE).expand(4, 64))
+    buf = torch.randn(5, 64, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(RuntimeError, match="out: overlaps another argument"):
+        rmsnorm_fp8.rms_norm(buf[1:], w, EPS, out=buf[:-1])
+    with pytest.raises(RuntimeError, match="residual_out: overlaps another argument|out: overlaps another argument"):
+        rmsnorm_fp8.fused_add_rms_norm(x, res, w, EPS, out=res)
 
 
 def test_leading_dims():

@@ -2,7 +2,10 @@
 // with friendlier messages; these keep direct torch.ops callers safe), dispatch.
 #include "torch_binding.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -62,6 +65,64 @@ void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
   TORCH_CHECK(t.device() == x.device(), name, ": expected device ", device_str(x), ", got ", device_str(t));
   TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, name,
               ": the last dimension must be contiguous (stride 1), got stride ", t.stride(1));
+}
+
+// Memory relation of two [rows, H] operands (unit-stride last dimension): kNone, kExact (same
+// address, shape, strides and element size) or kPartial. Exact when the byte ranges are apart;
+// for equal row strides and element sizes, rows interleaved within one buffer (x = buf[:, :H],
+// out = buf[:, H:]) are recognized as disjoint; anything else that shares bytes is refused.
+enum class Overlap { kNone, kExact, kPartial };
+
+Overlap overlap_of(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return Overlap::kNone;
+  const auto span = [](const at::Tensor& t) {
+    int64_t last = 0;
+    for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+    return (last + 1) * static_cast<int64_t>(t.element_size());
+  };
+  const auto pa = reinterpret_cast<intptr_t>(a.data_ptr()), pb = reinterpret_cast<intptr_t>(b.data_ptr());
+  if (pa + span(a) <= pb || pb + span(b) <= pa) return Overlap::kNone;
+  if (pa == pb && a.sizes() == b.sizes() && a.strides() == b.strides() && a.element_size() == b.element_size())
+    return Overlap::kExact;
+  if (a.dim() == 2 && b.dim() == 2 && a.element_size() == b.element_size() && a.stride(0) == b.stride(0) &&
+      a.stride(1) == 1 && b.stride(1) == 1 && (pb - pa) % a.element_size() == 0) {
+    // Element (i, j) of a and (k, l) of b coincide iff delta = (i - k) * s + (j - l).
+    const int64_t s = a.stride(0), delta = (pb - pa) / static_cast<int64_t>(a.element_size());
+    const int64_t rows = std::max(a.size(0), b.size(0));
+    for (int64_t m = delta / s - 1; m <= delta / s + 1; ++m) {
+      const int64_t rest = delta - m * s;  // = j - l for row offset m = i - k
+      if (m > -rows && m < rows && rest > -b.size(1) && rest < a.size(1)) return Overlap::kPartial;
+    }
+    return Overlap::kNone;
+  }
+  return Overlap::kPartial;
+}
+
+// Outputs must not overlap themselves (an expanded view, or rows closer than a row apart, would
+// race) nor any other argument, except exact aliasing of `may_alias` (out = x, residual_out =
+// residual: each element is read before it is written, by the same thread).
+void check_output(const at::Tensor& t, const char* name, std::initializer_list<const at::Tensor*> others,
+                  const at::Tensor* may_alias = nullptr) {
+  // No self-overlap if, with dims sorted by stride, each stride clears the extent of the dims
+  // below it (covers row-major, column-major and row-strided views).
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.size(i) > 1) dims.emplace_back(std::abs(t.stride(i)), t.size(i));
+  std::sort(dims.begin(), dims.end());
+  bool self_overlap = false;
+  int64_t extent = 0;  // largest offset reachable with the dims seen so far
+  for (const auto& [stride, size] : dims) {
+    self_overlap = self_overlap || stride <= extent;
+    extent += (size - 1) * stride;
+  }
+  TORCH_CHECK(t.numel() == 0 || !self_overlap, name,
+              ": expected an output whose elements do not share memory, got an overlapping view");
+  for (const at::Tensor* other : others) {
+    const Overlap o = overlap_of(t, *other);
+    TORCH_CHECK(o == Overlap::kNone || (o == Overlap::kExact && other == may_alias), name,
+                ": overlaps another argument in memory (only out=x and residual_out=residual, "
+                "exactly, may share memory)");
+  }
 }
 
 rn::RmsNormParams common_params(const at::Tensor& out, const at::Tensor& x,
@@ -164,6 +225,7 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, do
   auto p = common_params(out, x, weight, eps);
   TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out: expected dtype ", x.scalar_type(),
               ", got ", out.scalar_type());
+  check_output(out, "out", {&x, &weight}, &x);
   launch(p, x);
 }
 
@@ -173,6 +235,8 @@ void fused_add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at::Ten
   TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out: expected dtype ", x.scalar_type(),
               ", got ", out.scalar_type());
   add_residual(p, residual_out, residual, x);
+  check_output(out, "out", {&x, &residual, &residual_out, &weight}, &x);
+  check_output(residual_out, "residual_out", {&x, &residual, &weight}, &residual);
   launch(p, x);
 }
 
@@ -180,6 +244,7 @@ void rms_norm_static_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor&
                          const at::Tensor& scale, double eps) {
   auto p = common_params(out, x, weight, eps);
   set_static(p, out, scale, x);
+  check_output(out, "out", {&x, &weight, &scale});
   launch(p, x);
 }
 
@@ -190,6 +255,8 @@ void fused_add_rms_norm_static_fp8(at::Tensor& out, at::Tensor& residual_out,
   auto p = common_params(out, x, weight, eps);
   set_static(p, out, scale, x);
   add_residual(p, residual_out, residual, x);
+  check_output(out, "out", {&x, &residual, &residual_out, &weight, &scale});
+  check_output(residual_out, "residual_out", {&x, &residual, &weight, &scale}, &residual);
   launch(p, x);
 }
 
@@ -198,6 +265,8 @@ void rms_norm_dynamic_fp8(at::Tensor& out, at::Tensor& scales, const at::Tensor&
                           std::optional<double> scale_ub) {
   auto p = common_params(out, x, weight, eps);
   set_dynamic(p, out, scales, group_size, scale_ub, x);
+  check_output(out, "out", {&x, &weight, &scales});
+  check_output(scales, "scales", {&x, &weight});
   launch(p, x);
 }
 
@@ -209,6 +278,9 @@ void fused_add_rms_norm_dynamic_fp8(at::Tensor& out, at::Tensor& scales,
   auto p = common_params(out, x, weight, eps);
   set_dynamic(p, out, scales, group_size, scale_ub, x);
   add_residual(p, residual_out, residual, x);
+  check_output(out, "out", {&x, &residual, &residual_out, &weight, &scales});
+  check_output(scales, "scales", {&x, &residual, &residual_out, &weight});
+  check_output(residual_out, "residual_out", {&x, &residual, &weight}, &residual);
   launch(p, x);
 }
 

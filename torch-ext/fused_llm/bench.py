@@ -29,6 +29,7 @@ import importlib.metadata
 import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -182,8 +183,10 @@ def time_calls(fns: Sequence[Fn], method: Method = Method()) -> Timing:
     stream = torch.cuda.current_stream()
     try:
         with torch.cuda.graph(graph):
-            for fn in fns:
-                fn()  # outputs allocated here live in the graph's private pool
+            # Keep every call's outputs alive through capture: a dropped output returns its
+            # block to the graph's pool and the next call gets the same addresses, so every
+            # call would write one L2-resident buffer and never pay its writes to memory.
+            outputs = [fn() for fn in fns]
         graph.replay()  # the first replay uploads the graph; keep it out of the samples
         torch.cuda.synchronize()
 
@@ -207,6 +210,7 @@ def time_calls(fns: Sequence[Fn], method: Method = Method()) -> Timing:
             torch.cuda.synchronize()
             samples += [start.elapsed_time(end) * 1e3 / len(fns) for start, end in events]
     finally:
+        outputs = None  # noqa: F841 - released with the graph
         # If capture_end raises, torch.cuda.graph leaves its capture stream current: restore ours.
         torch.cuda.set_stream(stream)
         with contextlib.suppress(RuntimeError):  # never mask the error that got us here
@@ -475,7 +479,8 @@ def collect_metadata(suite: Suite, ceiling_gbps: float, root: Path | None, extra
             "kernels": _version("kernels"),
             "transformers": _version("transformers"),
         },
-        "git": (commit + ("-dirty" if dirty else "")) if commit else None,
+        # The GPU machine gets a copy of the tree without .git: the caller passes the commit.
+        "git": (commit + ("-dirty" if dirty else "")) if commit else os.environ.get("FUSED_LLM_GIT_COMMIT"),
         "copy_ceiling_gbps": ceiling_gbps,
         "method": METHOD,
         **extra,

@@ -2,8 +2,8 @@
 
 ``fused-llm build PKG`` reads ``PKG/build.toml`` (validated by the same Rust parser
 kernel-builder uses, ``kernels._rust.Build``), compiles the ``[torch]`` sources and the
-``[kernel.*]`` sections of one backend with ``torch.utils.cpp_extension`` + ninja (incremental
-and parallel), and writes a Hub-compliant variant directory::
+``[kernel.*]`` sections of one backend with ``torch.utils.cpp_extension`` + ninja (parallel),
+and writes a variant directory in the Hub layout::
 
     PKG/build/torch213-cxx11-cpu-x86_64-linux/
         __init__.py, layers.py, ...        the package's Python files (torch-ext/<py>/)
@@ -12,6 +12,18 @@ and parallel), and writes a Hub-compliant variant directory::
         metadata.json                      id, archs, sha256 digest (kernel-builder's format)
 
 A ``[torch-noarch]`` package gets ``PKG/build/torch-<backend>/`` per backend instead.
+
+``PKG/build/`` holds only variant directories (it is what a Hub upload takes as is); object
+files live in ``PKG/.build-cache/<variant>/`` and a variant is staged in
+``PKG/.build-cache/staging-*`` before it is renamed into ``build/``.
+
+Rebuilds: an unchanged package rebuilds nothing; a change recompiles the package. The
+content-addressed unique id (it hashes every source) is passed to every object as
+``-DTORCH_EXTENSION_NAME``, so any source change changes every compile command.
+
+These variants are for local use and testing: they follow the Hub layout but are not
+ABI-checked for upload (the CPU ``.so`` links against the build machine's glibc, for one);
+Hub uploads go through kernel-builder/Nix.
 
 Compilation runs in a child process: a ``.so`` that registers a ``TORCH_LIBRARY`` namespace
 can be loaded once per process, and ``cpp_extension.load`` loads what it builds.
@@ -29,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -47,6 +60,10 @@ PY_LIMITED_API = "-DPy_LIMITED_API=0x03090000"
 
 class BuildError(RuntimeError):
     """A package cannot be built; the message says which file, key or tool is at fault."""
+
+
+class BuildWarning(UserWarning):
+    """The build goes on, but not as asked (e.g. ``--backend auto`` fell back to cpu)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -255,20 +272,52 @@ def find_nvcc() -> str:
 
 def toolkit_capabilities(nvcc: str) -> list[str]:
     """Capabilities this nvcc can target, as ``X.Y`` (from ``nvcc --list-gpu-arch``)."""
-    out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, check=True).stdout
+    try:
+        proc = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True)
+    except OSError as err:
+        raise BuildError(f"cannot run `{nvcc} --list-gpu-arch`: {err}") from None
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip() or "(no output)"
+        raise BuildError(f"`{nvcc} --list-gpu-arch` failed (exit {proc.returncode}):\n{detail}")
     caps = []
-    for arch in re.findall(r"compute_(\d+)(?!\w)", out):
+    for arch in re.findall(r"compute_(\d+)(?!\w)", proc.stdout):
         caps.append(f"{arch[:-1]}.{arch[-1]}")
+    if not caps:
+        raise BuildError(f"`{nvcc} --list-gpu-arch` listed no compute_XY architecture:\n{proc.stdout.strip()}")
     return caps
 
 
-def select_capabilities(requested: Sequence[str], available: Sequence[str], where: str) -> list[str]:
+def section_capabilities(section: KernelSection, available: Sequence[str]) -> tuple[list[str], str]:
+    """The capabilities a cuda section asks for, and where they come from: its
+    ``cuda-capabilities``, or, without that key, every capability the toolkit supports (what
+    kernel-builder's Nix build does)."""
+    if section.cuda_capabilities:
+        return list(section.cuda_capabilities), "cuda-capabilities"
+    return list(available), "toolkit default (no cuda-capabilities)"
+
+
+def narrow_capabilities(caps: Sequence[str], wanted: Sequence[str] | None, where: str) -> list[str]:
+    """Keep the capabilities ``--capabilities`` names (``8.0`` also keeps ``8.0a``/``8.0f``).
+    An empty result is an error that blames ``--capabilities``, not build.toml."""
+    if not wanted:
+        return list(caps)
+    kept = [c for c in caps if c in wanted or c.rstrip("af") in wanted]
+    if not kept:
+        raise BuildError(
+            f"{where}: --capabilities {','.join(wanted)} selects none of the capabilities this "
+            f"build can target {list(caps)} (build.toml cuda-capabilities, or the toolkit's when "
+            f"absent, ∩ toolkit)"
+        )
+    return kept
+
+
+def select_capabilities(requested: Sequence[str], available: Sequence[str], where: str, source: str = "cuda-capabilities") -> list[str]:
     """Loose intersection, as kernel-builder does: ``9.0a`` survives when ``9.0`` is available.
-    An empty result is an error."""
+    An empty result is an error; ``source`` says where ``requested`` came from."""
     kept = [c for c in requested if c.rstrip("af") in available]
     if not kept:
         raise BuildError(
-            f"{where}: no CUDA capability left: cuda-capabilities {list(requested)} ∩ "
+            f"{where}: no CUDA capability left: {source} {list(requested)} ∩ "
             f"toolkit {list(available)} is empty"
         )
     return kept
@@ -465,7 +514,9 @@ def _compiler_errors(log: list[str]) -> str:
 
 
 def _compile_job_main(job_file: str) -> None:
-    """Child-process side: ``cpp_extension.load`` (ninja; only changed sources rebuild)."""
+    """Child-process side: ``cpp_extension.load`` (ninja). An unchanged package rebuilds
+    nothing; a change recompiles the package, since the unique id it passes to every object
+    as ``-DTORCH_EXTENSION_NAME`` hashes every source."""
     from torch.utils import cpp_extension
 
     job = json.loads(Path(job_file).read_text())
@@ -503,22 +554,50 @@ def build_package(
     capabilities: Sequence[str] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> list[BuildResult]:
-    """Build one package for ``backend`` (``auto`` = the running torch's). ``capabilities``
-    narrows the build.toml list further (e.g. ``["8.0"]`` to run the sm80 path on a Hopper)."""
+    """Build one package for ``backend`` (``auto`` = the running torch's, or cpu with a
+    ``BuildWarning`` when that is cuda and nvcc is missing). ``capabilities`` narrows the
+    build.toml list further (e.g. ``["8.0"]`` to run the sm80 path on a Hopper)."""
     config = load_config(pkg_dir)
     if clean:
         shutil.rmtree(config.path / "build", ignore_errors=True)
+        shutil.rmtree(config.path / CACHE_DIR, ignore_errors=True)
     if config.noarch:
         return _build_noarch(config)
-    chosen = torch_backend() if backend == "auto" else backend
+    running = torch_backend()
+    chosen = running if backend == "auto" else backend
     if chosen not in BACKENDS:
         raise BuildError(f"--backend must be one of auto, {', '.join(BACKENDS)} (got {backend!r})")
+    if backend == "auto" and chosen == "cuda" and "cpu" in config.backends:
+        try:
+            find_nvcc()
+        except BuildError as err:
+            warnings.warn(
+                f"{config.name}: torch is a CUDA build but nvcc is missing, so --backend auto builds "
+                f"the cpu backend instead ({err}). Install the CUDA toolkit for the cuda variant.",
+                BuildWarning,
+                stacklevel=2,
+            )
+            chosen = "cpu"
     if chosen not in config.backends:
         raise BuildError(f"{config.path / 'build.toml'}: backend {chosen!r} is not in [general] backends {list(config.backends)}")
-    running = torch_backend()
     if chosen != "cpu" and chosen != running:
         raise BuildError(f"cannot build the {chosen} backend with a {running} build of torch")
     return [_build_arch(config, chosen, capabilities, on_progress)]
+
+
+# Object files and staging, per package: outside build/, which holds only variant directories.
+CACHE_DIR = ".build-cache"
+
+
+def cuda_capabilities_for(config: BuildConfig, sections: Iterable[KernelSection], available: Sequence[str], capabilities: Sequence[str] | None) -> list[str]:
+    """The capabilities one build of ``sections`` targets: each section's ``cuda-capabilities``
+    (all the toolkit's without the key) ∩ toolkit, then narrowed by ``--capabilities``."""
+    caps: list[str] = []
+    for k in sections:
+        requested, source = section_capabilities(k, available)
+        selected = select_capabilities(requested, available, f"{config.path / 'build.toml'} [kernel.{k.name}]", source)
+        caps += [c for c in selected if c not in caps]
+    return narrow_capabilities(caps, capabilities, f"{config.name} (cuda)")
 
 
 def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] | None, on_progress) -> BuildResult:
@@ -526,7 +605,11 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
     if not sections:
         raise BuildError(f"{config.path / 'build.toml'}: no [kernel.*] section has backend = {backend!r}")
     variant = arch_variant_name(backend)
-    obj_dir = config.path / "build" / ".obj" / variant
+    build_root = config.path / "build"
+    cache_root = config.path / CACHE_DIR
+    # Earlier versions of this builder kept objects in build/.obj: build/ must hold variants only.
+    shutil.rmtree(build_root / ".obj", ignore_errors=True)
+    obj_dir = cache_root / variant
     gen_dir = obj_dir / "generated"
     gen_dir.mkdir(parents=True, exist_ok=True)
     registration = gen_dir / "registration.h"
@@ -538,7 +621,9 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
     archs: list[str] | None = None
     for k in sections:
         compiled += [s for s in k.src if s.endswith((".cpp", ".cc", ".cu"))]
-    cflags = ["-O3", "-std=c++17", PY_LIMITED_API, *BACKEND_DEFINES[backend], *config.torch_cxx_flags]
+    # No -std here: torch's cpp_extension passes its own minimum (c++20 for torch 2.13) and a
+    # later -std of ours would override it.
+    cflags = ["-O3", PY_LIMITED_API, *BACKEND_DEFINES[backend], *config.torch_cxx_flags]
     for k in sections:
         cflags += list(k.cxx_flags)
     if backend == "cuda":
@@ -546,15 +631,9 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
         from torch.utils.cpp_extension import CUDA_HOME
 
         nvcc = str(Path(CUDA_HOME) / "bin" / "nvcc") if CUDA_HOME else find_nvcc()
-        available = toolkit_capabilities(nvcc)
-        requested: list[str] = []
-        for k in sections:
-            requested += [c for c in k.cuda_capabilities if c not in requested]
-        if capabilities:
-            requested = [c for c in requested if c in capabilities or c.rstrip("af") in capabilities]
-        caps = select_capabilities(requested, available, f"{config.name} (cuda)")
+        caps = cuda_capabilities_for(config, sections, toolkit_capabilities(nvcc), capabilities)
         gencode, archs = gencode_flags(caps)
-        cuda_flags = ["-O3", "-std=c++17", *BACKEND_DEFINES[backend], *gencode]
+        cuda_flags = ["-O3", *BACKEND_DEFINES[backend], *gencode]
         for k in sections:
             cuda_flags += list(k.cuda_flags)
     elif backend == "rocm":
@@ -572,9 +651,12 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
     )
     so = job.run(on_progress)
 
-    variant_dir = config.path / "build" / variant
-    staging = Path(tempfile.mkdtemp(prefix=f".{variant}.", dir=config.path / "build"))
+    variant_dir = build_root / variant
+    build_root.mkdir(exist_ok=True)
+    # Staged next to the objects (same filesystem as build/, so the rename is atomic).
+    staging = Path(tempfile.mkdtemp(prefix=f"staging-{variant}-", dir=cache_root))
     try:
+        staging.chmod(0o755)  # mkdtemp makes it 0700
         copy_python_package(config, staging)
         (staging / "_ops.py").write_text(OPS_PY_ARCH.format(id=kernel_id))
         shutil.copy2(so, staging / f"{kernel_id}.abi3.so")
@@ -589,13 +671,13 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
 def _build_noarch(config: BuildConfig) -> list[BuildResult]:
     results = []
     for backend in config.backends:
-        uid = unique_id(config, backend).rsplit("_", 1)[1]
-        kernel_id = f"_{config.python_name}_{backend}_{uid}"
+        kernel_id = unique_id(config, backend)
         archs = {"cuda": list(config.noarch_cuda_capabilities), "rocm": list(config.noarch_rocm_archs)}.get(backend) or None
         variant_dir = config.path / "build" / f"torch-{backend}"
         shutil.rmtree(variant_dir, ignore_errors=True)
         variant_dir.mkdir(parents=True)
         copy_python_package(config, variant_dir)
+        uid = kernel_id.removeprefix(f"_{config.python_name}_{backend}_")
         (variant_dir / "_ops.py").write_text(OPS_PY_NOARCH.format(py=config.python_name, uid=uid))
         write_metadata(variant_dir, config, kernel_id, backend, archs)
         results.append(BuildResult(config.name, variant_dir, kernel_id, archs))
@@ -623,11 +705,13 @@ def cuda_checks(pkg_dirs: Iterable[Path]) -> list[CudaCheck]:
     for pkg_dir in pkg_dirs:
         config = load_config(pkg_dir)
         for k in config.kernels_for("cuda"):
-            caps = select_capabilities(k.cuda_capabilities, available, f"{config.name} [kernel.{k.name}]")
+            requested, source = section_capabilities(k, available)
+            caps = select_capabilities(requested, available, f"{config.path / 'build.toml'} [kernel.{k.name}]", source)
             incs = [f"-I{d}" for d in include_dirs(config, [k])]
             for src in (s for s in k.src if s.endswith(".cu")):
                 for cap in caps:
                     num = cap.replace(".", "")
+                    # Explicit -std: no torch flags here, these sources are framework-free.
                     cmd = [nvcc, "-std=c++17", "-O3", "-c", "-o", os.devnull, *BACKEND_DEFINES["cuda"],
                            f"-gencode=arch=compute_{num},code=sm_{num}", *k.cuda_flags, *incs,
                            str(config.path / src)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from rich.console import Console
@@ -31,7 +32,15 @@ def build_packages(names: list[str], backend: str = "auto", *, clean: bool = Fal
                 progress.update(task, completed=done, total=total)
 
             t0 = time.perf_counter()
-            for result in builder.build_package(packages.package_dir(name), backend, clean=clean, capabilities=capabilities, on_progress=on_progress):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", builder.BuildWarning)
+                built = builder.build_package(packages.package_dir(name), backend, clean=clean, capabilities=capabilities, on_progress=on_progress)
+            for w in caught:
+                if issubclass(w.category, builder.BuildWarning):
+                    progress.console.print(f"[yellow]warning:[/] {w.message}")
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            for result in built:
                 results.append(result)
                 progress.console.print(
                     f"[green]built[/] {name} -> {result.variant_dir.relative_to(packages.repo_root())} "
@@ -66,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p_build = sub.add_parser("build", help="build kernel packages into PKG/build/<variant>/")
     p_build.add_argument("packages", nargs="*", metavar="PKG", help="package names (default: all)")
     p_build.add_argument("--backend", default="auto", choices=["auto", *builder.BACKENDS])
-    p_build.add_argument("--clean", action="store_true", help="remove PKG/build first")
+    p_build.add_argument("--clean", action="store_true", help="remove PKG/build and PKG/.build-cache (object files) first")
     p_build.add_argument("--capabilities", help="comma-separated subset of cuda-capabilities, e.g. 8.0")
     p_build.add_argument("--check-cuda", action="store_true", help="only compile-check the framework-free .cu files with nvcc")
 
@@ -82,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             if args.check_cuda:
                 return check_cuda(args.packages)
-            caps = args.capabilities.split(",") if args.capabilities else None
+            caps = [c.strip() for c in args.capabilities.split(",") if c.strip()] if args.capabilities else None
             build_packages(args.packages, args.backend, clean=args.clean, capabilities=caps)
             return 0
         if args.command == "bench":

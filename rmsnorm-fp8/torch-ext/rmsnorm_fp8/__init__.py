@@ -172,12 +172,20 @@ def _residual(residual: torch.Tensor, x: torch.Tensor, x2: torch.Tensor, inplace
 
 
 def _dynamic_scales(x: torch.Tensor, x2: torch.Tensor, group_size: int | None, scale_ub: float | None,
-                    column_major: bool) -> tuple[int, torch.Tensor, torch.Tensor]:
+                    column_major: bool, given: torch.Tensor | None) -> tuple[int, torch.Tensor, torch.Tensor]:
     """Returns (group size or 0 for per token, the [rows, groups] scales the op writes, the
-    tensor handed back: [..., groups], or the [rows, groups] column-major view)."""
+    tensor handed back: [..., groups], the [rows, groups] column-major view, or ``given``)."""
     rows, hidden = x2.shape
     group = _check_group(group_size, scale_ub, hidden)
     groups = hidden // group if group else 1
+    if given is not None:
+        if not isinstance(given, torch.Tensor) or given.dtype != torch.float32:
+            raise TypeError(f"scales: expected a float32 tensor, got {getattr(given, 'dtype', type(given).__name__)}")
+        if given.shape != (rows, groups):
+            raise ValueError(f"scales: expected shape ({rows}, {groups}) (rows, groups), got {tuple(given.shape)}")
+        if given.device != x.device:
+            raise ValueError(f"scales: expected device {x.device} (x's), got {given.device}")
+        return group, given, given
     if column_major:  # [rows, groups] stored groups-major, the layout DeepGEMM-style GEMMs read
         scales = torch.empty((groups, rows), dtype=torch.float32, device=x.device).t()
         return group, scales, scales
@@ -227,7 +235,7 @@ def rms_norm_fp8(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RMSNorm quantized to FP8 with a static per-tensor ``scale`` (float32, one element):
-    ``q = saturate(y / scale)``. ``fp8_dtype`` defaults to the platform's e4m3 format."""
+    ``q = saturate(y * (1 / scale))`` (a zero scale gives NaN/inf, as the division would). ``fp8_dtype`` defaults to the platform's e4m3 format."""
     x2, weight, eps = _prologue(x, weight, eps)
     scale = _check_scale(scale, x)
     out, o2 = _out(out, x, x2, _check_fp8_dtype(fp8_dtype, x))
@@ -264,15 +272,18 @@ def rms_norm_dynamic_fp8(
     scale_ub: float | None = None,
     fp8_dtype: torch.dtype | None = None,
     column_major_scales: bool = False,
+    out: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm with dynamic FP8 quantization. Returns ``(q, scales)``: float32 scales of shape
     ``[rows, 1]`` (per token, ``group_size=None``) or ``[rows, hidden // group_size]``
     (per group of 64 or 128 columns; ``column_major_scales`` stores them groups-major, as
     block-FP8 GEMMs read them). ``scale = max(min(amax, scale_ub) / fp8_max, 1 / (512 fp8_max))``;
-    ``q = saturate(y / scale)``."""
+    ``q = saturate(y * (1 / scale))``. ``out`` / ``scales`` ([rows, groups] float32, any
+    strides) take preallocated outputs."""
     x2, weight, eps = _prologue(x, weight, eps)
-    group, scales, scales_out = _dynamic_scales(x, x2, group_size, scale_ub, column_major_scales)
-    out, o2 = _out(None, x, x2, _check_fp8_dtype(fp8_dtype, x))
+    group, scales, scales_out = _dynamic_scales(x, x2, group_size, scale_ub, column_major_scales, scales)
+    out, o2 = _out(out, x, x2, _check_fp8_dtype(fp8_dtype, x))
     ops.rms_norm_dynamic_fp8(o2, scales, x2, weight, eps, group, scale_ub)
     return out, scales_out
 
@@ -288,13 +299,15 @@ def fused_add_rms_norm_dynamic_fp8(
     fp8_dtype: torch.dtype | None = None,
     column_major_scales: bool = False,
     inplace: bool = False,
+    out: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Residual add, RMSNorm and dynamic FP8 quantization; returns ``(q, scales, x + residual)``
-    (scales as in :func:`rms_norm_dynamic_fp8`)."""
+    (scales, ``out`` and ``scales`` as in :func:`rms_norm_dynamic_fp8`)."""
     x2, weight, eps = _prologue(x, weight, eps)
+    group, scales, scales_out = _dynamic_scales(x, x2, group_size, scale_ub, column_major_scales, scales)
+    out, o2 = _out(out, x, x2, _check_fp8_dtype(fp8_dtype, x))
     r2, res_out, ro2 = _residual(residual, x, x2, inplace)
-    group, scales, scales_out = _dynamic_scales(x, x2, group_size, scale_ub, column_major_scales)
-    out, o2 = _out(None, x, x2, _check_fp8_dtype(fp8_dtype, x))
     ops.fused_add_rms_norm_dynamic_fp8(o2, scales, ro2, x2, r2, weight, eps, group, scale_ub)
     return out, scales_out, res_out
 
