@@ -14,7 +14,7 @@ for stage in "$@"; do
   echo "=== stage $stage"
   case $stage in
     test)
-      python3 -X faulthandler -m pytest -v -x -p no:cacheprovider --import-mode=importlib -o addopts="" rmsnorm-fp8/tests tests > "$OUT/test.log" 2>&1
+      python3 -X faulthandler -m pytest -v -x -p no:cacheprovider --import-mode=importlib -o addopts="" ${TESTS:-rmsnorm-fp8/tests swiglu-fp8/tests tests} > "$OUT/test.log" 2>&1
       echo "pytest exit: $?"
       grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$OUT/test.log" | tail -3
       grep -E "Fatal Python|File .*(tests|torch-ext|rmsnorm)" "$OUT/test.log" | head -20
@@ -22,12 +22,12 @@ for stage in "$@"; do
     sanitize)
       for tool in memcheck racecheck; do
         FUSED_LLM_SKIP_BUILD=1 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
-          rmsnorm-fp8/tests/test_rmsnorm_fp8.py -k "ci or non_contiguous or misaligned or leading or in_place" 2>&1 | tee "$OUT/sanitize-$tool.log" | tail -6
+          ${SANITIZE_TESTS:-rmsnorm-fp8/tests swiglu-fp8/tests} -k "${SANITIZE_K:-ci or non_contiguous or misaligned or leading or in_place or generic}" 2>&1 | tee "$OUT/sanitize-$tool.log" | tail -6
         echo "compute-sanitizer $tool exit: ${PIPESTATUS[0]}"
       done ;;
     demo) python3 -m fused_llm.cli demo --no-build 2>&1 | tee "$OUT/demo.log" ;;
-    bench-quick) python3 -m fused_llm.cli bench rmsnorm-fp8 --quick --out "$OUT" 2>&1 | tee "$OUT/bench-quick.log" | tail -30 ;;
-    bench) python3 -m fused_llm.cli bench rmsnorm-fp8 --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60 ;;
+    bench-quick) python3 -m fused_llm.cli bench ${BENCH_PKG:-rmsnorm-fp8} --quick --out "$OUT" 2>&1 | tee "$OUT/bench-quick.log" | tail -30 ;;
+    bench) python3 -m fused_llm.cli bench ${BENCH_PKG:-rmsnorm-fp8} --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -70 ;;
     sm80)  # the sm80 code path through PTX: a build with only capability 8.0 (sm_80 + PTX)
       python3 -m fused_llm.cli build rmsnorm-fp8 --capabilities 8.0 2>&1 | tail -3
       FUSED_LLM_SKIP_BUILD=1 python3 -m pytest -q -x -p no:cacheprovider -o addopts="" --import-mode=importlib rmsnorm-fp8/tests 2>&1 | tee "$OUT/test-sm80.log" | tail -5

@@ -1,0 +1,988 @@
+// GPU kernels of swiglu-fp8 (CUDA; hipified for ROCm gfx942). Framework-free: raw pointers,
+// element strides and a stream in, a cudaError_t value out.
+//
+// For every row (T = input dtype; gate = x[row, :d], up = x[row, d:2d]):
+//   h   = T(act(float(gate)))        act in fp32, rounded to T (fp32: no rounding)
+//   y   = T(float(h) * float(up))    16-bit T: one packed multiply (exact product, rounded once)
+//   out = y | e4m3(clamp(y * inv_scale, +-fp8_max)), inv_scale static, per row or per group.
+//
+// Activations (all in fp32):
+//   * 16-bit T: silu(g) = g * rcp(1 + ex2(-g log2 e)) (ex2.approx.ftz + rcp.approx.ftz: two MUFU
+//     ops, three FP32 ops); gelu_tanh uses the identical-in-exact-arithmetic form
+//     g * sigmoid(2u) = g / (1 + exp(-2u)), u = sqrt(2/pi)
+//     (g + 0.044715 g^3), which is well conditioned (0.5 g (1 + tanh(u)) cancels for g << 0, and
+//     tanh.approx.f32 has a 2^-11 relative error, far too coarse there). The fast paths have a
+//     relative error of ~2^-22 plus |t| 2^-24 (t the exponent: the rounding of g * log2 e), i.e.
+//     <= ~1e-6 for |g| < 20; far below the 16-bit rounding, so the result differs from torch's
+//     (accurate expf, then rounded) only when act(g) lies that close to a bf16/fp16 rounding
+//     boundary: a 1-ulp difference in a small fraction of elements (more often for fp16).
+//   * fp32 T: torch's own formulas with accurate libm: g / (1 + expf(-g)) (IEEE division),
+//     0.5 g (1 + tanhf(u)).
+//   * gelu (erf): g * 0.5 * (1 + erff(g * sqrt(1/2))) for every dtype (torch's form).
+//   The activation is a runtime switch on a uniform value (one branch per 16-byte vector), not a
+//   template parameter: it keeps the instantiation count at a third.
+//
+// Three kernels:
+//   * swiglu_ew_kernel (kNone, kStatic, kDynamicGroup): elementwise, 16-byte vectors, grid =
+//     rows x column chunks, ITEMS vectors per thread with every load issued before any use. A
+//     quant group is 1 << group_vecs_log2 consecutive vectors = as many adjacent lanes, so its
+//     max is an xor shuffle (no row reduction).
+//   * swiglu_token_kernel (kDynamicToken): the row's y held in registers (ITERS vectors per
+//     thread, TPR threads per row, several rows per block when TPR is small), a row max
+//     reduction, then the quantized stores (rmsnorm-fp8's fast-kernel structure).
+//   * swiglu_generic_kernel: one block per row, scalar strided loops; per-token recomputes y in
+//     its second pass (gate/up re-read from L2). Any alignment, any d (1, 7, ...).
+// Launch configs are chosen in choose_ew_config() / choose_token_config(), outside the kernels.
+// x and out must not overlap (in-place is not supported).
+
+#include <cuda_runtime.h>
+#ifndef USE_ROCM
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
+#include <atomic>
+#include <cstdint>
+
+#include "numerics.h"
+#include "swiglu_fp8.h"
+
+namespace fused_llm {
+namespace swiglu_fp8 {
+namespace {
+
+#ifndef USE_ROCM
+constexpr int kWarpSize = 32;
+#else
+constexpr int kWarpSize = 64;  // gfx942 wavefront
+#endif
+// Shared-memory slots for one partial per warp of a 1024-thread block.
+constexpr int kMaxWarps = 1024 / kWarpSize;
+
+// Quantization modes / formats / activations as ints (mirrors of the header enums).
+constexpr int kQNone = 0;
+constexpr int kQStatic = 1;
+constexpr int kQToken = 2;
+constexpr int kQGroup = 3;
+constexpr int kFmtFn = 0;
+constexpr int kFmtFnuz = 1;
+constexpr int kActSilu = 0;
+constexpr int kActGeluTanh = 1;
+constexpr int kActGelu = 2;
+
+// ---- dtype traits ----------------------------------------------------------------------------
+// Values travel as packed 32-bit words: one fp32 or two 16-bit elements (element 2k in the low
+// half). All arithmetic is in fp32; pack() rounds to T with RNE.
+struct Fp32Tag {};
+struct Fp16Tag {};
+struct Bf16Tag {};
+
+// Register-level reinterpretation of a 32-bit word as a packed pair type and back.
+template <class P>
+__device__ __forceinline__ P bit_cast_u32(uint32_t w) {
+  P p;
+  memcpy(&p, &w, sizeof(p));
+  return p;
+}
+template <class P>
+__device__ __forceinline__ uint32_t bit_cast_to_u32(const P& p) {
+  uint32_t w;
+  memcpy(&w, &p, sizeof(w));
+  return w;
+}
+
+template <class T>
+struct Elem;
+
+// Fallback packed multiply through fp32 (ROCm): unpack, multiply (exact for 16-bit inputs),
+// round once.
+template <class E>
+__device__ __forceinline__ uint32_t packed_mul_fp32(uint32_t a, uint32_t b) {
+  float fa[2], fb[2];
+  E::unpack(a, fa);
+  E::unpack(b, fb);
+  fa[0] *= fb[0];
+  fa[1] *= fb[1];
+  return E::pack(fa);
+}
+
+template <>
+struct Elem<Fp32Tag> {
+  static constexpr int kBytes = 4;
+  static constexpr int kPerWord = 1;
+  static constexpr bool kFastMath = false;  // no rounding after the activation to hide errors
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
+  __device__ __forceinline__ static uint32_t pack(const float* f) { return __float_as_uint(f[0]); }
+  __device__ __forceinline__ static float round(float f) { return f; }
+  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
+    return __float_as_uint(__uint_as_float(a) * __uint_as_float(b));
+  }
+  __device__ __forceinline__ static float load(const void* base, int64_t i) {
+    return static_cast<const float*>(base)[i];
+  }
+  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
+    static_cast<float*>(base)[i] = f;
+  }
+};
+
+template <>
+struct Elem<Bf16Tag> {
+  static constexpr int kBytes = 2;
+  static constexpr int kPerWord = 2;
+  static constexpr bool kFastMath = true;
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
+    f[0] = __uint_as_float(w << 16);
+    f[1] = __uint_as_float(w & 0xffff0000u);
+  }
+  __device__ __forceinline__ static uint32_t pack(const float* f) {
+#ifndef USE_ROCM
+    const __nv_bfloat162 h = __floats2bfloat162_rn(f[0], f[1]);  // one cvt.rn.bf16x2.f32 on sm_80+
+    return static_cast<uint32_t>(__bfloat16_as_ushort(h.x)) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(h.y)) << 16);
+#else
+    return static_cast<uint32_t>(float_to_bf16(f[0])) |
+           (static_cast<uint32_t>(float_to_bf16(f[1])) << 16);
+#endif
+  }
+  __device__ __forceinline__ static uint16_t to_bits(float f) {
+#ifndef USE_ROCM
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+    return float_to_bf16(f);
+#endif
+  }
+  __device__ __forceinline__ static float round(float f) { return bf16_to_float(to_bits(f)); }
+  // Packed multiply of two bf16 pairs, rounded once: equal to torch's fp32 multiply + cast (a
+  // bf16 x bf16 product is exact in fp32).
+  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
+#ifndef USE_ROCM
+    const __nv_bfloat162 r = __hmul2(bit_cast_u32<__nv_bfloat162>(a), bit_cast_u32<__nv_bfloat162>(b));
+    return bit_cast_to_u32(r);
+#else
+    return packed_mul_fp32<Elem<Bf16Tag>>(a, b);
+#endif
+  }
+  __device__ __forceinline__ static float load(const void* base, int64_t i) {
+    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+  }
+  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
+    static_cast<uint16_t*>(base)[i] = to_bits(f);
+  }
+};
+
+template <>
+struct Elem<Fp16Tag> {
+  static constexpr int kBytes = 2;
+  static constexpr int kPerWord = 2;
+  static constexpr bool kFastMath = true;
+  __device__ __forceinline__ static float from_bits(uint32_t h) {
+#ifndef USE_ROCM
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+#else
+    return half_to_float(static_cast<uint16_t>(h));
+#endif
+  }
+  __device__ __forceinline__ static uint16_t to_bits(float f) {
+#ifndef USE_ROCM
+    return __half_as_ushort(__float2half_rn(f));
+#else
+    return float_to_half(f);
+#endif
+  }
+  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
+    f[0] = from_bits(w & 0xffffu);
+    f[1] = from_bits(w >> 16);
+  }
+  __device__ __forceinline__ static uint32_t pack(const float* f) {
+#ifndef USE_ROCM
+    const __half2 h = __floats2half2_rn(f[0], f[1]);  // one cvt.rn.f16x2.f32 on sm_80+
+    return static_cast<uint32_t>(__half_as_ushort(h.x)) |
+           (static_cast<uint32_t>(__half_as_ushort(h.y)) << 16);
+#else
+    return static_cast<uint32_t>(float_to_half(f[0])) |
+           (static_cast<uint32_t>(float_to_half(f[1])) << 16);
+#endif
+  }
+  __device__ __forceinline__ static float round(float f) { return from_bits(to_bits(f)); }
+  // fp16 x fp16 is exact in fp32 (22-bit significand, exponent in range): one rounding either way.
+  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
+#ifndef USE_ROCM
+    return bit_cast_to_u32(__hmul2(bit_cast_u32<__half2>(a), bit_cast_u32<__half2>(b)));
+#else
+    return packed_mul_fp32<Elem<Fp16Tag>>(a, b);
+#endif
+  }
+  __device__ __forceinline__ static float load(const void* base, int64_t i) {
+    return from_bits(static_cast<const uint16_t*>(base)[i]);
+  }
+  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
+    static_cast<uint16_t*>(base)[i] = to_bits(f);
+  }
+};
+
+// 16-byte vector <-> floats.
+template <class T>
+__device__ __forceinline__ void unpack_vec(const uint4& v, float* f) {
+  constexpr int P = Elem<T>::kPerWord;
+  Elem<T>::unpack(v.x, f);
+  Elem<T>::unpack(v.y, f + P);
+  Elem<T>::unpack(v.z, f + 2 * P);
+  Elem<T>::unpack(v.w, f + 3 * P);
+}
+
+template <class T>
+__device__ __forceinline__ uint4 pack_vec(const float* f) {
+  constexpr int P = Elem<T>::kPerWord;
+  uint4 v;
+  v.x = Elem<T>::pack(f);
+  v.y = Elem<T>::pack(f + P);
+  v.z = Elem<T>::pack(f + 2 * P);
+  v.w = Elem<T>::pack(f + 3 * P);
+  return v;
+}
+
+template <class T>
+__device__ __forceinline__ uint4 mul_vec(const uint4& a, const uint4& b) {
+  uint4 r;
+  r.x = Elem<T>::mul2(a.x, b.x);
+  r.y = Elem<T>::mul2(a.y, b.y);
+  r.z = Elem<T>::mul2(a.z, b.z);
+  r.w = Elem<T>::mul2(a.w, b.w);
+  return r;
+}
+
+// ---- math helpers ----------------------------------------------------------------------------
+// IEEE division even under --use_fast_math, so scales match torch's `amax / fp8_max` and `1 / s`.
+__device__ __forceinline__ float div_rn(float a, float b) {
+#ifndef USE_ROCM
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// Clamp that keeps NaN (torch.clamp propagates it; fminf/fmaxf would drop it).
+__device__ __forceinline__ float clamp_fp8(float v, float fp8_max) {
+  return v < -fp8_max ? -fp8_max : (v > fp8_max ? fp8_max : v);
+}
+
+// The clamp before an e4m3 conversion. The hardware e4m3fn conversion saturates by itself
+// (.satfinite: out-of-range and inf go to +-448, NaN stays NaN, exactly what the clamp does),
+// so it is skipped there.
+template <int FMT>
+__device__ __forceinline__ float fp8_clamp_input(float v, float fp8_max) {
+#ifndef USE_ROCM
+  if constexpr (FMT == kFmtFn) return v;
+#endif
+  return clamp_fp8(v, fp8_max);
+}
+
+// Two clamped values -> two e4m3 bytes (a in the low byte).
+template <int FMT>
+__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
+#ifndef USE_ROCM
+  if constexpr (FMT == kFmtFn) {
+    // cvt.rn.satfinite.e4m3x2.f32 on sm_89+, emulated by cuda_fp8.hpp below that.
+    return static_cast<uint32_t>(
+        __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+  }
+#endif
+  if constexpr (FMT == kFmtFn) {
+    return static_cast<uint32_t>(float_to_e4m3fn(a)) |
+           (static_cast<uint32_t>(float_to_e4m3fn(b)) << 8);
+  } else {
+    return static_cast<uint32_t>(float_to_e4m3fnuz(a)) |
+           (static_cast<uint32_t>(float_to_e4m3fnuz(b)) << 8);
+  }
+}
+
+__device__ __forceinline__ uint8_t fp8_one(float a, int fmt) {
+  return static_cast<uint8_t>(fmt == kFmtFn ? fp8x2<kFmtFn>(a, 0.0f) : fp8x2<kFmtFnuz>(a, 0.0f));
+}
+
+__device__ __forceinline__ float shfl_xor(float v, int offset) {
+#ifndef USE_ROCM
+  return __shfl_xor_sync(0xffffffffu, v, offset);
+#else
+  return __shfl_xor(v, offset);
+#endif
+}
+
+// Max over the `tpr` consecutive threads of a row. tpr <= warp size: a power of two, xor
+// shuffles inside the warp (several rows per warp stay separate). tpr > warp size: the block is
+// exactly one row (tpr == blockDim.x, a multiple of the warp size); warps combine through `smem`.
+// Every thread of the block must call this (uniformly); every caller gets its row's max.
+// 0 is the identity (the inputs are |y| >= 0).
+__device__ __forceinline__ float row_max(float v, int tpr, float* smem) {
+  const int width = tpr < kWarpSize ? tpr : kWarpSize;
+  for (int o = width >> 1; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+  if (tpr > kWarpSize) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int warp = threadIdx.x / kWarpSize;
+    const int nwarps = blockDim.x / kWarpSize;
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? smem[lane] : 0.0f;
+    for (int o = kWarpSize >> 1; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+  }
+  return v;
+}
+
+// ---- activations -------------------------------------------------------------------------
+constexpr float kSqrt2OverPi = 0.7978845608028654f;  // torch's kBeta = sqrt(2) * (2/sqrt(pi)) / 2
+constexpr float kKappa = 0.044715f;
+constexpr float kSqrtHalf = 0.7071067811865476f;     // torch's kAlpha = M_SQRT1_2
+
+// Hardware approximations for the 16-bit paths: 2^x and 1/x, flush-to-zero forms (one MUFU op
+// each, no denormal fix-up instructions; 1/x of x >= 2^126 flushes to 0, i.e. act(g) = -0 instead
+// of a ~1e-37 value for g in [-88.7, -87.3], where torch's exp has not yet overflowed).
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifndef USE_ROCM
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+__device__ __forceinline__ float fast_rcp(float x) {
+#ifndef USE_ROCM
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return __fdividef(1.0f, x);
+#endif
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// g * sigmoid(z) given t = -z * log2(e): g / (1 + 2^t). g = -inf gives -inf * 0 = NaN, as torch's
+// -inf / inf; NaN stays NaN.
+__device__ __forceinline__ float mul_sigmoid_fast(float g, float t) { return g * fast_rcp(1.0f + fast_exp2(t)); }
+
+// act(g) in fp32. kFast (16-bit T only): hardware ex2 / rcp approximations, see the top comment.
+// !kFast: torch's formulas with accurate libm calls and IEEE division.
+template <bool kFast>
+__device__ __forceinline__ float act_silu(float g) {
+  if constexpr (kFast) {
+    return mul_sigmoid_fast(g, g * -kLog2e);
+  } else {
+    return div_rn(g, 1.0f + expf(-g));
+  }
+}
+
+template <bool kFast>
+__device__ __forceinline__ float act_gelu_tanh(float g) {
+  if constexpr (kFast) {
+    // 0.5 g (1 + tanh(u)) == g * sigmoid(2u); 2u = g (2 kBeta + 2 kBeta kKappa g^2), and the
+    // -log2(e) of the exponent is folded into the two constants.
+    constexpr float c0 = -2.0f * kSqrt2OverPi * kLog2e;
+    constexpr float c1 = -2.0f * kSqrt2OverPi * kKappa * kLog2e;
+    return mul_sigmoid_fast(g, g * fmaf(c1, g * g, c0));
+  } else {
+    const float cube = g * g * g;
+    const float inner = kSqrt2OverPi * (g + kKappa * cube);
+    return 0.5f * g * (1.0f + tanhf(inner));
+  }
+}
+
+__device__ __forceinline__ float act_gelu(float g) { return g * 0.5f * (1.0f + erff(g * kSqrtHalf)); }
+
+template <bool kFast>
+__device__ __forceinline__ float act_scalar(float g, int act) {
+  switch (act) {
+    case kActSilu:
+      return act_silu<kFast>(g);
+    case kActGeluTanh:
+      return act_gelu_tanh<kFast>(g);
+    case kActGelu:
+    default:
+      return act_gelu(g);
+  }
+}
+
+// y = T(float(T(act(gate))) * float(up)) for one 16-byte vector pair, returned packed in T.
+// The switch is on a uniform value: one branch per vector, each case a straight unrolled loop.
+template <class T>
+__device__ __forceinline__ uint4 swiglu_vec(const uint4& g, const uint4& u, int act) {
+  using E = Elem<T>;
+  constexpr int kVec = 16 / E::kBytes;
+  float f[kVec];
+  unpack_vec<T>(g, f);
+  if (act == kActSilu) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) f[k] = act_silu<E::kFastMath>(f[k]);
+  } else if (act == kActGeluTanh) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) f[k] = act_gelu_tanh<E::kFastMath>(f[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) f[k] = act_gelu(f[k]);
+  }
+  // h = T(act) (one cvt per pair), then y = T(h * up) as one packed multiply per pair.
+  return mul_vec<T>(pack_vec<T>(f), u);
+}
+
+// ---- kernel arguments --------------------------------------------------------------------
+struct KernelArgs {
+  const void* x;              // [rows, 2d], row stride x_stride
+  void* out;                  // [rows, d]: T (kNone) or fp8 bytes, row stride out_stride
+  int64_t x_stride, out_stride;  // elements
+  int64_t rows;
+  int64_t d;
+  const float* static_scale;  // [1] (kStatic)
+  float* scales;              // token: [rows]; group: [rows, d / group_size]
+  int64_t scales_row_stride, scales_group_stride;
+  float scale_ub;             // > 0: upper bound on amax
+  float fp8_max;              // 448 (fn) or 240 (fnuz)
+  float min_scale;            // kMinScaleFactor / fp8_max
+  int group_size;             // elements per group (kQGroup)
+  int act;                    // kAct*
+  // fast kernels only
+  int nvec;                   // d / VEC
+  int group_vecs_log2;        // group_size / VEC = 1 << group_vecs_log2 (kQGroup)
+  int tpr;                    // token kernel: threads per row
+  int tpr_log2;               // token kernel, tpr <= warp size: tpr = 1 << tpr_log2
+  int rows_per_block;         // token kernel
+};
+
+// scale = max(min(amax, ub) / fp8_max, floor); returns 1 / scale (IEEE divisions).
+__device__ __forceinline__ float dynamic_scale(const KernelArgs& a, float amax, float* scale_out) {
+  if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
+  const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
+  *scale_out = scale;
+  return div_rn(1.0f, scale);
+}
+
+// Quantize one vector of y (as floats) and store its VEC fp8 bytes at vector index vi.
+template <int kVec, int FMT>
+__device__ __forceinline__ void store_fp8_vec(uint8_t* out_row, int vi, const float* f, float inv,
+                                              float fp8_max) {
+  uint32_t q[kVec / 4];
+#pragma unroll
+  for (int k = 0; k < kVec / 4; ++k) {
+    const uint32_t lo = fp8x2<FMT>(fp8_clamp_input<FMT>(f[4 * k] * inv, fp8_max),
+                                   fp8_clamp_input<FMT>(f[4 * k + 1] * inv, fp8_max));
+    const uint32_t hi = fp8x2<FMT>(fp8_clamp_input<FMT>(f[4 * k + 2] * inv, fp8_max),
+                                   fp8_clamp_input<FMT>(f[4 * k + 3] * inv, fp8_max));
+    q[k] = lo | (hi << 16);
+  }
+  if constexpr (kVec == 8) {
+    reinterpret_cast<uint2*>(out_row)[vi] = make_uint2(q[0], q[1]);
+  } else {
+    static_assert(kVec == 4, "16-byte vectors of 2- or 4-byte elements");
+    reinterpret_cast<uint32_t*>(out_row)[vi] = q[0];
+  }
+}
+
+// ---- elementwise fast kernel (kNone / kStatic / kDynamicGroup) ----------------------------
+// grid = (row blocks, column chunks), block = (threads per row chunk, rows per block); a chunk is
+// ITEMS * blockDim.x vectors; thread t of a row handles vectors chunk_base + j * blockDim.x + t,
+// j < ITEMS (coalesced per j). blockDim.y > 1 only for rows shorter than a warp (the row's lanes
+// are adjacent, a power of two, so group shuffles stay inside the row). Lanes past the row end
+// (or past the last row) load zeros, store nothing, and still take part in the group shuffles
+// (their groups are wholly out of range: nvec and chunk_base are multiples of the group width).
+constexpr int kEwMaxThreads = 512;
+
+template <class T, int ITEMS, int QM, int FMT>
+__global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelArgs a) {
+  using E = Elem<T>;
+  constexpr int kVec = 16 / E::kBytes;
+  const int64_t row_raw = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool row_ok = row_raw < a.rows;
+  const int64_t row = row_ok ? row_raw : 0;
+  const int nvec = a.nvec;
+  const int nthreads = blockDim.x;
+  const int base = static_cast<int>(blockIdx.y) * (ITEMS * nthreads) + static_cast<int>(threadIdx.x);
+
+  const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
+  const uint4* gate = reinterpret_cast<const uint4*>(x_row);
+  const uint4* up = reinterpret_cast<const uint4*>(x_row + a.d * E::kBytes);
+
+  // Every load of the thread goes out before any use.
+  uint4 g[ITEMS];
+  uint4 u[ITEMS];
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const int vi = base + j * nthreads;
+    const bool in = row_ok && vi < nvec;
+    g[j] = in ? gate[vi] : zero;
+    u[j] = in ? up[vi] : zero;
+  }
+  float inv_scale = 0.0f;
+  if constexpr (QM == kQStatic) inv_scale = div_rn(1.0f, __ldg(a.static_scale));
+
+  char* out_row = static_cast<char*>(a.out) + row * a.out_stride * (QM == kQNone ? E::kBytes : 1);
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const int vi = base + j * nthreads;
+    const bool in = row_ok && vi < nvec;
+    const uint4 y = swiglu_vec<T>(g[j], u[j], a.act);
+    if constexpr (QM == kQNone) {
+      if (in) reinterpret_cast<uint4*>(out_row)[vi] = y;
+    } else {
+      float f[kVec];
+      unpack_vec<T>(y, f);
+      float inv = inv_scale;
+      if constexpr (QM == kQGroup) {
+        float gmax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) gmax = fmaxf(gmax, fabsf(f[k]));
+        const int gv = 1 << a.group_vecs_log2;
+        for (int o = gv >> 1; o > 0; o >>= 1) gmax = fmaxf(gmax, shfl_xor(gmax, o));
+        float scale;
+        inv = dynamic_scale(a, gmax, &scale);
+        if (in && (vi & (gv - 1)) == 0)
+          a.scales[row * a.scales_row_stride + (vi >> a.group_vecs_log2) * a.scales_group_stride] = scale;
+      }
+      if (in) store_fp8_vec<kVec, FMT>(reinterpret_cast<uint8_t*>(out_row), vi, f, inv, a.fp8_max);
+    }
+  }
+}
+
+// ---- per-token fast kernel -----------------------------------------------------------------
+// Thread t of a row handles vectors j * tpr + t, j < ITERS; y stays in registers (packed T)
+// between the row max and the quantized stores. Block = rows_per_block x tpr (tpr > warp size:
+// one row per block).
+template <class T, int ITERS, int FMT>
+__global__ void __launch_bounds__(1024) swiglu_token_kernel(const KernelArgs a) {
+  using E = Elem<T>;
+  constexpr int kVec = 16 / E::kBytes;
+  __shared__ float s_max[kMaxWarps];
+
+  const int tpr = a.tpr;
+  int t, local_row;
+  if (tpr <= kWarpSize) {
+    t = threadIdx.x & (tpr - 1);
+    local_row = threadIdx.x >> a.tpr_log2;
+  } else {
+    t = threadIdx.x;
+    local_row = 0;
+  }
+  const int nvec = a.nvec;
+  const int64_t row_raw = static_cast<int64_t>(blockIdx.x) * a.rows_per_block + local_row;
+  // Threads of a row past the end still take part in the shuffles; they load and store nothing.
+  const bool row_ok = row_raw < a.rows;
+  const int64_t row = row_ok ? row_raw : 0;
+
+  const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
+  const uint4* gate = reinterpret_cast<const uint4*>(x_row);
+  const uint4* up = reinterpret_cast<const uint4*>(x_row + a.d * E::kBytes);
+
+  uint4 v[ITERS];  // gate, then y
+  uint4 u[ITERS];
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int j = 0; j < ITERS; ++j) {
+    const int vi = j * tpr + t;
+    const bool in = row_ok && vi < nvec;
+    v[j] = in ? gate[vi] : zero;
+    u[j] = in ? up[vi] : zero;
+  }
+  // Zero inputs give y = 0, the identity of max |y|.
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < ITERS; ++j) {
+    v[j] = swiglu_vec<T>(v[j], u[j], a.act);
+    float f[kVec];
+    unpack_vec<T>(v[j], f);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) amax = fmaxf(amax, fabsf(f[k]));
+  }
+  amax = row_max(amax, tpr, s_max);
+  float scale;
+  const float inv = dynamic_scale(a, amax, &scale);
+  if (row_ok && t == 0) a.scales[row * a.scales_row_stride] = scale;
+
+  uint8_t* out_row = static_cast<uint8_t*>(a.out) + row * a.out_stride;
+#pragma unroll
+  for (int j = 0; j < ITERS; ++j) {
+    const int vi = j * tpr + t;
+    if (row_ok && vi < nvec) {
+      float f[kVec];
+      unpack_vec<T>(v[j], f);
+      store_fp8_vec<kVec, FMT>(out_row, vi, f, inv, a.fp8_max);
+    }
+  }
+}
+
+// ---- generic kernel ----------------------------------------------------------------------
+// One block per row (blockDim a multiple of the warp size), scalar strided loops, any alignment.
+// Per token: pass 1 computes max |y|, pass 2 recomputes y (gate/up from L2) and quantizes.
+// Per group: one warp per group, lanes stride over the group's columns.
+template <class T>
+__global__ void __launch_bounds__(1024) swiglu_generic_kernel(const KernelArgs a, int quant, int fmt) {
+  using E = Elem<T>;
+  __shared__ float s_max[kMaxWarps];
+  const int64_t row = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int nthreads = blockDim.x;
+  const int64_t d = a.d;
+  const int act = a.act;
+
+  const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
+  const char* up_row = x_row + d * E::kBytes;
+  char* out_row = static_cast<char*>(a.out) + row * a.out_stride * (quant == kQNone ? E::kBytes : 1);
+  auto y_at = [&](int64_t c) {
+    const float h = E::round(act_scalar<E::kFastMath>(E::load(x_row, c), act));
+    return E::round(h * E::load(up_row, c));
+  };
+
+  if (quant == kQNone) {
+    for (int64_t c = tid; c < d; c += nthreads) E::store(out_row, c, y_at(c));
+    return;
+  }
+  uint8_t* q_row = reinterpret_cast<uint8_t*>(out_row);
+  if (quant == kQStatic || quant == kQToken) {
+    float inv;
+    if (quant == kQStatic) {
+      inv = div_rn(1.0f, *a.static_scale);
+    } else {
+      float amax = 0.0f;
+      for (int64_t c = tid; c < d; c += nthreads) amax = fmaxf(amax, fabsf(y_at(c)));
+      amax = row_max(amax, nthreads, s_max);
+      float scale;
+      inv = dynamic_scale(a, amax, &scale);
+      if (tid == 0) a.scales[row * a.scales_row_stride] = scale;
+    }
+    for (int64_t c = tid; c < d; c += nthreads) q_row[c] = fp8_one(clamp_fp8(y_at(c) * inv, a.fp8_max), fmt);
+    return;
+  }
+  const int lane = tid % kWarpSize;
+  const int nwarps = nthreads / kWarpSize;
+  const int64_t gs = a.group_size;
+  const int64_t ngroups = d / gs;
+  for (int64_t g = tid / kWarpSize; g < ngroups; g += nwarps) {
+    float amax = 0.0f;
+    for (int64_t c = g * gs + lane; c < (g + 1) * gs; c += kWarpSize) amax = fmaxf(amax, fabsf(y_at(c)));
+    for (int o = kWarpSize >> 1; o > 0; o >>= 1) amax = fmaxf(amax, shfl_xor(amax, o));
+    float scale;
+    const float inv = dynamic_scale(a, amax, &scale);
+    if (lane == 0) a.scales[row * a.scales_row_stride + g * a.scales_group_stride] = scale;
+    for (int64_t c = g * gs + lane; c < (g + 1) * gs; c += kWarpSize)
+      q_row[c] = fp8_one(clamp_fp8(y_at(c) * inv, a.fp8_max), fmt);
+  }
+}
+
+// ---- launch configuration ----------------------------------------------------------------
+int next_pow2(int64_t n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+int log2_exact(int n) {
+  int l = 0;
+  while ((1 << l) < n) ++l;
+  return l;
+}
+
+struct EwConfig {
+  bool ok = false;
+  int threads = 0;     // threads per row chunk (blockDim.x): a multiple of the warp size, or a
+                       // power of two >= the group width for rows shorter than a warp
+  int items = 0;       // vectors per thread: 1 or 2
+  int64_t chunks = 0;  // column chunks per row (grid.y)
+  int rows_per_block = 1;  // blockDim.y
+};
+
+// Elementwise kernel (kNone / kStatic / kDynamicGroup); nvec = d / VEC vectors per row.
+// * Small problems (at most one vector per thread of a full GPU, rows * nvec <= num_sms * 2048,
+//   i.e. decode and small prefill): ITEMS = 1, the shortest per-thread path. The block is the
+//   largest of 256 / 128 / 64 / 32 threads that still gives >= 2 blocks per SM, so a short row
+//   spreads over many SMs instead of a few: 1 row of d = 14336 bf16 (1792 vectors) runs as 56
+//   one-warp blocks on 56 SMs, which matters because each element costs two MUFU ops (ex2, rcp)
+//   and the MUFU unit (16 lanes/clk/SM) would take ~0.9 us for that row on a single SM.
+// * Large problems: ITEMS = 2 (four 16-byte loads in flight per thread; with ~2048 resident
+//   threads per SM that is ~4x the bytes in flight HBM needs), block 512..64 threads.
+// * Either way a block size is only taken when the row tail it wastes (chunks * chunk - nvec)
+//   is small: minimal waste, ties to the larger block. E.g. d = 11008 (1376 vectors) uses
+//   128-vector chunks (2.3% idle) rather than 512 (11.6%).
+// * Rows of <= 16 vectors (d <= 128 bf16) pack several rows per block (next_pow2(nvec) lanes
+//   each, 256-thread blocks, no more than ceil(rows / num_sms) rows so that few rows still
+//   spread), instead of leaving most of a 32-thread block idle.
+// Row blocks go on grid.x (up to 2^31 - 1), chunks on grid.y (up to 65535).
+EwConfig choose_ew_config(int64_t nvec, int64_t rows, int num_sms) {
+  EwConfig c;
+  if (nvec <= 16) {
+    c.items = 1;
+    c.threads = next_pow2(nvec);
+    c.chunks = 1;
+    const int64_t spread = (rows + num_sms - 1) / num_sms;
+    int rpb = static_cast<int>(spread < 256 / c.threads ? spread : 256 / c.threads);
+    const int warp_rows = kWarpSize / c.threads;
+    c.rows_per_block = (rpb + warp_rows - 1) / warp_rows * warp_rows;
+    c.ok = (rows + c.rows_per_block - 1) / c.rows_per_block <= 0x7fffffff;
+    return c;
+  }
+  const int64_t total = rows * nvec;
+  const bool small = total <= static_cast<int64_t>(num_sms) * 2048;
+  c.items = small ? 1 : 2;
+  const int cands_small[] = {256, 128, 64, 32};
+  const int cands_large[] = {512, 256, 128, 64};
+  const int* cands = small ? cands_small : cands_large;
+  int64_t best_waste = -1;
+  for (int i = 0; i < 4; ++i) {
+    const int t = cands[i];
+    if (t % kWarpSize != 0) continue;  // ROCm: 64-lane waves
+    const int64_t chunk = static_cast<int64_t>(t) * c.items;
+    const int64_t chunks = (nvec + chunk - 1) / chunk;
+    const int64_t waste = chunks * chunk - nvec;
+    if (small) {
+      // Largest block that keeps >= 2 blocks per SM and wastes <= 1/16 of the row; else the
+      // smallest block (most spread, least waste).
+      if ((rows * chunks >= 2LL * num_sms && waste * 16 <= nvec) || t == kWarpSize ||
+          i == 3) {
+        c.threads = t;
+        c.chunks = chunks;
+        break;
+      }
+    } else if (best_waste < 0 || waste < best_waste) {
+      best_waste = waste;
+      c.threads = t;
+      c.chunks = chunks;
+    }
+  }
+  c.ok = c.threads > 0 && c.chunks <= 65535 && rows <= 0x7fffffff;
+  return c;
+}
+
+struct TokenConfig {
+  bool ok = false;
+  int tpr = 0;             // threads per row: power of two <= warp size, else a warp multiple
+  int iters = 0;           // vectors per thread: 1, 2, 4
+  int rows_per_block = 0;
+};
+
+// Per-token kernel (rmsnorm-fp8's measured choices): one row per TPR threads, ITERS vectors per
+// thread in registers.
+// * ITERS = 2 up to 1024 vectors per row, else 4 (up to 4096 vectors = d 32768 bf16 / 16384
+//   fp32; longer rows take the generic kernel). At ITERS 4 a thread holds 8 loaded vectors
+//   (gate + up) before they collapse to 4 y vectors: within the 64 registers of a 1024-thread
+//   block.
+// * TPR = ceil(nvec / ITERS): rounded to a power of two when <= warp size (xor shuffles), else
+//   to a warp multiple (one row per block; no power-of-two padding: d = 14336 bf16 runs 448
+//   threads, not 512).
+// * Rows of at most a warp (TPR <= warp size) pack 256 / TPR rows per block, but no more than
+//   ceil(rows / num_sms) so that a few rows still spread over all SMs; rounded up so a block is
+//   whole warps. Longer rows run one row per block (>= 64 threads: 32 resident blocks per SM
+//   still fill it), which is what lets TPR be any warp multiple.
+TokenConfig choose_token_config(int64_t nvec, int64_t rows, int num_sms) {
+  TokenConfig c;
+  int iters = nvec <= 1024 ? 2 : 4;
+  const int64_t per = (nvec + iters - 1) / iters;
+  int64_t tpr = per <= kWarpSize ? next_pow2(per) : (per + kWarpSize - 1) / kWarpSize * kWarpSize;
+  if (tpr > 1024) return c;  // the row does not fit in registers
+  // A short row padded to a power of two may need fewer vectors per thread.
+  while (iters > 1 && tpr * (iters / 2) >= nvec) iters /= 2;
+  int rpb = 1;
+  if (tpr <= kWarpSize) {
+    const int64_t spread = (rows + num_sms - 1) / num_sms;
+    rpb = static_cast<int>(spread < 256 / tpr ? spread : 256 / tpr);
+    const int warp_rows = kWarpSize / static_cast<int>(tpr);
+    rpb = (rpb + warp_rows - 1) / warp_rows * warp_rows;
+  }
+  if ((rows + rpb - 1) / rpb > 0x7fffffff) return c;
+  c.ok = true;
+  c.tpr = static_cast<int>(tpr);
+  c.iters = iters;
+  c.rows_per_block = rpb;
+  return c;
+}
+
+// Multiprocessor count of the current device, queried once per device.
+cudaError_t sm_count(int* n) {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  int v = (dev >= 0 && dev < 64) ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    v = v < 1 ? 1 : v;
+    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+  }
+  *n = v;
+  return cudaSuccess;
+}
+
+bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
+
+template <class T, int ITEMS, int QM, int FMT>
+cudaError_t launch_ew(const KernelArgs& a, const EwConfig& c, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((a.rows + c.rows_per_block - 1) / c.rows_per_block),
+                  static_cast<unsigned>(c.chunks));
+  const dim3 block(static_cast<unsigned>(c.threads), static_cast<unsigned>(c.rows_per_block));
+  swiglu_ew_kernel<T, ITEMS, QM, FMT><<<grid, block, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+template <class T, int ITEMS>
+cudaError_t dispatch_ew(const SwigluParams& p, const KernelArgs& a, const EwConfig& c, cudaStream_t s) {
+  const bool fnuz = p.fp8_format == Fp8Format::kE4M3FNUZ;
+  switch (p.quant) {
+    case Quant::kNone:
+      return launch_ew<T, ITEMS, kQNone, kFmtFn>(a, c, s);
+    case Quant::kStatic:
+      return fnuz ? launch_ew<T, ITEMS, kQStatic, kFmtFnuz>(a, c, s)
+                  : launch_ew<T, ITEMS, kQStatic, kFmtFn>(a, c, s);
+    case Quant::kDynamicGroup:
+      return fnuz ? launch_ew<T, ITEMS, kQGroup, kFmtFnuz>(a, c, s)
+                  : launch_ew<T, ITEMS, kQGroup, kFmtFn>(a, c, s);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <class T, int ITERS>
+cudaError_t launch_token(const SwigluParams& p, const KernelArgs& a, const TokenConfig& c, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((a.rows + c.rows_per_block - 1) / c.rows_per_block);
+  const int threads = c.tpr * c.rows_per_block;
+  if (p.fp8_format == Fp8Format::kE4M3FNUZ) {
+    swiglu_token_kernel<T, ITERS, kFmtFnuz><<<blocks, threads, 0, s>>>(a);
+  } else {
+    swiglu_token_kernel<T, ITERS, kFmtFn><<<blocks, threads, 0, s>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_typed(const SwigluParams& p, KernelArgs a, cudaStream_t s) {
+  constexpr int eb = Elem<T>::kBytes;
+  constexpr int vec = 16 / eb;
+  const bool is_group = p.quant == Quant::kDynamicGroup;
+
+  // Fast paths: every 16-byte gate / up load and every T (16 bytes) or fp8 (VEC bytes) store
+  // must be aligned, and a group must be a power-of-two number of whole vectors inside a warp.
+  bool fast = p.d % vec == 0 && p.d / vec <= 0x3fffffff && aligned(p.x, 16) &&
+              (p.x_row_stride * eb) % 16 == 0;
+  if (p.quant == Quant::kNone) {
+    fast = fast && aligned(p.out, 16) && (p.out_row_stride * eb) % 16 == 0;
+  } else {
+    fast = fast && aligned(p.out, vec) && p.out_row_stride % vec == 0;
+  }
+  int group_vecs = 1;
+  if (is_group) {
+    group_vecs = p.group_size / vec;
+    fast = fast && p.group_size % vec == 0 && group_vecs <= kWarpSize &&
+           (group_vecs & (group_vecs - 1)) == 0;
+  }
+
+  if (fast) {
+    int num_sms = 0;
+    const cudaError_t e = sm_count(&num_sms);
+    if (e != cudaSuccess) return e;
+    const int64_t nvec = p.d / vec;
+    a.nvec = static_cast<int>(nvec);
+    a.group_vecs_log2 = log2_exact(group_vecs);
+    if (p.quant == Quant::kDynamicToken) {
+      const TokenConfig c = choose_token_config(nvec, p.rows, num_sms);
+      if (c.ok) {
+        a.tpr = c.tpr;
+        a.tpr_log2 = log2_exact(c.tpr);
+        a.rows_per_block = c.rows_per_block;
+        switch (c.iters) {
+          case 1: return launch_token<T, 1>(p, a, c, s);
+          case 2: return launch_token<T, 2>(p, a, c, s);
+          case 4: return launch_token<T, 4>(p, a, c, s);
+          default: return cudaErrorInvalidConfiguration;
+        }
+      }
+    } else {
+      const EwConfig c = choose_ew_config(nvec, p.rows, num_sms);
+      if (c.ok) {
+        return c.items == 1 ? dispatch_ew<T, 1>(p, a, c, s) : dispatch_ew<T, 2>(p, a, c, s);
+      }
+    }
+  }
+
+  // Generic kernel: one block per row; the block covers short rows with few idle warps and
+  // takes 1024 threads once a row has enough columns to use them.
+  if (p.rows > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  int threads;
+  if (p.d >= 8192) {
+    threads = 1024;
+  } else {
+    const int64_t want = (p.d + kWarpSize - 1) / kWarpSize * kWarpSize;
+    threads = static_cast<int>(want < 256 ? want : 256);
+  }
+  swiglu_generic_kernel<T><<<static_cast<unsigned>(p.rows), threads, 0, s>>>(
+      a, static_cast<int>(p.quant), static_cast<int>(p.fp8_format));
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int swiglu_launch_gpu(const SwigluParams& p, void* stream) {
+  if (p.rows == 0) return 0;
+  if (p.rows < 0 || p.d < 1 || p.x == nullptr || p.out == nullptr)
+    return static_cast<int>(cudaErrorInvalidValue);
+  switch (p.act) {
+    case Activation::kSilu:
+    case Activation::kGeluTanh:
+    case Activation::kGelu:
+      break;
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+  switch (p.quant) {
+    case Quant::kNone:
+      break;
+    case Quant::kStatic:
+      if (p.static_scale == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+      break;
+    case Quant::kDynamicToken:
+      if (p.scales == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+      break;
+    case Quant::kDynamicGroup:
+      if (p.scales == nullptr || p.group_size <= 0 || p.d % p.group_size != 0)
+        return static_cast<int>(cudaErrorInvalidValue);
+      break;
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+
+  KernelArgs a{};
+  a.x = p.x;
+  a.out = p.out;
+  a.x_stride = p.x_row_stride;
+  a.out_stride = p.out_row_stride;
+  a.rows = p.rows;
+  a.d = p.d;
+  a.static_scale = p.static_scale;
+  a.scales = p.scales;
+  a.scales_row_stride = p.scales_row_stride;
+  a.scales_group_stride = p.scales_group_stride;
+  a.scale_ub = p.scale_ub;
+  a.fp8_max = fp8_max_value(p.fp8_format);
+  a.min_scale = kMinScaleFactor / a.fp8_max;
+  a.group_size = p.group_size;
+  a.act = static_cast<int>(p.act);
+
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaError_t e;
+  switch (p.dtype) {
+    case DType::kFloat32:
+      e = launch_typed<Fp32Tag>(p, a, s);
+      break;
+    case DType::kFloat16:
+      e = launch_typed<Fp16Tag>(p, a, s);
+      break;
+    case DType::kBFloat16:
+      e = launch_typed<Bf16Tag>(p, a, s);
+      break;
+    default:
+      e = cudaErrorInvalidValue;
+  }
+  return static_cast<int>(e);
+}
+
+const char* gpu_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+}  // namespace swiglu_fp8
+}  // namespace fused_llm
