@@ -220,11 +220,13 @@ def test_matches_transformers_expression():
     x = make_x(64, 1024, torch.bfloat16, seed=2)
     gate, up = x[:, :1024], x[:, 1024:]
     eager = {"silu": F.silu(gate) * up, "gelu_tanh": F.gelu(gate, approximate="tanh") * up, "gelu": F.gelu(gate) * up}
+    mismatches = {}
     for activation, expected in eager.items():
         got = swiglu_fp8.silu_and_mul(x, activation=activation)
-        mismatch = (got != expected).float().mean().item()
-        assert mismatch < 0.01, f"{activation}: {mismatch:.2%} differ from eager"
+        mismatches[activation] = (got != expected).float().mean().item()
         assert_act_close(got, expected, x, activation)
+    print("fraction of elements differing from eager:", mismatches)
+    assert all(m < 0.01 for m in mismatches.values()), mismatches
 
 
 # ---------------------------------------------------------------------------------------
