@@ -1,5 +1,5 @@
 """Session setup for every test in the checkout: build each kernel package for the running
-torch (incremental: an unchanged package only re-links nothing) and point LOCAL_KERNELS at
+torch (an unchanged package rebuilds nothing) and point LOCAL_KERNELS at
 the builds, so tests load packages exactly as users do, through kernels.get_kernel."""
 
 from __future__ import annotations
