@@ -14,35 +14,17 @@ feeds it), and, where the installed Liger has it, its fused gate-up forward, whi
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 
-from fused_llm.bench import Case, Fn, Provider, Suite
+from fused_llm.bench import Case, Fn, Provider, Suite, load_sibling, package_loader
 
 D = (4096, 8192, 14336, 28672)  # output widths d (inputs 2d): 8B-class up to 70B-class MLPs
 ROWS = tuple(2**i for i in range(15))  # 1 .. 16384 tokens: decode through prefill
 
 
-def _load_sibling(name: str) -> ModuleType:
-    """benchmark.py holds the reference (it must stay self-contained for the Hub runner), and
-    benchmarks/ is not a package, so import it by path."""
-    module_name = "fused_llm_swiglu_fp8_benchmark"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(name))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ref = _load_sibling("benchmark.py")
+ref = load_sibling(__file__)
 
 
 def _inputs(case: Case, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,21 +34,7 @@ def _inputs(case: Case, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 # --- ours: the package through the real loader (LOCAL_KERNELS -> swiglu-fp8/build) ------------
 
 
-@functools.cache
-def _ours() -> ModuleType:
-    from fused_llm.packages import get_kernel
-
-    return get_kernel("swiglu-fp8")
-
-
-def _ours_unavailable() -> str | None:
-    try:
-        kernel = _ours()
-    except Exception as exc:  # noqa: BLE001 - not built, wrong variant, import error: all a skip
-        return f"cannot load fused-llm/swiglu-fp8: {type(exc).__name__}: {exc}"
-    if not hasattr(kernel, "silu_and_mul_fp8"):
-        return "the loaded package has no silu_and_mul_fp8"
-    return None
+_ours, _ours_unavailable = package_loader("swiglu-fp8", "silu_and_mul_fp8")
 
 
 def make_ours(case: Case, seed: int) -> Fn:

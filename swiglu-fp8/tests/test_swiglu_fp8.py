@@ -19,13 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fused_llm.testing import (
-    FP8_DTYPES,
-    TOLERANCES,
     assert_fp8_close,
     assert_fully_written,
+    assert_only_declared_outputs_mutate,
     device,
     empty_poisoned,
+    FP8_DTYPES,
     fp8_ulp,
+    opcheck,
+    TOLERANCES,
 )
 
 swiglu_fp8 = kernels.get_kernel("fused-llm/swiglu-fp8", version=1)
@@ -556,32 +558,13 @@ def _opcheck_cases():
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("name", list(_opcheck_cases()))
 def test_opcheck(name):
-    op, args = _opcheck_cases()[name]
-    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    if "fp8" in name:
-        # torch's SchemaCheckMode compares tensors with a multiply that float8 lacks
-        # ("mul_cpu_reduced_float" not implemented for 'Float8_e4m3fn'); the mutation
-        # contract of the FP8 ops is checked bitwise in test_only_declared_outputs_mutate.
-        utils = utils[1:]
-    torch.library.opcheck(op, args, test_utils=utils)
+    opcheck(*_opcheck_cases()[name])
 
 
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("name", list(_opcheck_cases()))
 def test_only_declared_outputs_mutate(name):
-    op, args = _opcheck_cases()[name]
-    schema = op.default._schema
-    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    op(*args)
-    for arg, old, spec in zip(args, before, schema.arguments):
-        if not isinstance(arg, torch.Tensor):
-            continue
-        mutable = spec.alias_info is not None and spec.alias_info.is_write
-        same = torch.equal(arg.view(torch.uint8), old.view(torch.uint8)) if arg.numel() else True
-        if not mutable:
-            assert same, f"{name}: input {spec.name} was modified but is not declared mutable"
-        else:
-            assert not same or arg.numel() == 0, f"{name}: output {spec.name} was not written"
+    assert_only_declared_outputs_mutate(*_opcheck_cases()[name])
 
 
 @pytest.mark.kernels_ci

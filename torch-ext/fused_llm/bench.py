@@ -258,6 +258,43 @@ def measure_copy_ceiling(device: torch.device | str = "cuda", nbytes: int = 2 <<
     return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
 
 
+def load_sibling(suite_file: str, name: str = "benchmark.py") -> ModuleType:
+    """Import ``name`` next to a suite file by path: a package's benchmarks/benchmark.py holds
+    its reference (it must stay self-contained for the Hub's ``kernels benchmark`` runner) and
+    benchmarks/ is not a Python package."""
+    path = Path(suite_file).with_name(name)
+    module_name = "fused_llm_bench_" + re.sub(r"\W", "_", f"{path.parent.parent.name}_{path.stem}")
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
+def package_loader(package: str, required: str) -> tuple[Callable[[], ModuleType], Callable[[], str | None]]:
+    """``(load, unavailable)`` for a suite's own provider: ``load()`` returns the package through
+    the real loader (LOCAL_KERNELS -> PKG/build), once; ``unavailable()`` says why it cannot be
+    timed (not built, wrong variant, no ``required`` function), or None."""
+
+    @functools.cache
+    def load() -> ModuleType:
+        from fused_llm.packages import get_kernel
+
+        return get_kernel(package)
+
+    def unavailable() -> str | None:
+        try:
+            kernel = load()
+        except Exception as exc:  # noqa: BLE001 - not built, wrong variant, import error: all a skip
+            return f"cannot load fused-llm/{package}: {type(exc).__name__}: {exc}"
+        return None if hasattr(kernel, required) else f"the loaded package has no {required}"
+
+    return load, unavailable
+
+
 def measure_launch_floor(device: torch.device | str = "cuda") -> float:
     """us per call of a one-element ``torch.add`` timed the same way: what one kernel costs in
     graph replay before it moves any data (the floor under every decode-size number)."""

@@ -6,7 +6,6 @@ import argparse
 import sys
 import time
 import warnings
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -70,3 +70,36 @@ def assert_fp8_close(q: torch.Tensor, q_ref: torch.Tensor, scale: torch.Tensor, 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     assert_fully_written(actual, name)
     torch.testing.assert_close(actual, expected.to(actual.dtype), **TOLERANCES[actual.dtype], msg=lambda m: f"{name}: {m}")
+
+
+# ---------------------------------------------------------------------------------------
+# The torch.library contract of an op that mutates only its declared outputs
+# ---------------------------------------------------------------------------------------
+
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def opcheck(op, args: tuple) -> None:
+    """``torch.library.opcheck``; for ops with float8 tensors without ``test_schema``, whose
+    SchemaCheckMode compares tensors with a multiply float8 lacks ("mul_cpu_reduced_float" not
+    implemented for 'Float8_e4m3fn'). Pair it with :func:`assert_only_declared_outputs_mutate`,
+    which checks that contract bitwise."""
+    has_fp8 = any(isinstance(a, torch.Tensor) and a.dtype in FP8_DTYPES for a in args)
+    torch.library.opcheck(op, args, test_utils=OPCHECK_UTILS[1:] if has_fp8 else OPCHECK_UTILS)
+
+
+def assert_only_declared_outputs_mutate(op, args: tuple) -> None:
+    """Run ``op(*args)``: every ``Tensor!`` argument must be written, every other one untouched
+    (compared bitwise, so float8 works)."""
+    schema = op.default._schema
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    op(*args)
+    for arg, old, spec in zip(args, before, schema.arguments):
+        if not isinstance(arg, torch.Tensor):
+            continue
+        mutable = spec.alias_info is not None and spec.alias_info.is_write
+        same = torch.equal(arg.view(torch.uint8), old.view(torch.uint8)) if arg.numel() else True
+        if not mutable:
+            assert same, f"{schema.name}: input {spec.name} was modified but is not declared mutable"
+        else:
+            assert not same or arg.numel() == 0, f"{schema.name}: output {spec.name} was not written"
