@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fused_llm.bench import Case, Fn, Provider, Suite, load_sibling, package_loader
+from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, load_sibling, package_loader
 
 D = (4096, 8192, 14336, 28672)  # output widths d (inputs 2d): 8B-class up to 70B-class MLPs
 ROWS = tuple(2**i for i in range(15))  # 1 .. 16384 tokens: decode through prefill
@@ -62,13 +62,7 @@ def make_eager(case: Case, seed: int) -> Fn:
 
 @functools.cache
 def _compiled() -> Any:
-    # Static shapes, one graph per shape, compiled during the harness's warm-up. 60 shapes
-    # would pass dynamo's default recompile limit (8), after which it silently falls back to eager.
-    config = torch._dynamo.config
-    for key, floor in (("recompile_limit", 256), ("accumulated_recompile_limit", 1024)):
-        if hasattr(config, key):  # names of torch >= 2.6; the GPU machine has 2.11
-            setattr(config, key, max(getattr(config, key), floor))
-    return torch.compile(ref.silu_and_mul_fp8_ref, dynamic=False, fullgraph=True)
+    return compile_static(ref.silu_and_mul_fp8_ref)
 
 
 def make_compile(case: Case, seed: int) -> Fn:

@@ -295,6 +295,18 @@ def package_loader(package: str, required: str) -> tuple[Callable[[], ModuleType
     return load, unavailable
 
 
+def compile_static(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compile(fn, dynamic=False, fullgraph=True)``: the torch.compile peer of every suite
+    (static shapes, the strongest setting in baseline-h200.md), one graph per shape compiled
+    during warm-up. Raises dynamo's recompile limits first: a suite's 45-60 shapes would pass
+    the default of 8, after which dynamo silently falls back to eager."""
+    config = torch._dynamo.config
+    for key, floor in (("recompile_limit", 256), ("accumulated_recompile_limit", 1024)):
+        if hasattr(config, key):  # names of torch >= 2.6; the GPU machine has 2.11
+            setattr(config, key, max(getattr(config, key), floor))
+    return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
 def measure_launch_floor(device: torch.device | str = "cuda") -> float:
     """us per call of a one-element ``torch.add`` timed the same way: what one kernel costs in
     graph replay before it moves any data (the floor under every decode-size number)."""
