@@ -358,19 +358,16 @@ struct KernelArgs {
   int group_vecs_log2;        // group_size / VEC = 1 << group_vecs_log2 (kQGroup)
 };
 
-// Fast kernel register budget: ITERS <= 4 fits 64 registers (1024-thread blocks, 2048 resident
-// threads/SM at <= 32 registers, 1024 at 64). ITERS == 8 would keep 2 x 8 vectors live plus
-// temporaries (~100-128 registers) and so is capped at 512 threads; 512 x 8 vectors cover no more
-// than 1024 x 4, so the launcher never picks it (no instantiations); kept for experiments.
-template <int ITERS>
-struct FastMaxThreads {
-  static constexpr int value = ITERS >= 8 ? 512 : 1024;
-};
+// Fast kernel register budget: ITERS <= 4 fits 64 registers, so 1024-thread blocks (2048
+// resident threads/SM at <= 32 registers, 1024 at 64). ITERS 8 would need ~100-128 registers
+// and 512-thread blocks, covering no more columns than 1024 x 4, so it is not instantiated.
+constexpr int kFastMaxThreads = 1024;
+constexpr int kFastMaxIters = 4;
 
 // ---- fast kernel -------------------------------------------------------------------------
 // Thread t of a row handles vectors j * TPR + t, j < ITERS. Block = rows_per_block x TPR.
 template <class T, int ITERS, int QM, int FMT>
-__global__ void __launch_bounds__(FastMaxThreads<ITERS>::value)
+__global__ void __launch_bounds__(kFastMaxThreads)
     rms_norm_fast_kernel(const KernelArgs a) {
   using E = Elem<T>;
   constexpr int kVec = 16 / E::kBytes;
@@ -605,8 +602,6 @@ int log2_exact(int n) {
   return l;
 }
 
-constexpr int kFastMaxIters = 4;  // see FastMaxThreads
-int max_tpr(int iters) { return iters >= 8 ? FastMaxThreads<8>::value : FastMaxThreads<1>::value; }
 
 // nvec = H / VEC vectors per row; group_vecs = vectors per quant group (1 outside group mode).
 //
@@ -632,7 +627,7 @@ FastConfig choose_fast_config(int64_t nvec, int64_t rows, int num_sms, int group
   int iters = nvec <= 1024 ? 2 : kFastMaxIters;
   int tpr = next_pow2((nvec + iters - 1) / iters);
   if (tpr < group_vecs) tpr = group_vecs;
-  if (tpr > max_tpr(iters)) return c;  // the row does not fit in registers
+  if (tpr > kFastMaxThreads) return c;  // the row does not fit in registers
   // Raising TPR to the group width (or a short row) may leave fewer vectors per thread.
   while (iters > 1 && static_cast<int64_t>(tpr) * (iters / 2) >= nvec) iters /= 2;
   int rpb = 1;

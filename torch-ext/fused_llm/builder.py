@@ -607,8 +607,6 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
     variant = arch_variant_name(backend)
     build_root = config.path / "build"
     cache_root = config.path / CACHE_DIR
-    # Earlier versions of this builder kept objects in build/.obj: build/ must hold variants only.
-    shutil.rmtree(build_root / ".obj", ignore_errors=True)
     obj_dir = cache_root / variant
     gen_dir = obj_dir / "generated"
     gen_dir.mkdir(parents=True, exist_ok=True)
@@ -627,11 +625,7 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
     for k in sections:
         cflags += list(k.cxx_flags)
     if backend == "cuda":
-        find_nvcc()
-        from torch.utils.cpp_extension import CUDA_HOME
-
-        nvcc = str(Path(CUDA_HOME) / "bin" / "nvcc") if CUDA_HOME else find_nvcc()
-        caps = cuda_capabilities_for(config, sections, toolkit_capabilities(nvcc), capabilities)
+        caps = cuda_capabilities_for(config, sections, toolkit_capabilities(find_nvcc()), capabilities)
         gencode, archs = gencode_flags(caps)
         cuda_flags = ["-O3", *BACKEND_DEFINES[backend], *gencode]
         for k in sections:
