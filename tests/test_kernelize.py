@@ -29,10 +29,14 @@ def test_kernelize_tiny_llama(dtype, source):
     report = fused_llm.kernelize(model, source=source)
 
     norms = [n for n, m in model.named_modules() if type(m).__name__ == "LlamaRMSNorm"]
+    acts = [n for n, m in model.named_modules() if type(m).__name__ == "SiLUActivation"]
     assert len(norms) == 2 * model.config.num_hidden_layers + 1
-    assert sorted(n for n, _, _ in report.swapped) == sorted(norms), report
+    assert len(acts) == model.config.num_hidden_layers
+    assert sorted(n for n, _, _ in report.swapped) == sorted(norms + acts), report
     assert not report.kept
-    assert all(layer.endswith("RMSNorm.forward") for _, _, layer in report.swapped)
+    layer_of = {n: layer for n, _, layer in report.swapped}
+    assert all(layer_of[n].endswith("RMSNorm.forward") for n in norms), report
+    assert all(layer_of[n].endswith("SiLU.forward") for n in acts), report
 
     tokens = torch.randint(0, model.config.vocab_size, (2, 19), device=DEVICE)
     ref, got = _logits(eager, tokens), _logits(model, tokens)
@@ -48,13 +52,14 @@ def test_training_mode_keeps_the_original_forward():
 
     model = fused_llm.tiny_llama(DEVICE)
     report = fused_llm.kernelize(model, mode=Mode.TRAINING)
-    assert not report.swapped and report.kept, "RMSNorm has no backward, so training keeps eager"
+    assert not report.swapped and report.kept, "our layers have no backward, so training keeps eager"
 
 
 def test_report_text():
     model = fused_llm.tiny_llama(DEVICE)
     text = str(fused_llm.kernelize(model))
     assert "LlamaRMSNorm -> rmsnorm_fp8" in text or "LlamaRMSNorm -> _rmsnorm_fp8" in text, text
+    assert "SiLUActivation -> swiglu_fp8" in text or "SiLUActivation -> _swiglu_fp8" in text, text
 
 
 def test_bad_source():

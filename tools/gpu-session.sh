@@ -19,7 +19,7 @@ for stage in "$@"; do
       grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$OUT/test.log" | tail -3
       grep -E "Fatal Python|File .*(tests|torch-ext|rmsnorm)" "$OUT/test.log" | head -20
       tail -5 "$OUT/test.log" ;;
-    sanitize)  # kernels only: tests that make C++ checks throw crashed under compute-sanitizer once (swiglu-fp8)
+    sanitize)  # kernels only: the bad-input tests launch none
       for tool in memcheck racecheck; do
         FUSED_LLM_SKIP_BUILD=1 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
           ${SANITIZE_TESTS:-rmsnorm-fp8/tests swiglu-fp8/tests} -k "${SANITIZE_K:-(ci or non_contiguous or misaligned or leading or in_place or generic) and not raw_op and not bad_input}" 2>&1 | tee "$OUT/sanitize-$tool.log" | tail -6
@@ -28,9 +28,11 @@ for stage in "$@"; do
     demo) python3 -m fused_llm.cli demo --no-build 2>&1 | tee "$OUT/demo.log" ;;
     bench-quick) python3 -m fused_llm.cli bench ${BENCH_PKG:-rmsnorm-fp8} --quick --out "$OUT" 2>&1 | tee "$OUT/bench-quick.log" | tail -30 ;;
     bench) python3 -m fused_llm.cli bench ${BENCH_PKG:-rmsnorm-fp8} --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -70 ;;
-    sm80)  # the sm80 code path through PTX: a build with only capability 8.0 (sm_80 + PTX)
-      python3 -m fused_llm.cli build rmsnorm-fp8 --capabilities 8.0 2>&1 | tail -3
-      FUSED_LLM_SKIP_BUILD=1 python3 -m pytest -q -x -p no:cacheprovider -o addopts="" --import-mode=importlib rmsnorm-fp8/tests 2>&1 | tee "$OUT/test-sm80.log" | tail -5
-      python3 -m fused_llm.cli build rmsnorm-fp8 2>&1 | tail -1 ;;
+    sm80)  # the sm80 code path through PTX: builds with only capability 8.0 (sm_80 + PTX), then the normal build back
+      for pkg in ${SM80_PKGS:-rmsnorm-fp8 swiglu-fp8}; do
+        python3 -m fused_llm.cli build $pkg --capabilities 8.0 2>&1 | tail -1
+        FUSED_LLM_SKIP_BUILD=1 python3 -m pytest -q -x -p no:cacheprovider -o addopts="" --import-mode=importlib $pkg/tests 2>&1 | tee "$OUT/test-sm80-$pkg.log" | tail -2
+        python3 -m fused_llm.cli build $pkg 2>&1 | tail -1
+      done ;;
   esac
 done

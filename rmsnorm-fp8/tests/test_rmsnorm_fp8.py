@@ -396,6 +396,14 @@ def test_raw_op_checks_name_the_argument():
     out = torch.empty(4, 64, dtype=torch.float8_e4m3fn, device=DEVICE)
     with pytest.raises(RuntimeError, match="scale: expected a float32 tensor"):
         rmsnorm_fp8.ops.rms_norm_static_fp8(out, x, torch.ones(64, dtype=x.dtype, device=DEVICE), torch.ones(3, device=DEVICE), EPS)
+    # Messages that carry numbers (these crashed a GPU build once: see msg() in the binding).
+    w = torch.ones(64, dtype=x.dtype, device=DEVICE)
+    with pytest.raises(RuntimeError, match=r"weight: expected shape \[64\]"):
+        rmsnorm_fp8.ops.rms_norm(torch.empty_like(x), x, w[:32], EPS)
+    with pytest.raises(RuntimeError, match="x: expected a 2-D"):
+        rmsnorm_fp8.ops.rms_norm(torch.empty_like(x), x[None], w, EPS)
+    with pytest.raises(RuntimeError, match=r"scales: expected shape \[4, 1\]"):
+        rmsnorm_fp8.ops.rms_norm_dynamic_fp8(out, torch.empty(4, 2, device=DEVICE), x, w, EPS, 0, None)
 
 
 # ---------------------------------------------------------------------------------------

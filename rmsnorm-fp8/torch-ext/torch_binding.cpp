@@ -2,13 +2,14 @@
 // with friendlier messages; these keep direct torch.ops callers safe), dispatch.
 #include "torch_binding.h"
 
-#include <algorithm>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "registration.h"
 #include "rmsnorm_fp8.h"
@@ -25,10 +26,26 @@ namespace rn = fused_llm::rmsnorm_fp8;
 
 namespace {
 
-// Shapes and devices are formatted here rather than streamed with c10's operator<<: a .so
-// whose toolchain links libstdc++ statically (seen with the GPU image's cpp_extension build)
-// would hand its own std::ostream to libc10's copy of libstdc++ and crash (seen: SIGSEGV on
-// the "scale" message). std::string crosses that boundary safely.
+// Error messages are built here as one std::string. TORCH_CHECK's own formatting streams each
+// argument into a std::ostringstream instantiated in this .so, and with the GPU image's build
+// (torch 2.11 + cu130 through cpp_extension) every check whose message streamed an integer
+// (or a shape through c10's operator<<) died with SIGSEGV, while messages made only of strings
+// and ScalarType names raised normally. msg() only concatenates strings, so no stream is used.
+std::string msg_part(const char* s) { return s; }
+std::string msg_part(const std::string& s) { return s; }
+std::string msg_part(c10::ScalarType t) { return c10::toString(t); }
+template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+std::string msg_part(I v) {
+  return std::to_string(v);
+}
+template <class... A>
+std::string msg(const A&... parts) {
+  std::string s;
+  (s += ... += msg_part(parts));
+  return s;
+}
+
+// Shapes and devices as strings, for msg(): c10's operator<< would stream them.
 std::string shape_str(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
@@ -46,25 +63,29 @@ rn::DType to_dtype(const at::Tensor& t, const char* name) {
     case at::kHalf: return rn::DType::kFloat16;
     case at::kBFloat16: return rn::DType::kBFloat16;
     default:
-      TORCH_CHECK(false, name, ": expected float32, float16 or bfloat16, got ", t.scalar_type());
+      TORCH_CHECK(false,
+                  msg(name, ": expected float32, float16 or bfloat16, got ", t.scalar_type()));
   }
 }
 
 rn::Fp8Format to_fp8_format(const at::Tensor& out) {
   if (out.scalar_type() == at::kFloat8_e4m3fn) return rn::Fp8Format::kE4M3FN;
   TORCH_CHECK(out.scalar_type() == at::kFloat8_e4m3fnuz,
-              "out: expected float8_e4m3fn or float8_e4m3fnuz, got ", out.scalar_type());
+              msg("out: expected float8_e4m3fn or float8_e4m3fnuz, got ", out.scalar_type()));
   return rn::Fp8Format::kE4M3FNUZ;
 }
 
 // A [rows, H] operand with a unit-stride last dimension, on x's device.
 void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
-  TORCH_CHECK(t.dim() == 2, name, ": expected a 2-D [rows, hidden] tensor, got ", t.dim(), "-D");
-  TORCH_CHECK(t.size(0) == x.size(0) && t.size(1) == x.size(1), name, ": expected shape ",
-              shape_str(x), ", got ", shape_str(t));
-  TORCH_CHECK(t.device() == x.device(), name, ": expected device ", device_str(x), ", got ", device_str(t));
-  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, name,
-              ": the last dimension must be contiguous (stride 1), got stride ", t.stride(1));
+  TORCH_CHECK(t.dim() == 2,
+              msg(name, ": expected a 2-D [rows, hidden] tensor, got ", t.dim(), "-D"));
+  TORCH_CHECK(t.size(0) == x.size(0) && t.size(1) == x.size(1),
+              msg(name, ": expected shape ", shape_str(x), ", got ", shape_str(t)));
+  TORCH_CHECK(t.device() == x.device(),
+              msg(name, ": expected device ", device_str(x), ", got ", device_str(t)));
+  TORCH_CHECK(
+      t.size(1) <= 1 || t.stride(1) == 1,
+      msg(name, ": the last dimension must be contiguous (stride 1), got stride ", t.stride(1)));
 }
 
 // Memory relation of two [rows, H] operands (unit-stride last dimension): kNone, kExact (same
@@ -115,29 +136,33 @@ void check_output(const at::Tensor& t, const char* name, std::initializer_list<c
     self_overlap = self_overlap || stride <= extent;
     extent += (size - 1) * stride;
   }
-  TORCH_CHECK(t.numel() == 0 || !self_overlap, name,
-              ": expected an output whose elements do not share memory, got an overlapping view");
+  TORCH_CHECK(
+      t.numel() == 0 || !self_overlap,
+      msg(name,
+          ": expected an output whose elements do not share memory, got an overlapping view"));
   for (const at::Tensor* other : others) {
     const Overlap o = overlap_of(t, *other);
-    TORCH_CHECK(o == Overlap::kNone || (o == Overlap::kExact && other == may_alias), name,
-                ": overlaps another argument in memory (only out=x and residual_out=residual, "
-                "exactly, may share memory)");
+    TORCH_CHECK(o == Overlap::kNone || (o == Overlap::kExact && other == may_alias),
+                msg(name,
+                    ": overlaps another argument in memory (only out=x and residual_out=residual, "
+                    "exactly, may share memory)"));
   }
 }
 
 rn::RmsNormParams common_params(const at::Tensor& out, const at::Tensor& x,
                                 const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() == 2, "x: expected a 2-D [rows, hidden] tensor, got ", x.dim(), "-D");
-  TORCH_CHECK(x.size(1) >= 1, "x: hidden size must be >= 1");
+  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [rows, hidden] tensor, got ", x.dim(), "-D"));
+  TORCH_CHECK(x.size(1) >= 1, msg("x: hidden size must be >= 1"));
   check_rows(x, "x", x);
   check_rows(out, "out", x);
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), "weight: expected shape [",
-              x.size(1), "], got ", shape_str(weight));
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight: expected dtype ",
-              x.scalar_type(), " (x's), got ", weight.scalar_type());
-  TORCH_CHECK(weight.device() == x.device(), "weight: expected device ", device_str(x), ", got ",
-              device_str(weight));
-  TORCH_CHECK(weight.is_contiguous(), "weight: must be contiguous");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1),
+              msg("weight: expected shape [", x.size(1), "], got ", shape_str(weight)));
+  TORCH_CHECK(
+      weight.scalar_type() == x.scalar_type(),
+      msg("weight: expected dtype ", x.scalar_type(), " (x's), got ", weight.scalar_type()));
+  TORCH_CHECK(weight.device() == x.device(),
+              msg("weight: expected device ", device_str(x), ", got ", device_str(weight)));
+  TORCH_CHECK(weight.is_contiguous(), msg("weight: must be contiguous"));
   rn::RmsNormParams p;
   p.rows = x.size(0);
   p.hidden = x.size(1);
@@ -155,10 +180,11 @@ void add_residual(rn::RmsNormParams& p, at::Tensor& residual_out, const at::Tens
                   const at::Tensor& x) {
   check_rows(residual, "residual", x);
   check_rows(residual_out, "residual_out", x);
-  TORCH_CHECK(residual.scalar_type() == x.scalar_type(), "residual: expected dtype ",
-              x.scalar_type(), ", got ", residual.scalar_type());
-  TORCH_CHECK(residual_out.scalar_type() == x.scalar_type(), "residual_out: expected dtype ",
-              x.scalar_type(), ", got ", residual_out.scalar_type());
+  TORCH_CHECK(residual.scalar_type() == x.scalar_type(),
+              msg("residual: expected dtype ", x.scalar_type(), ", got ", residual.scalar_type()));
+  TORCH_CHECK(
+      residual_out.scalar_type() == x.scalar_type(),
+      msg("residual_out: expected dtype ", x.scalar_type(), ", got ", residual_out.scalar_type()));
   p.residual = residual.data_ptr();
   p.residual_row_stride = residual.stride(0);
   p.residual_out = residual_out.data_ptr();
@@ -170,10 +196,10 @@ void set_static(rn::RmsNormParams& p, const at::Tensor& out, const at::Tensor& s
   p.quant = rn::Quant::kStatic;
   p.fp8_format = to_fp8_format(out);
   TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat,
-              "scale: expected a float32 tensor with one element, got ", scale.scalar_type(),
-              " of shape ", shape_str(scale));
-  TORCH_CHECK(scale.device() == x.device(), "scale: expected device ", device_str(x), ", got ",
-              device_str(scale));
+              msg("scale: expected a float32 tensor with one element, got ", scale.scalar_type(),
+                  " of shape ", shape_str(scale)));
+  TORCH_CHECK(scale.device() == x.device(),
+              msg("scale: expected device ", device_str(x), ", got ", device_str(scale)));
   p.static_scale = scale.data_ptr<float>();
 }
 
@@ -181,16 +207,17 @@ void set_dynamic(rn::RmsNormParams& p, const at::Tensor& out, at::Tensor& scales
                  int64_t group_size, std::optional<double> scale_ub, const at::Tensor& x) {
   p.fp8_format = to_fp8_format(out);
   TORCH_CHECK(group_size == 0 || group_size == 64 || group_size == 128,
-              "group_size: expected 0 (per token), 64 or 128, got ", group_size);
+              msg("group_size: expected 0 (per token), 64 or 128, got ", group_size));
   const int64_t groups = group_size == 0 ? 1 : x.size(1) / group_size;
-  TORCH_CHECK(group_size == 0 || x.size(1) % group_size == 0, "group_size: hidden size ",
-              x.size(1), " is not a multiple of ", group_size);
-  TORCH_CHECK(scales.scalar_type() == at::kFloat, "scales: expected float32, got ",
-              scales.scalar_type());
-  TORCH_CHECK(scales.device() == x.device(), "scales: expected device ", device_str(x));
-  TORCH_CHECK(scales.dim() == 2 && scales.size(0) == x.size(0) && scales.size(1) == groups,
-              "scales: expected shape [", x.size(0), ", ", groups, "], got ", shape_str(scales));
-  TORCH_CHECK(!scale_ub.has_value() || *scale_ub > 0, "scale_ub: must be > 0");
+  TORCH_CHECK(group_size == 0 || x.size(1) % group_size == 0,
+              msg("group_size: hidden size ", x.size(1), " is not a multiple of ", group_size));
+  TORCH_CHECK(scales.scalar_type() == at::kFloat,
+              msg("scales: expected float32, got ", scales.scalar_type()));
+  TORCH_CHECK(scales.device() == x.device(), msg("scales: expected device ", device_str(x)));
+  TORCH_CHECK(
+      scales.dim() == 2 && scales.size(0) == x.size(0) && scales.size(1) == groups,
+      msg("scales: expected shape [", x.size(0), ", ", groups, "], got ", shape_str(scales)));
+  TORCH_CHECK(!scale_ub.has_value() || *scale_ub > 0, msg("scale_ub: must be > 0"));
   p.quant = group_size == 0 ? rn::Quant::kDynamicToken : rn::Quant::kDynamicGroup;
   p.group_size = static_cast<int32_t>(group_size);
   p.scales = scales.data_ptr<float>();
@@ -203,16 +230,16 @@ void launch(const rn::RmsNormParams& p, const at::Tensor& x) {
   if (p.rows == 0) return;
   const c10::DeviceGuard guard(x.device());
 #if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
-  TORCH_CHECK(x.is_cuda(), "x: expected a GPU tensor, got device ", device_str(x));
+  TORCH_CHECK(x.is_cuda(), msg("x: expected a GPU tensor, got device ", device_str(x)));
 #if defined(CUDA_KERNEL)
   void* stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
 #else
   void* stream = c10::hip::getCurrentHIPStream(x.get_device()).stream();
 #endif
   const int err = rn::rms_norm_launch_gpu(p, stream);
-  TORCH_CHECK(err == 0, "rmsnorm-fp8 kernel launch failed: ", rn::gpu_error_string(err));
+  TORCH_CHECK(err == 0, msg("rmsnorm-fp8 kernel launch failed: ", rn::gpu_error_string(err)));
 #else
-  TORCH_CHECK(x.is_cpu(), "x: expected a CPU tensor, got device ", device_str(x));
+  TORCH_CHECK(x.is_cpu(), msg("x: expected a CPU tensor, got device ", device_str(x)));
   // Chunks of >= 16K elements amortize the thread-pool dispatch.
   const int64_t grain = std::max<int64_t>(1, 16384 / p.hidden);
   at::parallel_for(0, p.rows, grain, [&](int64_t begin, int64_t end) { rn::rms_norm_cpu(p, begin, end); });
@@ -223,8 +250,8 @@ void launch(const rn::RmsNormParams& p, const at::Tensor& x) {
 
 void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps) {
   auto p = common_params(out, x, weight, eps);
-  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out: expected dtype ", x.scalar_type(),
-              ", got ", out.scalar_type());
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(),
+              msg("out: expected dtype ", x.scalar_type(), ", got ", out.scalar_type()));
   check_output(out, "out", {&x, &weight}, &x);
   launch(p, x);
 }
@@ -232,8 +259,8 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, do
 void fused_add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x,
                         const at::Tensor& residual, const at::Tensor& weight, double eps) {
   auto p = common_params(out, x, weight, eps);
-  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out: expected dtype ", x.scalar_type(),
-              ", got ", out.scalar_type());
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(),
+              msg("out: expected dtype ", x.scalar_type(), ", got ", out.scalar_type()));
   add_residual(p, residual_out, residual, x);
   check_output(out, "out", {&x, &residual, &residual_out, &weight}, &x);
   check_output(residual_out, "residual_out", {&x, &residual, &weight}, &residual);

@@ -7,6 +7,8 @@
 //   out = e4m3(clamp(float(y) * inv_scale))        (static / dynamic FP8)
 // act: silu(g) = g / (1 + exp(-g)); gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)));
 // gelu(g) = 0.5 g (1 + erf(g / sqrt(2))).
+// Ungated (gated = false, Quant::kNone only): x is [rows, d] and out = T(act(x)), the bare
+// activation transformers' SiLU / GeluTanh / GeLU modules compute.
 #pragma once
 
 #include <cstdint>
@@ -35,8 +37,9 @@ struct SwigluParams {
   int64_t d = 0;     // output width; the input row holds 2 * d elements, d >= 1
   DType dtype = DType::kBFloat16;
   Activation act = Activation::kSilu;
+  bool gated = true;  // false: no up half, out = T(act(x)); x is [rows, d]; Quant::kNone only
 
-  const void* x = nullptr;  // [rows, 2d], last dim contiguous
+  const void* x = nullptr;  // [rows, 2d] ([rows, d] ungated), last dim contiguous
   int64_t x_row_stride = 0;  // elements
   void* out = nullptr;       // [rows, d]: dtype T (kNone) or one fp8 byte per element
   int64_t out_row_stride = 0;

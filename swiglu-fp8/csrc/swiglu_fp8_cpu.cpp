@@ -67,6 +67,11 @@ void rows_impl(const SwigluParams& p, int64_t row_begin, int64_t row_end) {
     const S* gate = static_cast<const S*>(p.x) + r * p.x_row_stride;
     const S* up = gate + d;
 
+    if (!p.gated) {  // the bare activation: T(act(x)); x holds d elements per row
+      S* out = static_cast<S*>(p.out) + r * p.out_row_stride;
+      for (int64_t i = 0; i < d; ++i) out[i] = Elem<D>::store(activate<A>(Elem<D>::load(gate[i])));
+      continue;
+    }
     if (p.quant == Quant::kNone) {
       S* out = static_cast<S*>(p.out) + r * p.out_row_stride;
       for (int64_t i = 0; i < d; ++i) out[i] = Elem<D>::store(gated<D, A>(gate, up, i));

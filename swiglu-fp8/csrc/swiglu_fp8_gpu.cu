@@ -23,7 +23,8 @@
 //   template parameter: it keeps the instantiation count at a third.
 //
 // Three kernels:
-//   * swiglu_ew_kernel (kNone, kStatic, kDynamicGroup): elementwise, 16-byte vectors, grid =
+//   * swiglu_ew_kernel (kNone, kStatic, kDynamicGroup, and the ungated bare activation, which
+//     is kNone without the up half): elementwise, 16-byte vectors, grid =
 //     rows x column chunks, ITEMS vectors per thread with every load issued before any use. A
 //     quant group is 1 << group_vecs_log2 consecutive vectors = as many adjacent lanes, so its
 //     max is an xor shuffle (no row reduction).
@@ -404,10 +405,10 @@ __device__ __forceinline__ float act_scalar(float g, int act) {
   }
 }
 
-// y = T(float(T(act(gate))) * float(up)) for one 16-byte vector pair, returned packed in T.
+// h = T(act(gate)) for one 16-byte vector, returned packed in T (one cvt per pair).
 // The switch is on a uniform value: one branch per vector, each case a straight unrolled loop.
 template <class T>
-__device__ __forceinline__ uint4 swiglu_vec(const uint4& g, const uint4& u, int act) {
+__device__ __forceinline__ uint4 act_vec(const uint4& g, int act) {
   using E = Elem<T>;
   constexpr int kVec = 16 / E::kBytes;
   float f[kVec];
@@ -422,8 +423,13 @@ __device__ __forceinline__ uint4 swiglu_vec(const uint4& g, const uint4& u, int 
 #pragma unroll
     for (int k = 0; k < kVec; ++k) f[k] = act_gelu(f[k]);
   }
-  // h = T(act) (one cvt per pair), then y = T(h * up) as one packed multiply per pair.
-  return mul_vec<T>(pack_vec<T>(f), u);
+  return pack_vec<T>(f);
+}
+
+// y = T(float(T(act(gate))) * float(up)): h, then one packed multiply per pair.
+template <class T>
+__device__ __forceinline__ uint4 swiglu_vec(const uint4& g, const uint4& u, int act) {
+  return mul_vec<T>(act_vec<T>(g, act), u);
 }
 
 // ---- kernel arguments --------------------------------------------------------------------
@@ -441,6 +447,7 @@ struct KernelArgs {
   float min_scale;            // kMinScaleFactor / fp8_max
   int group_size;             // elements per group (kQGroup)
   int act;                    // kAct*
+  int gated;                  // 0: bare activation (x rows of d elements, kQNone)
   // fast kernels only
   int nvec;                   // d / VEC
   int group_vecs_log2;        // group_size / VEC = 1 << group_vecs_log2 (kQGroup)
@@ -487,8 +494,10 @@ __device__ __forceinline__ void store_fp8_vec(uint8_t* out_row, int vi, const fl
 // (their groups are wholly out of range: nvec and chunk_base are multiples of the group width).
 constexpr int kEwMaxThreads = 512;
 
-template <class T, int ITEMS, int QM, int FMT>
+// GATED = false (with kQNone only): the bare activation, x rows of d elements, no up half.
+template <class T, int ITEMS, int QM, int FMT, bool GATED>
 __global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelArgs a) {
+  static_assert(GATED || QM == kQNone, "the ungated activation is not quantized");
   using E = Elem<T>;
   constexpr int kVec = 16 / E::kBytes;
   const int64_t row_raw = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -511,7 +520,7 @@ __global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelAr
     const int vi = base + j * nthreads;
     const bool in = row_ok && vi < nvec;
     g[j] = in ? gate[vi] : zero;
-    u[j] = in ? up[vi] : zero;
+    if constexpr (GATED) u[j] = in ? up[vi] : zero;
   }
   float inv_scale = 0.0f;
   if constexpr (QM == kQStatic) inv_scale = div_rn(1.0f, __ldg(a.static_scale));
@@ -521,7 +530,12 @@ __global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelAr
   for (int j = 0; j < ITEMS; ++j) {
     const int vi = base + j * nthreads;
     const bool in = row_ok && vi < nvec;
-    const uint4 y = swiglu_vec<T>(g[j], u[j], a.act);
+    uint4 y;
+    if constexpr (GATED) {
+      y = swiglu_vec<T>(g[j], u[j], a.act);
+    } else {
+      y = act_vec<T>(g[j], a.act);
+    }
     if constexpr (QM == kQNone) {
       if (in) reinterpret_cast<uint4*>(out_row)[vi] = y;
     } else {
@@ -627,9 +641,10 @@ __global__ void __launch_bounds__(1024) swiglu_generic_kernel(const KernelArgs a
   const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
   const char* up_row = x_row + d * E::kBytes;
   char* out_row = static_cast<char*>(a.out) + row * a.out_stride * (quant == kQNone ? E::kBytes : 1);
+  const bool gated = a.gated != 0;
   auto y_at = [&](int64_t c) {
     const float h = E::round(act_scalar<E::kFastMath>(E::load(x_row, c), act));
-    return E::round(h * E::load(up_row, c));
+    return gated ? E::round(h * E::load(up_row, c)) : h;
   };
 
   if (quant == kQNone) {
@@ -692,15 +707,16 @@ struct EwConfig {
 
 // Elementwise kernel (kNone / kStatic / kDynamicGroup); nvec = d / VEC vectors per row.
 // * Small problems (at most one vector per thread of a full GPU, rows * nvec <= num_sms * 2048,
-//   i.e. decode and small prefill): ITEMS = 1, the shortest per-thread path. The block is the
-//   largest of 256 / 128 / 64 / 32 threads that still gives >= 2 blocks per SM, so a short row
-//   spreads over many SMs instead of a few: 1 row of d = 14336 bf16 (1792 vectors) runs as 56
-//   one-warp blocks on 56 SMs, which matters because each element costs two MUFU ops (ex2, rcp)
-//   and the MUFU unit (16 lanes/clk/SM) would take ~0.9 us for that row on a single SM.
+//   i.e. decode and small prefill): ITEMS = 1, 128-thread blocks. A sweep of every block size
+//   32..512 x ITEMS 1/2 on an H200 (tools/swiglu_decode_tune.cu, graph replay, d 4096..28672,
+//   rows 1..128, static e4m3, cold and L2-resident inputs) found ITEMS = 1 faster than 2 at every
+//   decode size (by 0.1-0.2 us) and 128 threads the fastest or within 0.02 us of it at all of
+//   them: e.g. 1 row x 4096: 1.45 us against 1.49 (32 threads), 1.56 (512); 16 rows x 14336:
+//   1.38 us L2-resident against 1.54 (32 threads). 64 or 32 threads only when 128 would leave
+//   more than 1/16 of a row idle (short rows).
 // * Large problems: ITEMS = 2 (four 16-byte loads in flight per thread; with ~2048 resident
-//   threads per SM that is ~4x the bytes in flight HBM needs), block 512..64 threads.
-// * Either way a block size is only taken when the row tail it wastes (chunks * chunk - nvec)
-//   is small: minimal waste, ties to the larger block. E.g. d = 11008 (1376 vectors) uses
+//   threads per SM that is ~4x the bytes in flight HBM needs), block 512..64 threads, the one
+//   that wastes the least row tail (ties to the larger block): d = 11008 (1376 vectors) uses
 //   128-vector chunks (2.3% idle) rather than 512 (11.6%).
 // * Rows of <= 16 vectors (d <= 128 bf16) pack several rows per block (next_pow2(nvec) lanes
 //   each, 256-thread blocks, no more than ceil(rows / num_sms) rows so that few rows still
@@ -722,21 +738,20 @@ EwConfig choose_ew_config(int64_t nvec, int64_t rows, int num_sms) {
   const int64_t total = rows * nvec;
   const bool small = total <= static_cast<int64_t>(num_sms) * 2048;
   c.items = small ? 1 : 2;
-  const int cands_small[] = {256, 128, 64, 32};
+  const int cands_small[] = {128, 64, kWarpSize};
   const int cands_large[] = {512, 256, 128, 64};
+  const int ncands = small ? 3 : 4;
   const int* cands = small ? cands_small : cands_large;
   int64_t best_waste = -1;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < ncands; ++i) {
     const int t = cands[i];
     if (t % kWarpSize != 0) continue;  // ROCm: 64-lane waves
     const int64_t chunk = static_cast<int64_t>(t) * c.items;
     const int64_t chunks = (nvec + chunk - 1) / chunk;
     const int64_t waste = chunks * chunk - nvec;
     if (small) {
-      // Largest block that keeps >= 2 blocks per SM and wastes <= 1/16 of the row; else the
-      // smallest block (most spread, least waste).
-      if ((rows * chunks >= 2LL * num_sms && waste * 16 <= nvec) || t == kWarpSize ||
-          i == 3) {
+      // The first (largest) block that idles <= 1/16 of the row; else a single warp.
+      if (waste * 16 <= nvec || i == ncands - 1) {
         c.threads = t;
         c.chunks = chunks;
         break;
@@ -813,18 +828,19 @@ cudaError_t sm_count(int* n) {
 
 bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
-template <class T, int ITEMS, int QM, int FMT>
+template <class T, int ITEMS, int QM, int FMT, bool GATED = true>
 cudaError_t launch_ew(const KernelArgs& a, const EwConfig& c, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((a.rows + c.rows_per_block - 1) / c.rows_per_block),
                   static_cast<unsigned>(c.chunks));
   const dim3 block(static_cast<unsigned>(c.threads), static_cast<unsigned>(c.rows_per_block));
-  swiglu_ew_kernel<T, ITEMS, QM, FMT><<<grid, block, 0, s>>>(a);
+  swiglu_ew_kernel<T, ITEMS, QM, FMT, GATED><<<grid, block, 0, s>>>(a);
   return cudaGetLastError();
 }
 
 template <class T, int ITEMS>
 cudaError_t dispatch_ew(const SwigluParams& p, const KernelArgs& a, const EwConfig& c, cudaStream_t s) {
   const bool fnuz = p.fp8_format == Fp8Format::kE4M3FNUZ;
+  if (!p.gated) return launch_ew<T, ITEMS, kQNone, kFmtFn, false>(a, c, s);
   switch (p.quant) {
     case Quant::kNone:
       return launch_ew<T, ITEMS, kQNone, kFmtFn>(a, c, s);
@@ -930,6 +946,7 @@ int swiglu_launch_gpu(const SwigluParams& p, void* stream) {
     default:
       return static_cast<int>(cudaErrorInvalidValue);
   }
+  if (!p.gated && p.quant != Quant::kNone) return static_cast<int>(cudaErrorInvalidValue);
   switch (p.quant) {
     case Quant::kNone:
       break;
@@ -963,6 +980,7 @@ int swiglu_launch_gpu(const SwigluParams& p, void* stream) {
   a.min_scale = kMinScaleFactor / a.fp8_max;
   a.group_size = p.group_size;
   a.act = static_cast<int>(p.act);
+  a.gated = p.gated ? 1 : 0;
 
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t e;

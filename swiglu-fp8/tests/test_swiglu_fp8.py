@@ -217,18 +217,130 @@ def test_silu_and_mul_ci(dtype, activation):
 
 
 def test_matches_transformers_expression():
-    # The documented promise: bit-for-bit (up to the activation's last fp32 ulp) what
-    # transformers computes with ACT2FN[...](gate) * up in the same dtype.
+    # The documented promise: what transformers computes with ACT2FN[...](gate) * up in the same
+    # dtype, up to the activation's last fp32 ulp, which flips a rounding to the 16-bit dtype
+    # only rarely (< 1% of the elements).
+    # gelu_tanh is the exception, on torch's side: its fp32 0.5 g (1 + tanh(u)) cancels for
+    # g < 0 (1 + tanh(u) -> 0), so torch's own bf16 result is one ulp off the correctly rounded
+    # value for ~1.5% of these inputs (measured on an H200, and emulated on CPU). The kernel's
+    # g * sigmoid(2u) form does not cancel: it must be at least as close to the fp64 truth as
+    # torch is, and equal to torch's wherever torch is correctly rounded, but for < 1%.
     x = make_x(64, 1024, torch.bfloat16, seed=2)
     gate, up = x[:, :1024], x[:, 1024:]
     eager = {"silu": F.silu(gate) * up, "gelu_tanh": F.gelu(gate, approximate="tanh") * up, "gelu": F.gelu(gate) * up}
     mismatches = {}
     for activation, expected in eager.items():
         got = swiglu_fp8.silu_and_mul(x, activation=activation)
-        mismatches[activation] = (got != expected).float().mean().item()
         assert_act_close(got, expected, x, activation)
-    print("fraction of elements differing from eager:", mismatches)
-    assert all(m < 0.01 for m in mismatches.values()), mismatches
+        truth = ref_swiglu(x, activation)
+        eager_exact = expected == truth
+        mismatches[activation] = {
+            "vs eager": (got != expected).float().mean().item(),
+            "vs eager where eager is exact": (got != expected)[eager_exact].float().mean().item(),
+            "ours vs fp64": (got != truth).float().mean().item(),
+            "eager vs fp64": (~eager_exact).float().mean().item(),
+        }
+    print("fractions of differing elements:", mismatches)
+    for activation, m in mismatches.items():
+        assert m["vs eager where eager is exact"] < 0.01, (activation, m)
+        assert m["ours vs fp64"] <= max(m["eager vs fp64"], 0.01), (activation, m)
+        if activation != "gelu_tanh":
+            assert m["vs eager"] < 0.01, (activation, m)
+
+
+# ---------------------------------------------------------------------------------------
+# The bare (ungated) activation: transformers' SiLU / GeluTanh / GeLU modules
+# ---------------------------------------------------------------------------------------
+
+
+def assert_activation_close(y: torch.Tensor, x: torch.Tensor, activation: str, name: str = "out") -> None:
+    """y = act(x) rounded to x's dtype, against the fp64 activation: the dtype's tolerance
+    plus 2^-21 |x| absolute for the GELU tails (see assert_act_close)."""
+    assert_fully_written(y, name)
+    assert y.shape == x.shape and y.dtype == x.dtype, f"{name}: {y.dtype}{list(y.shape)} vs {x.dtype}{list(x.shape)}"
+    if not y.numel():
+        return
+    y_ref = ref_act(x, activation).to(x.dtype)
+    tol = TOLERANCES[y.dtype]
+    bound = tol["rtol"] * y_ref.double().abs() + tol["atol"] + 2.0**-21 * x.double().abs()
+    err = (y.double() - y_ref.double()).abs()
+    worst = (err / bound).max().item()
+    assert worst <= 1.0, f"{name}: error up to {worst:.2f}x the tolerance"
+
+
+BARE_SIZES = [(0, 64), (1, 1), (1, 4096), (3, 7), (5, 13331), (257, 4096), (64, 14336), (2, 8)]
+
+
+@pytest.mark.parametrize("size", BARE_SIZES, ids=size_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_apply_activation(size, dtype, activation):
+    rows, n = size
+    gen = torch.Generator(device=DEVICE).manual_seed(seed_of(rows, n, "bare", activation))
+    x = torch.randn(rows, n, dtype=dtype, device=DEVICE, generator=gen) * 3
+    out = empty_poisoned((rows, n), dtype, DEVICE)
+    y = swiglu_fp8.apply_activation(x, activation, out=out)
+    assert y is out
+    assert_activation_close(y, x, activation)
+    by_name = {"silu": swiglu_fp8.silu, "gelu_tanh": swiglu_fp8.gelu_tanh, "gelu": swiglu_fp8.gelu}[activation]
+    assert torch.equal(by_name(x), y)
+
+
+@pytest.mark.kernels_ci
+def test_apply_activation_layouts_ci():
+    # Strided rows (a column slice), misaligned storage (generic path), leading dims, a scalar.
+    wide = torch.randn(33, 4096 + 64, dtype=torch.bfloat16, device=DEVICE) * 3
+    x = wide[:, 32 : 32 + 4096]
+    assert_activation_close(swiglu_fp8.silu(x), x, "silu")
+    out_wide = empty_poisoned((33, 8192), torch.bfloat16, DEVICE)
+    swiglu_fp8.gelu_tanh(x, out=out_wide[:, :4096])
+    assert_activation_close(out_wide[:, :4096], x, "gelu_tanh")
+    assert torch.isnan(out_wide[:, 4096:].float()).all(), "nothing outside out was written"
+    mis = torch.randn(20 * 1000 + 1, dtype=torch.float16, device=DEVICE)[1:].view(20, 1000)
+    assert_activation_close(swiglu_fp8.gelu(mis), mis, "gelu")
+    x4 = torch.randn(2, 3, 5, 64, device=DEVICE)
+    y4 = swiglu_fp8.silu(x4)
+    assert y4.shape == x4.shape
+    assert_activation_close(y4, x4, "silu")
+    scalar = torch.tensor(1.5, device=DEVICE)
+    assert_activation_close(swiglu_fp8.silu(scalar), scalar, "silu")
+    assert swiglu_fp8.silu(torch.empty(4, 0, device=DEVICE)).shape == (4, 0)
+
+
+def test_apply_activation_matches_torch():
+    # As test_matches_transformers_expression, for the bare activation transformers calls.
+    x = torch.randn(64, 1024, dtype=torch.bfloat16, device=DEVICE) * 2
+    eager = {"silu": F.silu(x), "gelu_tanh": F.gelu(x, approximate="tanh"), "gelu": F.gelu(x)}
+    for activation, expected in eager.items():
+        got = swiglu_fp8.apply_activation(x, activation)
+        truth = ref_act(x, activation).to(x.dtype)
+        eager_exact = expected == truth
+        vs_eager_exact = (got != expected)[eager_exact].float().mean().item()
+        ours_vs_fp64 = (got != truth).float().mean().item()
+        eager_vs_fp64 = (~eager_exact).float().mean().item()
+        assert vs_eager_exact < 0.01, (activation, vs_eager_exact)
+        assert ours_vs_fp64 <= max(eager_vs_fp64, 0.01), (activation, ours_vs_fp64, eager_vs_fp64)
+
+
+def test_apply_activation_bad_input():
+    x = torch.randn(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    k = swiglu_fp8
+    with pytest.raises(TypeError, match="x: expected dtype"):
+        k.silu(x.to(torch.int32))
+    with pytest.raises(TypeError, match="x: expected a torch.Tensor"):
+        k.silu([1.0])
+    with pytest.raises(ValueError, match="x: the last dimension must be contiguous"):
+        k.silu(x.t())
+    with pytest.raises(ValueError, match="activation: expected one of"):
+        k.apply_activation(x, "relu")
+    out = empty_poisoned((4, 64), torch.bfloat16, DEVICE)
+    with pytest.raises(ValueError, match=r"out: expected shape \(4, 64\)"):
+        k.silu(x, out=out[:, :32])
+    with pytest.raises(TypeError, match="out: expected dtype torch.bfloat16"):
+        k.silu(x, out=out.float())
+    assert torch.isnan(out.float()).all(), "a rejected call wrote its output"
+    with pytest.raises(RuntimeError, match=r"out: expected shape \[4, 64\]"):
+        k.ops.activation(torch.empty(4, 32, dtype=x.dtype, device=DEVICE), x, 0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -542,6 +654,7 @@ def _opcheck_cases():
     fp8 = lambda: torch.empty(5, 128, dtype=torch.float8_e4m3fn, device=DEVICE)  # noqa: E731
     ops = swiglu_fp8.ops
     return {
+        "activation": (ops.activation, (torch.empty(5, 256, dtype=x.dtype, device=DEVICE), x, 0)),
         "silu_and_mul": (ops.silu_and_mul, (torch.empty(5, 128, dtype=x.dtype, device=DEVICE), x, 1)),
         "silu_and_mul_static_fp8": (ops.silu_and_mul_static_fp8, (fp8(), x, s, 2)),
         "silu_and_mul_dynamic_fp8_token": (
@@ -576,7 +689,15 @@ def test_torch_compile_fullgraph():
         y = swiglu_fp8.silu_and_mul(x, activation="gelu_tanh")
         q = swiglu_fp8.silu_and_mul_fp8(x, scale)
         q2, s2 = swiglu_fp8.silu_and_mul_dynamic_fp8(x, group_size=128, activation="gelu")
-        return y * 2, q.float() * scale, q2.float(), s2, swiglu_fp8.layers.SiluAndMul()(x)
+        return (
+            y * 2,
+            q.float() * scale,
+            q2.float(),
+            s2,
+            swiglu_fp8.layers.SiluAndMul()(x),
+            swiglu_fp8.silu(x) + 1,
+            swiglu_fp8.layers.GeluTanh()(x),
+        )
 
     compiled = torch.compile(block, fullgraph=True, dynamic=False)
     eager = block(x, scale)
@@ -626,3 +747,20 @@ def test_layer_kernelizes():
         kernelize(model, mode=Mode.INFERENCE, device=DEVICE, use_fallback=False)
     assert model[0].forward.__qualname__.startswith("SiluAndMul."), model[0].forward
     assert_act_close(model(x), expected, x)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bare_activation_layers(dtype):
+    x = torch.randn(2, 7, 768, dtype=dtype, device=DEVICE) * 2
+    layers = swiglu_fp8.layers
+    for layer, activation, eager in (
+        (layers.SiLU(), "silu", F.silu),
+        (layers.GeluTanh(), "gelu_tanh", lambda t: F.gelu(t, approximate="tanh")),
+        (layers.GeLU(), "gelu", F.gelu),
+    ):
+        assert_activation_close(layer(x), x, activation, type(layer).__name__)
+        # A non-unit-stride last dimension, or float64: torch's own function.
+        xt = x.transpose(0, 2)
+        assert torch.equal(layer(xt), eager(xt))
+        assert torch.equal(layer(x.double()), eager(x.double()))

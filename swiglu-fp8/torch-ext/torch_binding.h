@@ -7,6 +7,9 @@
 
 #include <ATen/ATen.h>
 
+// The bare activation, out = act(x) in x's dtype (x, out: [rows, d]); op "activation".
+void activation_only(at::Tensor& out, const at::Tensor& x, int64_t activation);
+
 void silu_and_mul(at::Tensor& out, const at::Tensor& x, int64_t activation);
 
 void silu_and_mul_static_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& scale,

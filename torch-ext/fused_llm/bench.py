@@ -307,6 +307,28 @@ def compile_static(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn, dynamic=False, fullgraph=True)
 
 
+def same_bytes_copy(bytes_moved: Callable[[Case], int]) -> Provider:
+    """A peer that is the size-matched bound of any memory-bound op: ``torch.mul(a, 1.0, out=b)``
+    on bf16 buffers moving the case's bytes (half read, half written), timed the same way.
+
+    The copy ceiling is measured on 2 GiB; at decode and small prefill sizes launch and DRAM
+    latency keep every kernel far below it, so "% of ceiling" there says little. This copy's
+    time at the same size says what was reachable. Its outputs are not checked."""
+
+    def make(case: Case, seed: int) -> Fn:
+        n = max(1, bytes_moved(case) // 4)  # 2 B read + 2 B written per bf16 element
+        a = torch.full((n,), float(seed % 7 + 1), dtype=torch.bfloat16, device="cuda")
+        b = torch.empty_like(a)
+        return functools.partial(torch.mul, a, 1.0, out=b)
+
+    return Provider(
+        "copy_same_bytes",
+        make,
+        check=lambda out, ref: None,
+        note="torch.mul copy kernel moving the same bytes (size-matched bound, not an implementation)",
+    )
+
+
 def measure_launch_floor(device: torch.device | str = "cuda") -> float:
     """us per call of a one-element ``torch.add`` timed the same way: what one kernel costs in
     graph replay before it moves any data (the floor under every decode-size number)."""

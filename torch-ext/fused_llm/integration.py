@@ -19,6 +19,11 @@ from . import packages
 # hub layer name -> (package, layer class in <package>.layers)
 LAYERS: dict[str, tuple[str, str]] = {
     "RMSNorm": ("rmsnorm-fp8", "RMSNorm"),
+    # The bare activation modules (ACT2FN["silu"], ["gelu_pytorch_tanh"], ["gelu"]). transformers
+    # has no hook for a gated activation; the MLP-level swap belongs to gated-mlp.
+    "SiLU": ("swiglu-fp8", "SiLU"),
+    "GeluTanh": ("swiglu-fp8", "GeluTanh"),
+    "GeLU": ("swiglu-fp8", "GeLU"),
 }
 # Every package ships CUDA (sm80, sm90), ROCm (gfx942) and CPU code.
 DEVICES = ("cuda", "rocm", "cpu")

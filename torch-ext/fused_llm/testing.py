@@ -53,7 +53,10 @@ def fp8_ulp(values: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
 def assert_fp8_close(q: torch.Tensor, q_ref: torch.Tensor, scale: torch.Tensor, scale_ref: torch.Tensor,
                      *, max_mismatch: float = 0.01, name: str = "q") -> None:
     """Dequantized values within one FP8 ulp of the reference's (each with its own scale), and
-    at most ``max_mismatch`` of the elements not bit-identical (rounding-boundary flips)."""
+    at most ``max_mismatch`` of the elements that share the reference's scale not bit-identical
+    (rounding-boundary flips). Where a dynamic scale differs from the reference's (its amax
+    element was off by an ulp of the input dtype), every element of the row or group moves by
+    that ratio and flips legitimately: those are held to the dequantized bound only."""
     assert q.dtype == q_ref.dtype, f"{name}: dtype {q.dtype} != {q_ref.dtype}"
     qf, rf = q.float(), q_ref.float()
     assert_fully_written(qf, name)
@@ -62,9 +65,17 @@ def assert_fp8_close(q: torch.Tensor, q_ref: torch.Tensor, scale: torch.Tensor, 
     err = (deq - deq_ref).abs()
     worst = (err / tol).max().item() if err.numel() else 0.0
     assert worst <= 1.0, f"{name}: dequantized error up to {worst:.2f} FP8 ulps"
-    if q.numel():
-        mismatch = (q.view(torch.uint8) != q_ref.view(torch.uint8)).float().mean().item()
-        assert mismatch <= max_mismatch, f"{name}: {mismatch:.2%} of the bytes differ from the reference"
+    same_scale = (scale.float() == scale_ref.float()).expand(q.shape)
+    if same_scale.any():
+        differ = q.view(torch.uint8) != q_ref.view(torch.uint8)
+        mismatch = differ[same_scale].float().mean().item()
+        if mismatch > max_mismatch:
+            where = (differ & same_scale).flatten().nonzero().flatten()[:4].tolist()
+            detail = ", ".join(
+                f"[{i}] {qf.flatten()[i].item():g} vs {rf.flatten()[i].item():g} (scale {scale.expand(q.shape).flatten()[i].item():g})"
+                for i in where
+            )
+            raise AssertionError(f"{name}: {mismatch:.2%} of the bytes differ from the reference; first: {detail}")
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:

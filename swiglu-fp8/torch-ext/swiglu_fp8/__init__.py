@@ -9,6 +9,9 @@ writes). Every function rounds like transformers' ``act_fn(gate) * up``::
     q = e4m3(clamp(y.float() * (1 / scale), -max, max))          (FP8 variants)
 
 so a kernelized model matches eager, and the FP8 input is exactly the unfused output.
+``apply_activation`` (and ``silu`` / ``gelu_tanh`` / ``gelu``) is the bare, ungated activation
+``act(x.float()).to(x.dtype)`` that transformers' ``SiLU`` / ``GeluTanh`` / ``GeLU`` modules
+compute (the ``layers`` of the same names are their kernelize replacements).
 ``x`` is float32, float16 or bfloat16 with a unit-stride last dimension and leading
 dimensions that flatten to one row stride (row-strided views are read in place).
 """
@@ -21,6 +24,10 @@ from . import layers
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
+    "apply_activation",
+    "silu",
+    "gelu_tanh",
+    "gelu",
     "silu_and_mul",
     "silu_and_mul_fp8",
     "silu_and_mul_dynamic_fp8",
@@ -91,6 +98,17 @@ def _check_x(x: torch.Tensor) -> tuple[torch.Tensor, int]:
             f"x: expected an even last dimension 2 * d >= 2 (gate, up), got shape {tuple(x.shape)}"
         )
     return _as_rows(x, "x", width), width // 2
+
+
+def _check_input(x: torch.Tensor) -> torch.Tensor:
+    """The bare activation's input: returns x as [rows, d]."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"x: expected dtype float32, float16 or bfloat16, got {x.dtype}")
+    if x.dim() == 0:
+        return x.reshape(1, 1)
+    return _as_rows(x, "x", x.shape[-1]) if x.shape[-1] else x.reshape(0, 1)
 
 
 def _check_activation(activation: str) -> int:
@@ -168,6 +186,44 @@ def _dynamic_scales(x: torch.Tensor, x2: torch.Tensor, d: int, group_size: int |
 # ---------------------------------------------------------------------------------------
 
 
+def apply_activation(x: torch.Tensor, activation: str = "silu", *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The bare activation ``act(x.float()).to(x.dtype)``, x's shape and dtype (transformers'
+    ``SiLU`` / ``GeluTanh`` / ``GeLU`` modules; torch's ``F.silu`` / ``F.gelu``). x: any shape
+    whose last dimension is contiguous and whose leading dimensions flatten to one row stride."""
+    x2 = _check_input(x)
+    act = _check_activation(activation)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out: expected a torch.Tensor, got {type(out).__name__}")
+        if out.dtype != x.dtype:
+            raise TypeError(f"out: expected dtype {x.dtype} (x's), got {out.dtype}")
+        if out.device != x.device:
+            raise ValueError(f"out: expected device {x.device} (x's), got {out.device}")
+        if out.shape != x.shape:
+            raise ValueError(f"out: expected shape {tuple(x.shape)} (x's), got {tuple(out.shape)}")
+    if x2.numel():
+        o2 = out.reshape(1, 1) if out.dim() == 0 else _as_rows(out, "out", x2.shape[1])
+        ops.activation(o2, x2, act)
+    return out
+
+
+def silu(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.silu(x)``: ``x / (1 + exp(-x))`` in fp32, rounded to x's dtype."""
+    return apply_activation(x, "silu", out=out)
+
+
+def gelu_tanh(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.gelu(x, approximate="tanh")`` in fp32, rounded to x's dtype."""
+    return apply_activation(x, "gelu_tanh", out=out)
+
+
+def gelu(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.gelu(x)`` (erf) in fp32, rounded to x's dtype."""
+    return apply_activation(x, "gelu", out=out)
+
+
 def silu_and_mul(x: torch.Tensor, *, activation: str = "silu", out: torch.Tensor | None = None) -> torch.Tensor:
     """``act(x[..., :d]) * x[..., d:]`` of shape ``[..., d]`` in x's dtype."""
     x2, d = _check_x(x)
@@ -223,6 +279,11 @@ def silu_and_mul_dynamic_fp8(
 # torch.compile: the ops mutate only their outputs and return nothing, so the fake
 # implementations only have to exist.
 # ---------------------------------------------------------------------------------------
+
+
+@torch.library.register_fake(add_op_namespace_prefix("activation"))
+def _activation_fake(out, x, activation) -> None:
+    return None
 
 
 @torch.library.register_fake(add_op_namespace_prefix("silu_and_mul"))
