@@ -222,34 +222,68 @@ struct Elem<Fp16Tag> {
   }
 };
 
-// 16-byte vector <-> floats.
-template <class T>
-__device__ __forceinline__ void unpack_vec(const uint4& v, float* f) {
-  constexpr int P = Elem<T>::kPerWord;
-  Elem<T>::unpack(v.x, f);
-  Elem<T>::unpack(v.y, f + P);
-  Elem<T>::unpack(v.z, f + 2 * P);
-  Elem<T>::unpack(v.w, f + 3 * P);
-}
+// A vector of NW 32-bit words (16, 8 or 4 bytes) moved with one load or store instruction.
+template <int NW>
+struct Vec {
+  uint32_t w[NW];
+};
 
-template <class T>
-__device__ __forceinline__ uint4 pack_vec(const float* f) {
-  constexpr int P = Elem<T>::kPerWord;
-  uint4 v;
-  v.x = Elem<T>::pack(f);
-  v.y = Elem<T>::pack(f + P);
-  v.z = Elem<T>::pack(f + 2 * P);
-  v.w = Elem<T>::pack(f + 3 * P);
+template <int NW>
+__device__ __forceinline__ Vec<NW> load_vec(const void* base, int vi) {
+  Vec<NW> v;
+  if constexpr (NW == 4) {
+    const uint4 r = static_cast<const uint4*>(base)[vi];
+    v.w[0] = r.x; v.w[1] = r.y; v.w[2] = r.z; v.w[3] = r.w;
+  } else if constexpr (NW == 2) {
+    const uint2 r = static_cast<const uint2*>(base)[vi];
+    v.w[0] = r.x; v.w[1] = r.y;
+  } else {
+    static_assert(NW == 1, "16-, 8- or 4-byte vectors");
+    v.w[0] = static_cast<const uint32_t*>(base)[vi];
+  }
   return v;
 }
 
-template <class T>
-__device__ __forceinline__ uint4 mul_vec(const uint4& a, const uint4& b) {
-  uint4 r;
-  r.x = Elem<T>::mul2(a.x, b.x);
-  r.y = Elem<T>::mul2(a.y, b.y);
-  r.z = Elem<T>::mul2(a.z, b.z);
-  r.w = Elem<T>::mul2(a.w, b.w);
+template <int NW>
+__device__ __forceinline__ void store_vec(void* base, int vi, const Vec<NW>& v) {
+  if constexpr (NW == 4) {
+    static_cast<uint4*>(base)[vi] = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+  } else if constexpr (NW == 2) {
+    static_cast<uint2*>(base)[vi] = make_uint2(v.w[0], v.w[1]);
+  } else {
+    static_assert(NW == 1, "16-, 8- or 4-byte vectors");
+    static_cast<uint32_t*>(base)[vi] = v.w[0];
+  }
+}
+
+template <int NW>
+__device__ __forceinline__ Vec<NW> zero_vec() {
+  Vec<NW> v;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) v.w[i] = 0u;
+  return v;
+}
+
+// Vector <-> floats (NW * kPerWord of them).
+template <class T, int NW>
+__device__ __forceinline__ void unpack_vec(const Vec<NW>& v, float* f) {
+#pragma unroll
+  for (int i = 0; i < NW; ++i) Elem<T>::unpack(v.w[i], f + i * Elem<T>::kPerWord);
+}
+
+template <class T, int NW>
+__device__ __forceinline__ Vec<NW> pack_vec(const float* f) {
+  Vec<NW> v;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) v.w[i] = Elem<T>::pack(f + i * Elem<T>::kPerWord);
+  return v;
+}
+
+template <class T, int NW>
+__device__ __forceinline__ Vec<NW> mul_vec(const Vec<NW>& a, const Vec<NW>& b) {
+  Vec<NW> r;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) r.w[i] = Elem<T>::mul2(a.w[i], b.w[i]);
   return r;
 }
 
@@ -405,12 +439,12 @@ __device__ __forceinline__ float act_scalar(float g, int act) {
   }
 }
 
-// h = T(act(gate)) for one 16-byte vector, returned packed in T (one cvt per pair).
+// h = T(act(gate)) for one vector, returned packed in T (one cvt per pair).
 // The switch is on a uniform value: one branch per vector, each case a straight unrolled loop.
-template <class T>
-__device__ __forceinline__ uint4 act_vec(const uint4& g, int act) {
+template <class T, int NW>
+__device__ __forceinline__ Vec<NW> act_vec(const Vec<NW>& g, int act) {
   using E = Elem<T>;
-  constexpr int kVec = 16 / E::kBytes;
+  constexpr int kVec = NW * E::kPerWord;
   float f[kVec];
   unpack_vec<T>(g, f);
   if (act == kActSilu) {
@@ -423,12 +457,12 @@ __device__ __forceinline__ uint4 act_vec(const uint4& g, int act) {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) f[k] = act_gelu(f[k]);
   }
-  return pack_vec<T>(f);
+  return pack_vec<T, NW>(f);
 }
 
 // y = T(float(T(act(gate))) * float(up)): h, then one packed multiply per pair.
-template <class T>
-__device__ __forceinline__ uint4 swiglu_vec(const uint4& g, const uint4& u, int act) {
+template <class T, int NW>
+__device__ __forceinline__ Vec<NW> swiglu_vec(const Vec<NW>& g, const Vec<NW>& u, int act) {
   return mul_vec<T>(act_vec<T>(g, act), u);
 }
 
@@ -480,7 +514,7 @@ __device__ __forceinline__ void store_fp8_vec(uint8_t* out_row, int vi, const fl
   if constexpr (kVec == 8) {
     reinterpret_cast<uint2*>(out_row)[vi] = make_uint2(q[0], q[1]);
   } else {
-    static_assert(kVec == 4, "16-byte vectors of 2- or 4-byte elements");
+    static_assert(kVec == 4, "vectors of 4 or 8 elements");
     reinterpret_cast<uint32_t*>(out_row)[vi] = q[0];
   }
 }
@@ -495,11 +529,13 @@ __device__ __forceinline__ void store_fp8_vec(uint8_t* out_row, int vi, const fl
 constexpr int kEwMaxThreads = 512;
 
 // GATED = false (with kQNone only): the bare activation, x rows of d elements, no up half.
-template <class T, int ITEMS, int QM, int FMT, bool GATED>
+// VB: bytes per vector, 16, or 8 for 16-bit T at decode sizes (see choose_ew_config).
+template <class T, int ITEMS, int QM, int FMT, bool GATED, int VB>
 __global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelArgs a) {
   static_assert(GATED || QM == kQNone, "the ungated activation is not quantized");
   using E = Elem<T>;
-  constexpr int kVec = 16 / E::kBytes;
+  constexpr int NW = VB / 4;
+  constexpr int kVec = VB / E::kBytes;
   const int64_t row_raw = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool row_ok = row_raw < a.rows;
   const int64_t row = row_ok ? row_raw : 0;
@@ -507,20 +543,18 @@ __global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelAr
   const int nthreads = blockDim.x;
   const int base = static_cast<int>(blockIdx.y) * (ITEMS * nthreads) + static_cast<int>(threadIdx.x);
 
-  const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
-  const uint4* gate = reinterpret_cast<const uint4*>(x_row);
-  const uint4* up = reinterpret_cast<const uint4*>(x_row + a.d * E::kBytes);
+  const char* gate = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
+  const char* up = gate + a.d * E::kBytes;
 
   // Every load of the thread goes out before any use.
-  uint4 g[ITEMS];
-  uint4 u[ITEMS];
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  Vec<NW> g[ITEMS];
+  Vec<NW> u[ITEMS];
 #pragma unroll
   for (int j = 0; j < ITEMS; ++j) {
     const int vi = base + j * nthreads;
     const bool in = row_ok && vi < nvec;
-    g[j] = in ? gate[vi] : zero;
-    if constexpr (GATED) u[j] = in ? up[vi] : zero;
+    g[j] = in ? load_vec<NW>(gate, vi) : zero_vec<NW>();
+    if constexpr (GATED) u[j] = in ? load_vec<NW>(up, vi) : zero_vec<NW>();
   }
   float inv_scale = 0.0f;
   if constexpr (QM == kQStatic) inv_scale = div_rn(1.0f, __ldg(a.static_scale));
@@ -530,14 +564,14 @@ __global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelAr
   for (int j = 0; j < ITEMS; ++j) {
     const int vi = base + j * nthreads;
     const bool in = row_ok && vi < nvec;
-    uint4 y;
+    Vec<NW> y;
     if constexpr (GATED) {
       y = swiglu_vec<T>(g[j], u[j], a.act);
     } else {
       y = act_vec<T>(g[j], a.act);
     }
     if constexpr (QM == kQNone) {
-      if (in) reinterpret_cast<uint4*>(out_row)[vi] = y;
+      if (in) store_vec<NW>(out_row, vi, y);
     } else {
       float f[kVec];
       unpack_vec<T>(y, f);
@@ -583,19 +617,17 @@ __global__ void __launch_bounds__(1024) swiglu_token_kernel(const KernelArgs a) 
   const bool row_ok = row_raw < a.rows;
   const int64_t row = row_ok ? row_raw : 0;
 
-  const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
-  const uint4* gate = reinterpret_cast<const uint4*>(x_row);
-  const uint4* up = reinterpret_cast<const uint4*>(x_row + a.d * E::kBytes);
+  const char* gate = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
+  const char* up = gate + a.d * E::kBytes;
 
-  uint4 v[ITERS];  // gate, then y
-  uint4 u[ITERS];
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  Vec<4> v[ITERS];  // gate, then y
+  Vec<4> u[ITERS];
 #pragma unroll
   for (int j = 0; j < ITERS; ++j) {
     const int vi = j * tpr + t;
     const bool in = row_ok && vi < nvec;
-    v[j] = in ? gate[vi] : zero;
-    u[j] = in ? up[vi] : zero;
+    v[j] = in ? load_vec<4>(gate, vi) : zero_vec<4>();
+    u[j] = in ? load_vec<4>(up, vi) : zero_vec<4>();
   }
   // Zero inputs give y = 0, the identity of max |y|.
   float amax = 0.0f;
@@ -696,6 +728,16 @@ int log2_exact(int n) {
   return l;
 }
 
+// Problems of at most this many 16-byte vectors per SM (rows * d / VEC <= num_sms * 2048) are
+// "small": one vector per thread of a full GPU.
+constexpr int kEwSmallVectorsPerSm = 2048;
+// Small problems of 16-bit T up to this many 16-byte vectors per SM run 8-byte vectors (4
+// elements per thread): the activation costs two MUFU ops per element (ex2, rcp) and the MUFU
+// unit retires 4 lanes per clock per SM sub-partition, so a warp of 8-element vectors spends
+// 16 x 8 = 128 clocks there; at decode sizes there are too few warps to hide that behind the
+// DRAM latency. TUNED BELOW.
+constexpr int kEwHalfVectorsPerSm = 2048;
+
 struct EwConfig {
   bool ok = false;
   int threads = 0;     // threads per row chunk (blockDim.x): a multiple of the warp size, or a
@@ -722,7 +764,7 @@ struct EwConfig {
 //   each, 256-thread blocks, no more than ceil(rows / num_sms) rows so that few rows still
 //   spread), instead of leaving most of a 32-thread block idle.
 // Row blocks go on grid.x (up to 2^31 - 1), chunks on grid.y (up to 65535).
-EwConfig choose_ew_config(int64_t nvec, int64_t rows, int num_sms) {
+EwConfig choose_ew_config(int64_t nvec, int64_t rows, int num_sms, bool small) {
   EwConfig c;
   if (nvec <= 16) {
     c.items = 1;
@@ -735,8 +777,6 @@ EwConfig choose_ew_config(int64_t nvec, int64_t rows, int num_sms) {
     c.ok = (rows + c.rows_per_block - 1) / c.rows_per_block <= 0x7fffffff;
     return c;
   }
-  const int64_t total = rows * nvec;
-  const bool small = total <= static_cast<int64_t>(num_sms) * 2048;
   c.items = small ? 1 : 2;
   const int cands_small[] = {128, 64, kWarpSize};
   const int cands_large[] = {512, 256, 128, 64};
@@ -828,28 +868,28 @@ cudaError_t sm_count(int* n) {
 
 bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
-template <class T, int ITEMS, int QM, int FMT, bool GATED = true>
+template <class T, int ITEMS, int QM, int FMT, bool GATED, int VB>
 cudaError_t launch_ew(const KernelArgs& a, const EwConfig& c, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((a.rows + c.rows_per_block - 1) / c.rows_per_block),
                   static_cast<unsigned>(c.chunks));
   const dim3 block(static_cast<unsigned>(c.threads), static_cast<unsigned>(c.rows_per_block));
-  swiglu_ew_kernel<T, ITEMS, QM, FMT, GATED><<<grid, block, 0, s>>>(a);
+  swiglu_ew_kernel<T, ITEMS, QM, FMT, GATED, VB><<<grid, block, 0, s>>>(a);
   return cudaGetLastError();
 }
 
-template <class T, int ITEMS>
+template <class T, int ITEMS, int VB>
 cudaError_t dispatch_ew(const SwigluParams& p, const KernelArgs& a, const EwConfig& c, cudaStream_t s) {
   const bool fnuz = p.fp8_format == Fp8Format::kE4M3FNUZ;
-  if (!p.gated) return launch_ew<T, ITEMS, kQNone, kFmtFn, false>(a, c, s);
+  if (!p.gated) return launch_ew<T, ITEMS, kQNone, kFmtFn, false, VB>(a, c, s);
   switch (p.quant) {
     case Quant::kNone:
-      return launch_ew<T, ITEMS, kQNone, kFmtFn>(a, c, s);
+      return launch_ew<T, ITEMS, kQNone, kFmtFn, true, VB>(a, c, s);
     case Quant::kStatic:
-      return fnuz ? launch_ew<T, ITEMS, kQStatic, kFmtFnuz>(a, c, s)
-                  : launch_ew<T, ITEMS, kQStatic, kFmtFn>(a, c, s);
+      return fnuz ? launch_ew<T, ITEMS, kQStatic, kFmtFnuz, true, VB>(a, c, s)
+                  : launch_ew<T, ITEMS, kQStatic, kFmtFn, true, VB>(a, c, s);
     case Quant::kDynamicGroup:
-      return fnuz ? launch_ew<T, ITEMS, kQGroup, kFmtFnuz>(a, c, s)
-                  : launch_ew<T, ITEMS, kQGroup, kFmtFn>(a, c, s);
+      return fnuz ? launch_ew<T, ITEMS, kQGroup, kFmtFnuz, true, VB>(a, c, s)
+                  : launch_ew<T, ITEMS, kQGroup, kFmtFn, true, VB>(a, c, s);
     default:
       return cudaErrorInvalidValue;
   }
@@ -910,9 +950,22 @@ cudaError_t launch_typed(const SwigluParams& p, KernelArgs a, cudaStream_t s) {
         }
       }
     } else {
-      const EwConfig c = choose_ew_config(nvec, p.rows, num_sms);
+      const bool small = p.rows * nvec <= static_cast<int64_t>(num_sms) * kEwSmallVectorsPerSm;
+      if constexpr (eb == 2) {
+        if (small && nvec > 16 && 2 * group_vecs <= kWarpSize &&
+            p.rows * nvec <= static_cast<int64_t>(num_sms) * kEwHalfVectorsPerSm) {
+          // 8-byte vectors: twice the threads for the same row (see kEwHalfVectorsPerSm).
+          const EwConfig c = choose_ew_config(2 * nvec, p.rows, num_sms, true);
+          if (c.ok) {
+            a.nvec = static_cast<int>(2 * nvec);
+            a.group_vecs_log2 = log2_exact(2 * group_vecs);
+            return dispatch_ew<T, 1, 8>(p, a, c, s);
+          }
+        }
+      }
+      const EwConfig c = choose_ew_config(nvec, p.rows, num_sms, small);
       if (c.ok) {
-        return c.items == 1 ? dispatch_ew<T, 1>(p, a, c, s) : dispatch_ew<T, 2>(p, a, c, s);
+        return c.items == 1 ? dispatch_ew<T, 1, 16>(p, a, c, s) : dispatch_ew<T, 2, 16>(p, a, c, s);
       }
     }
   }

@@ -550,8 +550,9 @@ def collect_metadata(suite: Suite, ceiling_gbps: float, root: Path | None, extra
             "kernels": _version("kernels"),
             "transformers": _version("transformers"),
         },
-        # The GPU machine gets a copy of the tree without .git: the caller passes the commit.
-        "git": (commit + ("-dirty" if dirty else "")) if commit else os.environ.get("FUSED_LLM_GIT_COMMIT"),
+        # The GPU machine gets a copy of the working tree whose .git (if any) may be stale: the
+        # caller's FUSED_LLM_GIT_COMMIT wins.
+        "git": os.environ.get("FUSED_LLM_GIT_COMMIT") or ((commit + ("-dirty" if dirty else "")) if commit else None),
         "copy_ceiling_gbps": ceiling_gbps,
         "method": METHOD,
         **extra,
