@@ -9,7 +9,7 @@ export PYTHONPATH=/tmp/site:$PWD/torch-ext PYTHONUNBUFFERED=1 FUSED_LLM_ROOT=$PW
 export MAX_JOBS=16
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers, kernels; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, kernels.__version__)" | tee -a "$OUT/gpu.txt"
-( time python3 -m fused_llm.cli build ) 2>&1 | tee "$OUT/build.log" || exit 1
+( time python3 -m fused_llm.cli build ) 2>&1 | tee /tmp/build.log | tail -3 || exit 1
 for stage in "$@"; do
   echo "=== stage $stage"
   case $stage in

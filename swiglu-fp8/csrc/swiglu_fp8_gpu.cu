@@ -24,7 +24,7 @@
 //
 // Three kernels:
 //   * swiglu_ew_kernel (kNone, kStatic, kDynamicGroup, and the ungated bare activation, which
-//     is kNone without the up half): elementwise, 16-byte vectors, grid =
+//     is kNone without the up half): elementwise, 16-byte vectors (8-byte at decode sizes), grid =
 //     rows x column chunks, ITEMS vectors per thread with every load issued before any use. A
 //     quant group is 1 << group_vecs_log2 consecutive vectors = as many adjacent lanes, so its
 //     max is an xor shuffle (no row reduction).
@@ -732,11 +732,15 @@ int log2_exact(int n) {
 // "small": one vector per thread of a full GPU.
 constexpr int kEwSmallVectorsPerSm = 2048;
 // Small problems of 16-bit T up to this many 16-byte vectors per SM run 8-byte vectors (4
-// elements per thread): the activation costs two MUFU ops per element (ex2, rcp) and the MUFU
-// unit retires 4 lanes per clock per SM sub-partition, so a warp of 8-element vectors spends
-// 16 x 8 = 128 clocks there; at decode sizes there are too few warps to hide that behind the
-// DRAM latency. TUNED BELOW.
-constexpr int kEwHalfVectorsPerSm = 2048;
+// elements per thread) in 256-thread blocks: the activation costs two MUFU ops per element (ex2,
+// rcp), and the MUFU unit retires 4 lanes per clock per SM sub-partition, so a warp of
+// 8-element vectors spends 16 x 8 = 128 clocks there; at decode sizes there are too few warps to
+// hide that behind the DRAM latency, and twice the warps halve it. Measured on an H200
+// (tools/swiglu_decode_tune.cu, static e4m3, graph replay, cold inputs), best 8-byte shape
+// against best 16-byte shape: 1 x 4096 1.384 vs 1.422 us, 1 x 28672 1.555 vs 1.603, 16 x 14336
+// 1.885 vs 1.921, 64 x 14336 2.730 vs 2.767, 256 x 4096 2.864 vs 2.904; past ~1000 vectors per
+// SM it loses (128 x 14336: 3.906 vs 3.757, 256 x 8192: 4.237 vs 4.095).
+constexpr int kEwHalfVectorsPerSm = 1024;
 
 struct EwConfig {
   bool ok = false;
@@ -755,7 +759,8 @@ struct EwConfig {
 //   decode size (by 0.1-0.2 us) and 128 threads the fastest or within 0.02 us of it at all of
 //   them: e.g. 1 row x 4096: 1.45 us against 1.49 (32 threads), 1.56 (512); 16 rows x 14336:
 //   1.38 us L2-resident against 1.54 (32 threads). 64 or 32 threads only when 128 would leave
-//   more than 1/16 of a row idle (short rows).
+//   more than 1/16 of a row idle (short rows). The smaller of these problems (16-bit T, up to
+//   kEwHalfVectorsPerSm) run 8-byte vectors in 256-thread blocks instead (see there).
 // * Large problems: ITEMS = 2 (four 16-byte loads in flight per thread; with ~2048 resident
 //   threads per SM that is ~4x the bytes in flight HBM needs), block 512..64 threads, the one
 //   that wastes the least row tail (ties to the larger block): d = 11008 (1376 vectors) uses
@@ -764,7 +769,7 @@ struct EwConfig {
 //   each, 256-thread blocks, no more than ceil(rows / num_sms) rows so that few rows still
 //   spread), instead of leaving most of a 32-thread block idle.
 // Row blocks go on grid.x (up to 2^31 - 1), chunks on grid.y (up to 65535).
-EwConfig choose_ew_config(int64_t nvec, int64_t rows, int num_sms, bool small) {
+EwConfig choose_ew_config(int64_t nvec, int64_t rows, int num_sms, bool small, int max_small_threads = 128) {
   EwConfig c;
   if (nvec <= 16) {
     c.items = 1;
@@ -778,14 +783,15 @@ EwConfig choose_ew_config(int64_t nvec, int64_t rows, int num_sms, bool small) {
     return c;
   }
   c.items = small ? 1 : 2;
-  const int cands_small[] = {128, 64, kWarpSize};
+  const int cands_small[] = {256, 128, 64, kWarpSize};
   const int cands_large[] = {512, 256, 128, 64};
-  const int ncands = small ? 3 : 4;
+  const int ncands = 4;
   const int* cands = small ? cands_small : cands_large;
   int64_t best_waste = -1;
   for (int i = 0; i < ncands; ++i) {
     const int t = cands[i];
     if (t % kWarpSize != 0) continue;  // ROCm: 64-lane waves
+    if (small && t > max_small_threads && i != ncands - 1) continue;
     const int64_t chunk = static_cast<int64_t>(t) * c.items;
     const int64_t chunks = (nvec + chunk - 1) / chunk;
     const int64_t waste = chunks * chunk - nvec;
@@ -955,7 +961,7 @@ cudaError_t launch_typed(const SwigluParams& p, KernelArgs a, cudaStream_t s) {
         if (small && nvec > 16 && 2 * group_vecs <= kWarpSize &&
             p.rows * nvec <= static_cast<int64_t>(num_sms) * kEwHalfVectorsPerSm) {
           // 8-byte vectors: twice the threads for the same row (see kEwHalfVectorsPerSm).
-          const EwConfig c = choose_ew_config(2 * nvec, p.rows, num_sms, true);
+          const EwConfig c = choose_ew_config(2 * nvec, p.rows, num_sms, true, 256);
           if (c.ok) {
             a.nvec = static_cast<int>(2 * nvec);
             a.group_vecs_log2 = log2_exact(2 * group_vecs);
