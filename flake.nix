@@ -15,6 +15,7 @@
       kernelPackages = [
         "rmsnorm-fp8"
         "swiglu-fp8"
+        "rope-triton"
       ];
       perPackage = lib.genAttrs kernelPackages (
         name:

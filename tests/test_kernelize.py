@@ -15,6 +15,21 @@ DEVICE = device()
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 
 
+@pytest.fixture(autouse=True)
+def _restore_hub_functions():
+    """kernelize swaps transformers' hub functions (apply_rotary_pos_emb) process-wide: put the
+    original forwards back so later tests compare against the real eager function."""
+    from transformers.models.llama import modeling_llama
+
+    fn = modeling_llama.apply_rotary_pos_emb
+    saved = fn.__dict__.get("forward")
+    yield
+    if saved is None:
+        fn.__dict__.pop("forward", None)
+    else:
+        fn.forward = saved
+
+
 def _logits(model, tokens):
     with torch.inference_mode():
         return model(tokens).logits.float()
@@ -26,20 +41,23 @@ def _logits(model, tokens):
 def test_kernelize_tiny_llama(dtype, source):
     eager = fused_llm.tiny_llama(DEVICE, dtype)
     model = copy.deepcopy(eager)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 19), device=DEVICE)
+    ref = _logits(eager, tokens)  # before kernelize: its rotary swap is process-wide
     report = fused_llm.kernelize(model, source=source)
 
     norms = [n for n, m in model.named_modules() if type(m).__name__ == "LlamaRMSNorm"]
     acts = [n for n, m in model.named_modules() if type(m).__name__ == "SiLUActivation"]
     assert len(norms) == 2 * model.config.num_hidden_layers + 1
     assert len(acts) == model.config.num_hidden_layers
-    assert sorted(n for n, _, _ in report.swapped) == sorted(norms + acts), report
+    rotary = [n for n, _, layer in report.swapped if layer.endswith("ApplyRotaryPosEmb.forward")]
+    assert rotary == ["model.layers.0.self_attn.rotary_pos_emb"], report  # one function, shared
+    assert sorted(n for n, _, _ in report.swapped) == sorted(norms + acts + rotary), report
     assert not report.kept
     layer_of = {n: layer for n, _, layer in report.swapped}
     assert all(layer_of[n].endswith("RMSNorm.forward") for n in norms), report
     assert all(layer_of[n].endswith("SiLU.forward") for n in acts), report
 
-    tokens = torch.randint(0, model.config.vocab_size, (2, 19), device=DEVICE)
-    ref, got = _logits(eager, tokens), _logits(model, tokens)
+    got = _logits(model, tokens)
     if dtype == torch.float32:
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     else:
@@ -60,6 +78,7 @@ def test_report_text():
     text = str(fused_llm.kernelize(model))
     assert "LlamaRMSNorm -> rmsnorm_fp8" in text or "LlamaRMSNorm -> _rmsnorm_fp8" in text, text
     assert "SiLUActivation -> swiglu_fp8" in text or "SiLUActivation -> _swiglu_fp8" in text, text
+    assert "ApplyRotaryPosEmb.forward" in text, text
 
 
 def test_bad_source():

@@ -711,9 +711,10 @@ def render_table(run: Run) -> Any:
 # CLI
 
 
-def load_suite(package: str) -> Suite:
+def load_suites(package: str) -> list[Suite]:
     """Import ``<pkg>/benchmarks/suite.py`` by path (benchmarks/ is not a Python package) and
-    call its ``build_suite()``."""
+    call its ``build_suites()`` (several suites, each with its own result files) or
+    ``build_suite()``."""
     from fused_llm.packages import package_dir
 
     path = package_dir(package) / "benchmarks" / "suite.py"
@@ -726,10 +727,12 @@ def load_suite(package: str) -> Suite:
     module: ModuleType = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses in the suite look their module up here
     spec.loader.exec_module(module)
+    if hasattr(module, "build_suites"):
+        return list(module.build_suites())
     build = getattr(module, "build_suite", None)
     if build is None:
-        raise AttributeError(f"{path} defines no build_suite() -> fused_llm.bench.Suite")
-    return build()
+        raise AttributeError(f"{path} defines neither build_suites() nor build_suite() -> fused_llm.bench.Suite")
+    return [build()]
 
 
 def parse_args(package: str, argv: list[str] | None) -> argparse.Namespace:
@@ -738,6 +741,7 @@ def parse_args(package: str, argv: list[str] | None) -> argparse.Namespace:
         description=f"Time {package} against its peers (CUDA-graph replay, L2-rotated inputs).",
     )
     parser.add_argument("--quick", action="store_true", help="the suite's few smoke-test cases")
+    parser.add_argument("--suite", default=None, help="only this suite of a package that has several")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default <pkg>/benchmarks/results)")
     parser.add_argument("--providers", default=None, help="comma-separated subset, e.g. ours,torch_compile")
     parser.add_argument("--list", action="store_true", help="print cases and providers, time nothing")
@@ -794,21 +798,30 @@ def main(package: str, argv: list[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     try:
-        suite = load_suite(package)
-        providers = select_providers(suite, args.providers)
-        cases, suffix = select_cases(suite.quick_cases if args.quick else suite.cases, args.only)
+        suites = load_suites(package)
+        if args.suite:
+            names = [s.name for s in suites]
+            suites = [s for s in suites if s.name == args.suite]
+            if not suites:
+                raise ValueError(f"--suite {args.suite!r}: {package} has {names}")
+        plans = []
+        for suite in suites:
+            providers = select_providers(suite, args.providers)
+            cases, suffix = select_cases(suite.quick_cases if args.quick else suite.cases, args.only)
+            if args.providers:  # a subset must not overwrite the full run's files
+                suffix += "_" + "-".join(p.name for p in providers)
+            plans.append((suite, providers, cases, suffix))
     except (FileNotFoundError, ImportError, AttributeError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         return 2
-    if args.providers:  # a subset must not overwrite the full run's files
-        suffix += "_" + "-".join(p.name for p in providers)
     method = Method(replays=args.replays, repeats=args.repeats, budget_s=args.budget)
 
     if args.list:
-        console.print(f"{suite.name}: {suite.description}")
-        console.print(f"cases ({len(cases)}): " + ", ".join(c.name for c in cases))
-        for p in providers:
-            console.print(f"  {p.name}{': ' + p.note if p.note else ''}")
+        for suite, providers, cases, _ in plans:
+            console.print(f"{suite.name}: {suite.description}")
+            console.print(f"cases ({len(cases)}): " + ", ".join(c.name for c in cases))
+            for p in providers:
+                console.print(f"  {p.name}{': ' + p.note if p.note else ''}")
         return 0
     if not torch.cuda.is_available():
         err.print(
@@ -819,35 +832,38 @@ def main(package: str, argv: list[str] | None = None) -> int:
 
     from fused_llm.packages import package_dir, repo_root
 
-    console.print(f"{suite.name}: {len(cases)} cases x {len(providers)} providers on {torch.cuda.get_device_name()}")
     ceiling = measure_copy_ceiling()
     console.print(f"copy ceiling (torch.mul, 2 GiB bf16, read+write): {ceiling:.0f} GB/s")
     floor_us = measure_launch_floor()
     console.print(f"launch floor (one-element torch.add, graph replay): {floor_us:.2f} us")
-    try:
-        run = run_suite(suite, cases, providers, ceiling, method)
-    except RuntimeError as exc:  # a sticky CUDA error: nothing after it can be trusted
-        err.print(f"[red]error:[/] {exc}")
-        return 1
-    run.metadata = collect_metadata(
-        suite,
-        ceiling,
-        repo_root(),
-        {"quick": args.quick, "file_suffix": suffix, "argv": list(argv or []), "timing": asdict(method),
-         "launch_floor_us": floor_us},
-    )
-    console.print(render_table(run))
-    for name, reason in run.skipped.items():
-        console.print(f"[yellow]skipped {name}[/]: {reason}")
-    out_dir = args.out or package_dir(package) / "benchmarks" / "results"
-    for path in write_outputs(run, out_dir):
-        console.print(f"wrote {path}")
-    errors = [r for r in run.results if r.error is not None]
-    if errors:
-        console.print(f"[red]{len(errors)} measurement(s) failed[/] (see 'error' in the JSON)")
-    # Peers failing is information; our own kernel failing (or missing) fails the command.
-    ours_failed = suite.ours in run.skipped or any(r.provider == suite.ours for r in errors)
-    return 1 if ours_failed else 0
+    status = 0
+    for suite, providers, cases, suffix in plans:
+        console.print(f"{suite.name}: {len(cases)} cases x {len(providers)} providers on {torch.cuda.get_device_name()}")
+        try:
+            run = run_suite(suite, cases, providers, ceiling, method)
+        except RuntimeError as exc:  # a sticky CUDA error: nothing after it can be trusted
+            err.print(f"[red]error:[/] {exc}")
+            return 1
+        run.metadata = collect_metadata(
+            suite,
+            ceiling,
+            repo_root(),
+            {"quick": args.quick, "file_suffix": suffix, "argv": list(argv or []), "timing": asdict(method),
+             "launch_floor_us": floor_us},
+        )
+        console.print(render_table(run))
+        for name, reason in run.skipped.items():
+            console.print(f"[yellow]skipped {name}[/]: {reason}")
+        out_dir = args.out or package_dir(package) / "benchmarks" / "results"
+        for path in write_outputs(run, out_dir):
+            console.print(f"wrote {path}")
+        errors = [r for r in run.results if r.error is not None]
+        if errors:
+            console.print(f"[red]{len(errors)} measurement(s) failed[/] (see 'error' in the JSON)")
+        # Peers failing is information; our own kernel failing (or missing) fails the command.
+        if suite.ours in run.skipped or any(r.provider == suite.ours for r in errors):
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

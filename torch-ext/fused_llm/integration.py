@@ -24,6 +24,9 @@ LAYERS: dict[str, tuple[str, str]] = {
     "SiLU": ("swiglu-fp8", "SiLU"),
     "GeluTanh": ("swiglu-fp8", "GeluTanh"),
     "GeLU": ("swiglu-fp8", "GeLU"),
+    # Each model's apply_rotary_pos_emb, a process-wide singleton module that transformers
+    # attaches to its attention modules (use_kernelized_func): swapping it swaps it everywhere.
+    "rotary_pos_emb": ("rope-triton", "ApplyRotaryPosEmb"),
 }
 # Every package ships CUDA (sm80, sm90), ROCm (gfx942) and CPU code.
 DEVICES = ("cuda", "rocm", "cpu")
@@ -83,16 +86,28 @@ class KernelizeReport:
 
 def _report(model: nn.Module) -> KernelizeReport:
     report = KernelizeReport()
-    for name, module in model.named_modules():
+    seen_funcs: set[int] = set()
+
+    def visit(name: str, module: nn.Module, label: str | None = None) -> None:
         cls = type(module)
         layer_name = getattr(cls, "kernel_layer_name", None)
         if layer_name not in LAYERS:
-            continue
+            return
+        label = label or cls.__name__
         forward = getattr(module.forward, "__func__", None)
         if forward is not None and forward is not cls.forward:
-            report.swapped.append((name, cls.__name__, f"{forward.__module__.split('.')[0]}.{forward.__qualname__}"))
+            report.swapped.append((name, label, f"{forward.__module__.split('.')[0]}.{forward.__qualname__}"))
         else:
-            report.kept.append((name, cls.__name__))
+            report.kept.append((name, label))
+
+    for name, module in model.named_modules():
+        visit(name, module)
+        # Hub functions (e.g. "rotary_pos_emb") hang off their users as plain attributes: one
+        # shared module per function, reported once, under its first user.
+        for fn_name, fn in getattr(module, "_kernel_funcs", {}).items():
+            if isinstance(fn, nn.Module) and id(fn) not in seen_funcs:
+                seen_funcs.add(id(fn))
+                visit(f"{name}.{fn_name}" if name else fn_name, fn, f"{fn_name} (function)")
     return report
 
 

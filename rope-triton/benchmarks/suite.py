@@ -1,0 +1,200 @@
+"""rope-triton suites for the shared harness: ``fused-llm bench rope-triton``.
+
+1. ``rope-triton``: transformers' rotary on a Llama-3 8B layer (32 q / 8 kv heads, head_dim
+   128, bf16) at 1..4096 tokens. Bytes per call: q and k read and written, cos and sin read.
+   Peers: torch eager (transformers' expression), torch.compile (static shapes), Liger's
+   ``LigerRopeFunction``, and a copy kernel moving the same bytes.
+2. ``rope-triton-projection``: RMSNorm -> [W_q; W_k] projection (5120 x 4096) -> rotary, fused
+   in one kernel, against the unfused sequence made of our RMSNorm (rmsnorm-fp8), cuBLAS
+   (``F.linear``) and our in-place RoPE, and against eager / torch.compile of transformers'
+   sequence. TFLOP/s = 2 M N K.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, load_sibling, package_loader, same_bytes_copy
+
+ref = load_sibling(__file__)
+TOKENS = tuple(2**i for i in range(13))  # 1 .. 4096
+PROJECTION_TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
+
+_ours, _ours_unavailable = package_loader("rope-triton", "apply_rotary_transformers")
+_rms, _rms_unavailable = package_loader("rmsnorm-fp8", "rms_norm")
+
+
+def _rope_bytes(case: Case) -> int:
+    t = case["tokens"]
+    return 2 * (ref.HQ + ref.HK) * t * ref.HEAD_DIM * 2 + 2 * t * ref.HEAD_DIM * 2
+
+
+def _check_rope(out: Any, expected: Any) -> None:
+    for got, want, name in zip(out, expected, ("q", "k")):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=name)
+
+
+# --- rotary --------------------------------------------------------------------------------------
+
+
+def make_ours(case: Case, seed: int) -> Fn:
+    op = _ours().apply_rotary_transformers
+    q, k, cos, sin = ref.make_rope_inputs(case["tokens"], "cuda", seed)
+    return lambda: op(q, k, cos, sin)
+
+
+def make_ours_inplace(case: Case, seed: int) -> Fn:
+    # What an inference engine would call: fp32 rotation, half tables, in place.
+    op = _ours().apply_rotary
+    q, k, cos, sin = ref.make_rope_inputs(case["tokens"], "cuda", seed)
+    half = ref.HEAD_DIM // 2
+    c, s = cos[..., :half].contiguous(), sin[..., :half].contiguous()
+    return lambda: op(q, k, c, s, inplace=True)
+
+
+def make_eager(case: Case, seed: int) -> Fn:
+    q, k, cos, sin = ref.make_rope_inputs(case["tokens"], "cuda", seed)
+    return lambda: ref.rope_ref(q, k, cos, sin)
+
+
+@functools.cache
+def _compiled_rope() -> Any:
+    return compile_static(ref.rope_ref)
+
+
+def make_compile(case: Case, seed: int) -> Fn:
+    fn = _compiled_rope()
+    q, k, cos, sin = ref.make_rope_inputs(case["tokens"], "cuda", seed)
+    return lambda: fn(q, k, cos, sin)
+
+
+def _liger_unavailable() -> str | None:
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"liger-kernel not importable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def make_liger(case: Case, seed: int) -> Fn:
+    from liger_kernel.ops.rope import LigerRopeFunction
+
+    q, k, cos, sin = ref.make_rope_inputs(case["tokens"], "cuda", seed)
+    return lambda: LigerRopeFunction.apply(q, k, cos, sin)
+
+
+# --- fused projection ---------------------------------------------------------------------------
+
+
+def _projection_bytes(case: Case) -> int:
+    m = case["tokens"]
+    n = (ref.HQ + ref.HK) * ref.HEAD_DIM
+    return 2 * (n * ref.HIDDEN + m * ref.HIDDEN + m * n + 2 * m * ref.HEAD_DIM)
+
+
+def _projection_flops(case: Case) -> int:
+    return 2 * case["tokens"] * (ref.HQ + ref.HK) * ref.HEAD_DIM * ref.HIDDEN
+
+
+def _check_projection(out: Any, expected: Any) -> None:
+    err = (out.float() - expected.float()).abs().max().item()
+    scale = expected.float().abs().max().item()
+    if not err <= 2e-2 * scale:
+        raise AssertionError(f"projection: max |error| {err:.3g} > 2% of max |ref| {scale:.3g}")
+
+
+def make_fused(case: Case, seed: int) -> Fn:
+    op = _ours().rms_norm_matmul_rope
+    x, rms_w, w, cos, sin = ref.make_projection_inputs(case["tokens"], "cuda", seed)
+    return lambda: op(x, rms_w, w, ref.EPS, cos, sin)
+
+
+def make_unfused_ours(case: Case, seed: int) -> Fn:
+    rms_norm = _rms().rms_norm
+    apply_rotary = _ours().apply_rotary
+    x, rms_w, w, cos, sin = ref.make_projection_inputs(case["tokens"], "cuda", seed)
+    m = case["tokens"]
+    half = ref.HEAD_DIM // 2
+    c, s = cos[:, :half].contiguous(), sin[:, :half].contiguous()
+
+    def call() -> torch.Tensor:
+        y = F.linear(rms_norm(x, rms_w, ref.EPS), w)  # cuBLAS
+        y4 = y.view(1, m, ref.HQ + ref.HK, ref.HEAD_DIM)  # bshd: q heads, then k heads
+        apply_rotary(y4[:, :, : ref.HQ], y4[:, :, ref.HQ :], c, s, layout="bshd", inplace=True)
+        return y
+
+    return call
+
+
+def make_projection_eager(case: Case, seed: int) -> Fn:
+    x, rms_w, w, cos, sin = ref.make_projection_inputs(case["tokens"], "cuda", seed)
+    return lambda: ref.projection_ref(x, rms_w, w, cos, sin)
+
+
+@functools.cache
+def _compiled_projection() -> Any:
+    return compile_static(ref.projection_ref)
+
+
+def make_projection_compile(case: Case, seed: int) -> Fn:
+    fn = _compiled_projection()
+    x, rms_w, w, cos, sin = ref.make_projection_inputs(case["tokens"], "cuda", seed)
+    return lambda: fn(x, rms_w, w, cos, sin)
+
+
+def _unfused_unavailable() -> str | None:
+    return _ours_unavailable() or _rms_unavailable()
+
+
+def build_suites() -> list[Suite]:
+    rope = Suite(
+        name="rope-triton",
+        description="transformers' apply_rotary_pos_emb, 32 q / 8 kv heads, head_dim 128, bf16, batch 1",
+        cases=[Case.of(tokens=t) for t in TOKENS],
+        quick_cases=[Case.of(tokens=t) for t in (1, 1024)],
+        providers=[
+            Provider("ours", make_ours, unavailable=_ours_unavailable, note="apply_rotary_transformers (bit-exact drop-in)"),
+            Provider("ours_inplace", make_ours_inplace, unavailable=_ours_unavailable, note="apply_rotary, half tables, in place"),
+            Provider("torch_eager", make_eager, note="transformers' expression"),
+            Provider("torch_compile", make_compile, note="torch.compile(dynamic=False, fullgraph=True)"),
+            Provider("liger", make_liger, unavailable=_liger_unavailable, note="LigerRopeFunction"),
+            same_bytes_copy(_rope_bytes),
+        ],
+        bytes_moved=_rope_bytes,
+        check=_check_rope,
+        verify_case=Case.of(tokens=37),
+        reference="torch_eager",
+        ours="ours",
+        x_param="tokens",
+        group_param=None,
+    )
+    projection = Suite(
+        name="rope-triton-projection",
+        description="RMSNorm -> [W_q; W_k] (5120 x 4096) -> rotary, bf16",
+        cases=[Case.of(tokens=t) for t in PROJECTION_TOKENS],
+        quick_cases=[Case.of(tokens=t) for t in (1, 4096)],
+        providers=[
+            Provider("ours_fused", make_fused, unavailable=_ours_unavailable, note="rms_norm_matmul_rope, one kernel"),
+            Provider(
+                "unfused_ours_cublas",
+                make_unfused_ours,
+                unavailable=_unfused_unavailable,
+                note="rmsnorm-fp8 rms_norm + F.linear (cuBLAS) + apply_rotary in place",
+            ),
+            Provider("torch_eager", make_projection_eager, note="transformers' sequence"),
+            Provider("torch_compile", make_projection_compile, note="torch.compile(dynamic=False) of it"),
+        ],
+        bytes_moved=_projection_bytes,
+        flops=_projection_flops,
+        check=_check_projection,
+        verify_case=Case.of(tokens=37),
+        reference="torch_eager",
+        ours="ours_fused",
+        x_param="tokens",
+        group_param=None,
+    )
+    return [rope, projection]

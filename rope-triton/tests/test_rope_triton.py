@@ -1,0 +1,426 @@
+"""rope-triton against plain-PyTorch references (fp64 rotation; transformers' own function).
+
+Loaded the way users load it (kernels.get_kernel; LOCAL_KERNELS points at the fresh build).
+On a GPU the ops run the compiled Triton kernels. On CPU (CI) the ops run the same kernels in
+Triton's interpreter (conftest sets TRITON_INTERPRET=1), and the plain-torch path (the
+torch-cpu variant's default) is checked against the same references.
+
+Tolerances: the rotation is computed in fp32 and rounded once, so results are within one
+rounding of the fp64 reference: rtol = the dtype's unit roundoff (2^-8 bf16, 2^-11 fp16,
+1e-6 fp32) plus fp32 arithmetic (1e-6 x max |x|). Exceptions: transformers' rounding order is
+reproduced bit for bit (compiled kernels and the torch path); Triton's interpreter rounds fp32
+to bf16 by truncation, so bf16 there gets one more bf16 ulp.
+"""
+
+from __future__ import annotations
+
+import os
+
+import kernels
+import pytest
+import torch
+
+from fused_llm.testing import device, opcheck
+
+rt = kernels.get_kernel("fused-llm/rope-triton", version=1)
+
+DEVICE = device()
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INTERPRETED = DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+TRUNCATES_BF16 = INTERPRETED  # the interpreter's fp32 -> bf16 conversion truncates
+
+
+def rtol_of(dtype: torch.dtype) -> float:
+    base = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 1e-6}[dtype]
+    return base * (3 if dtype == torch.bfloat16 and TRUNCATES_BF16 else 1)
+
+
+def assert_rotary_close(got: torch.Tensor, ref: torch.Tensor, x: torch.Tensor, name: str) -> None:
+    assert got.shape == ref.shape and got.dtype == x.dtype, f"{name}: {got.dtype}{tuple(got.shape)} vs {tuple(ref.shape)}"
+    if not got.numel():
+        return
+    err = (got.double() - ref).abs()
+    bound = rtol_of(x.dtype) * ref.abs() + 1e-6 * x.double().abs().max() + 1e-30
+    worst = (err / bound).max().item()
+    if not worst <= 1.0:
+        i = int((err / bound).argmax())
+        raise AssertionError(f"{name}: error {worst:.2f}x the tolerance at flat index {i}: {got.flatten()[i].item()} vs {ref.flatten()[i].item()}")
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def ref_rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, rotary_dim: int, interleaved: bool) -> torch.Tensor:
+    """fp64 rotation of x [B, S, H, D] with c, s [B, S, rotary_dim / 2] (fp64)."""
+    x = x.double()
+    out = x.clone()
+    half = rotary_dim // 2
+    c, s = c[:, :, None, :], s[:, :, None, :]
+    if interleaved:
+        lo, hi = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+        out[..., 0:rotary_dim:2] = lo * c - hi * s
+        out[..., 1:rotary_dim:2] = hi * c + lo * s
+    else:
+        lo, hi = x[..., :half], x[..., half:rotary_dim]
+        out[..., :half] = lo * c - hi * s
+        out[..., half:rotary_dim] = hi * c + lo * s
+    return out
+
+
+def to_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t.permute(0, 2, 1, 3) if layout == "bhsd" else t
+
+
+def make_qk(B, S, HQ, HK, D, dtype, layout, seed):
+    g = gen(seed)
+    shape = (lambda h: (B, h, S, D)) if layout == "bhsd" else (lambda h: (B, S, h, D))
+    q = torch.randn(shape(HQ), dtype=dtype, device=DEVICE, generator=g)
+    k = torch.randn(shape(HK), dtype=dtype, device=DEVICE, generator=g)
+    return q, k
+
+
+# ---------------------------------------------------------------------------------------------
+# apply_rotary: tables, layouts, GQA, partial rotary, interleaved, in place
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_apply_rotary(head_dim, layout, interleaved, inplace, dtype):
+    B, S, HQ, HK = 2, 5, 4, 2
+    q, k = make_qk(B, S, HQ, HK, head_dim, dtype, layout, seed=head_dim)
+    rotary_dim = head_dim if head_dim != 128 else 96  # partial rotary at 128
+    angle = torch.rand(B, S, rotary_dim // 2, device=DEVICE, generator=gen(1)) * 40
+    cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+    ref_q = ref_rotate(to_bshd(q, layout), cos.double(), sin.double(), rotary_dim, interleaved)
+    ref_k = ref_rotate(to_bshd(k, layout), cos.double(), sin.double(), rotary_dim, interleaved)
+    qi, ki = q.clone(), k.clone()
+    q_out, k_out = rt.apply_rotary(qi, ki, cos, sin, layout=layout, rotary_dim=rotary_dim, interleaved=interleaved, inplace=inplace)
+    assert (q_out is qi) == inplace and (k_out is ki) == inplace
+    if not inplace:
+        assert torch.equal(qi, q) and torch.equal(ki, k), "inputs must not change"
+    assert_rotary_close(to_bshd(q_out, layout), ref_q, q, "q")
+    assert_rotary_close(to_bshd(k_out, layout), ref_k, k, "k")
+    if rotary_dim < head_dim:  # the tail passes through bit for bit
+        assert torch.equal(q_out[..., rotary_dim:], q[..., rotary_dim:])
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 64, 1024, 4096])
+def test_gqa_32_8_tokens(tokens):
+    if INTERPRETED and tokens > 64:
+        pytest.skip("large token counts on the GPU only (the interpreter takes ~1 ms per program)")
+    q, k = make_qk(1, tokens, 32, 8, 128, torch.bfloat16, "bhsd", seed=tokens)
+    angle = torch.rand(tokens, 64, device=DEVICE, generator=gen(2)) * 100
+    cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
+    q_out, k_out = rt.apply_rotary(q, k, torch.cat([cos, cos], -1), torch.cat([sin, sin], -1))  # full-width tables
+    c, s = cos.double()[None], sin.double()[None]
+    assert_rotary_close(to_bshd(q_out, "bhsd"), ref_rotate(to_bshd(q, "bhsd"), c, s, 128, False), q, "q")
+    assert_rotary_close(to_bshd(k_out, "bhsd"), ref_rotate(to_bshd(k, "bhsd"), c, s, 128, False), k, "k")
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
+def test_position_ids_and_strided_qkv(interleaved):
+    # q, k as views of a fused QKV projection output [B, S, (HQ + 2 HK) * D] (bshd, strided),
+    # cos / sin tables [max_pos, D / 2] read at position_ids [B, S].
+    B, S, HQ, HK, D = 2, 9, 4, 2, 64
+    qkv = torch.randn(B, S, (HQ + 2 * HK) * D, dtype=torch.bfloat16, device=DEVICE, generator=gen(3))
+    q = qkv[..., : HQ * D].view(B, S, HQ, D)
+    k = qkv[..., HQ * D : (HQ + HK) * D].view(B, S, HK, D)
+    assert not q.is_contiguous()
+    table = torch.rand(100, D // 2, device=DEVICE, generator=gen(4)) * 50
+    pos = torch.randint(0, 100, (B, S), device=DEVICE, generator=gen(5))
+    q_out, k_out = rt.apply_rotary(q, k, table.cos(), table.sin(), position_ids=pos, layout="bshd", interleaved=interleaved)
+    c, s = table.cos().double()[pos], table.sin().double()[pos]
+    assert_rotary_close(q_out, ref_rotate(q, c, s, D, interleaved), q, "q")
+    assert_rotary_close(k_out, ref_rotate(k, c, s, D, interleaved), k, "k")
+    # In place into the fused buffer: v and everything else untouched.
+    before = qkv.clone()
+    rt.apply_rotary(q, k, table.cos(), table.sin(), position_ids=pos, layout="bshd", interleaved=interleaved, inplace=True)
+    assert torch.equal(q, q_out) and torch.equal(k, k_out)
+    assert torch.equal(qkv[..., (HQ + HK) * D :], before[..., (HQ + HK) * D :]), "v was written"
+
+
+def test_zero_tokens():
+    q, k = make_qk(2, 0, 4, 2, 64, torch.bfloat16, "bhsd", seed=6)
+    q_out, k_out = rt.apply_rotary(q, k, torch.ones(0, 32, device=DEVICE), torch.ones(0, 32, device=DEVICE))
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+
+
+def test_torch_path_matches_reference():
+    # The plain-torch implementation (what the CPU variant runs without the interpreter).
+    q, k = make_qk(2, 5, 4, 2, 64, torch.float32, "bhsd", seed=7)
+    angle = torch.rand(2, 5, 32, device=DEVICE, generator=gen(8)) * 10
+    q4, k4 = to_bshd(q, "bhsd"), to_bshd(k, "bhsd")
+    qo, ko = torch.empty_like(q4), torch.empty_like(k4)
+    rt._reference.rope(q4, k4, qo, ko, angle.cos(), angle.sin(), None, None, 64, False, False, "bs")
+    assert_rotary_close(qo, ref_rotate(q4, angle.cos().double(), angle.sin().double(), 64, False), q, "q")
+
+
+# ---------------------------------------------------------------------------------------------
+# From positions (cos / sin computed in the kernel)
+# ---------------------------------------------------------------------------------------------
+
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("scaling", [None, LLAMA3_SCALING], ids=["plain", "llama3"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_from_positions(scaling, dtype):
+    B, S, D = 2, 6, 128
+    q, k = make_qk(B, S, 4, 2, D, dtype, "bhsd", seed=9)
+    positions = torch.randint(0, 100_000, (B, S), device=DEVICE, generator=gen(10))
+    q_out, k_out = rt.apply_rotary_from_positions(q, k, positions, 500_000.0, rope_scaling=scaling)
+    inv = rt.inv_frequencies(D, 500_000.0, scaling).double().to(DEVICE)
+    angle = positions.double()[..., None] * inv.float().double()  # the kernel multiplies in fp32
+    angle = angle.float().double()
+    c, s = angle.cos(), angle.sin()
+    # cos / sin of fp32 angles up to 1e5 rad: libdevice is accurate to ~1 ulp of the result.
+    assert_rotary_close(to_bshd(q_out, "bhsd"), ref_rotate(to_bshd(q, "bhsd"), c, s, D, False), q, "q")
+    assert_rotary_close(to_bshd(k_out, "bhsd"), ref_rotate(to_bshd(k, "bhsd"), c, s, D, False), k, "k")
+
+
+def test_inv_frequencies_match_transformers():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_theta=500_000.0, rope_scaling=dict(LLAMA3_SCALING))
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    torch.testing.assert_close(rt.inv_frequencies(128, 500_000.0, LLAMA3_SCALING), expected, rtol=0, atol=0)
+    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_theta=10_000.0)
+    rope_init = ROPE_INIT_FUNCTIONS.get("default") or (lambda c, d: (1.0 / (10_000.0 ** (torch.arange(0, 128, 2).float() / 128)), 1.0))
+    expected, _ = rope_init(config, "cpu")
+    torch.testing.assert_close(rt.inv_frequencies(128, 10_000.0), expected, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers' apply_rotary_pos_emb
+# ---------------------------------------------------------------------------------------------
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' Llama apply_rotary_pos_emb, written out: the module-level function may have
+    been swapped for ours by a kernelize call elsewhere in the process."""
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+def _hf_tables(B, S, D, dtype, seed):
+    angle = torch.rand(B, S, D // 2, device=DEVICE, generator=gen(seed)) * 200
+    emb = torch.cat((angle, angle), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_transformers_drop_in(unsqueeze_dim, dtype):
+    layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
+    q, k = make_qk(2, 11, 8, 2, 128, dtype, layout, seed=11)
+    cos, sin = _hf_tables(2, 11, 128, dtype, seed=12)
+    expected = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    got = rt.apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim)
+    for g, e, name in zip(got, expected, ("q", "k")):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        if dtype == torch.float32 or (dtype == torch.bfloat16 and TRUNCATES_BF16):
+            # fp32: the GPU may fuse a multiply-add (one rounding fewer); the interpreter truncates bf16.
+            torch.testing.assert_close(g, e, rtol=rtol_of(dtype) * 2, atol=rtol_of(dtype) * 4, msg=name)
+        else:
+            assert torch.equal(g, e), f"{name}: {(g != e).float().mean().item():.2%} differ from transformers"
+
+
+def test_transformers_fallback_keeps_semantics():
+    q, k = make_qk(1, 3, 2, 2, 64, torch.bfloat16, "bhsd", seed=13)
+    cos, sin = _hf_tables(1, 3, 64, torch.float32, seed=14)  # fp32 tables: torch promotes to fp32
+    got = rt.apply_rotary_transformers(q, k, cos, sin)
+    expected = apply_rotary_pos_emb(q, k, cos, sin)
+    assert got[0].dtype == expected[0].dtype == torch.float32
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+@pytest.mark.kernels_ci
+def test_layer_matches_transformers():
+    q, k = make_qk(2, 7, 4, 2, 64, torch.float16, "bhsd", seed=15)
+    cos, sin = _hf_tables(2, 7, 64, torch.float16, seed=16)
+    got = rt.layers.ApplyRotaryPosEmb()(q, k, cos, sin)
+    expected = apply_rotary_pos_emb(q, k, cos, sin)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# rms_norm_matmul_rope
+# ---------------------------------------------------------------------------------------------
+
+
+def ref_projection(x, g, w, eps, cos, sin, head_dim):
+    """fp64: rope(linear(rms_norm(x)))."""
+    xd = x.double().reshape(-1, x.shape[-1])
+    y = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * g.double()) @ w.double().T
+    y = y.view(y.shape[0], -1, head_dim)
+    half = head_dim // 2
+    c = cos.double().reshape(y.shape[0], -1)[:, None, :half]
+    s = sin.double().reshape(y.shape[0], -1)[:, None, :half]
+    lo, hi = y[..., :half], y[..., half:]
+    return torch.cat((lo * c - hi * s, hi * c + lo * s), -1).view(*x.shape[:-1], -1)
+
+
+def assert_projection_close(got, ref, name):
+    # bf16 operands with fp32 accumulation: errors of a few bf16 ulps of the output scale.
+    scale = ref.abs().max().item()
+    err = (got.double() - ref).abs().max().item()
+    assert err <= 2e-2 * scale, f"{name}: max |error| {err:.3g} > 2% of max |ref| {scale:.3g}"
+
+
+PROJ_M = [1, 7, 64, 100] + ([1000, 4096] if DEVICE == "cuda" else [])
+
+
+@pytest.mark.parametrize("M", PROJ_M)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_rms_norm_matmul_rope(M, head_dim, dtype):
+    K = 512 if DEVICE == "cpu" else 4096
+    heads = 4 if DEVICE == "cpu" else 40  # 32 q + 8 k heads of a Llama-3 8B layer
+    g = gen(M + head_dim)
+    x = torch.randn(M, K, dtype=dtype, device=DEVICE, generator=g)
+    rms_w = (1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype)
+    w = (torch.randn(heads * head_dim, K, device=DEVICE, generator=g) / K**0.5).to(dtype)
+    cos, sin = _hf_tables(1, M, head_dim, dtype, seed=M)
+    cos, sin = cos[0], sin[0]
+    got = rt.rms_norm_matmul_rope(x, rms_w, w, 1e-5, cos, sin)
+    ref = ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
+    assert got.shape == (M, heads * head_dim) and got.dtype == dtype
+    assert_projection_close(got, ref, "fused")
+    # The unfused plain-torch sequence is held to the same bound (it is the CPU variant's path).
+    out = torch.empty_like(got)
+    rt._reference.rms_matmul_rope(x, rms_w, w, cos, sin, out, 1e-5, head_dim)
+    assert_projection_close(out, ref, "unfused torch")
+
+
+@pytest.mark.kernels_ci
+def test_rms_norm_matmul_rope_ci():
+    test_rms_norm_matmul_rope(7, 128, torch.bfloat16)
+
+
+def test_rms_norm_matmul_rope_leading_dims_and_half_tables():
+    x = torch.randn(2, 3, 256, dtype=torch.bfloat16, device=DEVICE)
+    rms_w = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)
+    w = (torch.randn(2 * 64, 256, device=DEVICE) / 16).bfloat16()
+    angle = torch.rand(2, 3, 32, device=DEVICE) * 5
+    got = rt.rms_norm_matmul_rope(x, rms_w, w, 1e-6, angle.cos(), angle.sin(), head_dim=64)
+    assert got.shape == (2, 3, 128)
+    full = torch.cat([angle, angle], -1)
+    assert_projection_close(got, ref_projection(x, rms_w, w, 1e-6, full.cos(), full.sin(), 64), "fused")
+    assert rt.rms_norm_matmul_rope(x[:, :0], rms_w, w, 1e-6, angle[:, :0].cos(), angle[:, :0].sin(), head_dim=64).shape == (2, 0, 128)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: clear errors naming the argument, before anything is written
+# ---------------------------------------------------------------------------------------------
+
+
+def _bad_cases():
+    q, k = make_qk(1, 4, 2, 2, 64, torch.bfloat16, "bhsd", seed=17)
+    c = torch.ones(4, 32, dtype=torch.bfloat16, device=DEVICE)
+    x = torch.randn(4, 256, dtype=torch.bfloat16, device=DEVICE)
+    g = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.randn(128, 256, dtype=torch.bfloat16, device=DEVICE)
+    fc = torch.ones(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    return [
+        ("q dtype", lambda: rt.apply_rotary(q.int(), k, c, c), TypeError, "q: expected dtype"),
+        ("q dims", lambda: rt.apply_rotary(q[0], k, c, c), ValueError, "q: expected a 4-D"),
+        ("k head_dim", lambda: rt.apply_rotary(q, k[..., :32], c, c), ValueError, "k: expected batch, sequence and head_dim"),
+        ("k dtype", lambda: rt.apply_rotary(q, k.half(), c, c), TypeError, "k: expected dtype"),
+        ("head dim stride", lambda: rt.apply_rotary(q.transpose(2, 3), k.transpose(2, 3), c, c), ValueError, "q: the head dimension must be contiguous"),
+        ("layout", lambda: rt.apply_rotary(q, k, c, c, layout="sbhd"), ValueError, "layout: expected"),
+        ("rotary_dim odd", lambda: rt.apply_rotary(q, k, c, c, rotary_dim=33), ValueError, "rotary_dim: expected an even int"),
+        ("rotary_dim too big", lambda: rt.apply_rotary(q, k, c, c, rotary_dim=128), ValueError, "rotary_dim"),
+        ("cos width", lambda: rt.apply_rotary(q, k, c[:, :10], c, rotary_dim=64), ValueError, "cos: expected a last dimension"),
+        ("cos rows", lambda: rt.apply_rotary(q, k, c[:3], c[:3]), ValueError, "cos: expected shape"),
+        ("sin shape", lambda: rt.apply_rotary(q, k, c, c[:3]), ValueError, "sin: expected the shape of cos"),
+        ("position_ids dtype", lambda: rt.apply_rotary(q, k, c, c, position_ids=torch.zeros(4, device=DEVICE)), TypeError, "position_ids: expected dtype"),
+        ("position_ids shape", lambda: rt.apply_rotary(q, k, c, c, position_ids=torch.zeros(5, dtype=torch.long, device=DEVICE)), ValueError, "position_ids: expected shape"),
+        ("positions shape", lambda: rt.apply_rotary_from_positions(q, k, torch.zeros(3, dtype=torch.long, device=DEVICE)), ValueError, "positions: expected shape"),
+        ("theta", lambda: rt.apply_rotary_from_positions(q, k, torch.zeros(4, dtype=torch.long, device=DEVICE), 0.5), ValueError, "theta: expected"),
+        ("scaling kind", lambda: rt.apply_rotary_from_positions(q, k, torch.zeros(4, dtype=torch.long, device=DEVICE), rope_scaling={"rope_type": "yarn"}), ValueError, "rope_scaling: only"),
+        ("x dtype", lambda: rt.rms_norm_matmul_rope(x.float(), g, w, 1e-6, fc, fc), TypeError, "x: expected dtype"),
+        ("rms_weight shape", lambda: rt.rms_norm_matmul_rope(x, g[:100], w, 1e-6, fc, fc), ValueError, "rms_weight: expected shape"),
+        ("w shape", lambda: rt.rms_norm_matmul_rope(x, g, w[:, :100], 1e-6, fc, fc), ValueError, "w: expected shape"),
+        ("w dtype", lambda: rt.rms_norm_matmul_rope(x, g, w.half(), 1e-6, fc, fc), TypeError, "w: expected dtype"),
+        ("w heads", lambda: rt.rms_norm_matmul_rope(x, g, w[:100], 1e-6, fc, fc), ValueError, "w: expected N = 100"),
+        ("head_dim", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc, fc, head_dim=48), ValueError, "head_dim: expected a multiple of 32"),
+        ("cos rows fused", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc[:3], fc[:3]), ValueError, "cos: expected one row per token"),
+        ("cos width fused", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc[:, :40], fc[:, :40], head_dim=64), ValueError, "cos, sin: expected equal shapes"),
+    ]
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_input(case):
+    _, call, exc, match = case
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_rejected_inplace_call_writes_nothing():
+    q, k = make_qk(1, 4, 2, 2, 64, torch.bfloat16, "bhsd", seed=18)
+    before = q.clone()
+    with pytest.raises(ValueError, match="cos: expected shape"):
+        rt.apply_rotary(q, k, torch.ones(3, 32, device=DEVICE), torch.ones(3, 32, device=DEVICE), inplace=True)
+    assert torch.equal(q, before)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library contract and torch.compile
+# ---------------------------------------------------------------------------------------------
+
+
+def _opcheck_cases():
+    q = torch.randn(2, 3, 4, 64, device=DEVICE)
+    k = torch.randn(2, 3, 2, 64, device=DEVICE)
+    c = torch.rand(1, 3, 32, device=DEVICE)
+    x = torch.randn(5, 128, dtype=torch.bfloat16, device=DEVICE)
+    return {
+        "rotary": (rt.ops.rotary, (q, k, torch.empty_like(q), torch.empty_like(k), c.cos(), c.sin(), None, None, 64, False, False, "bs")),
+        "rotary_": (rt.ops.rotary_, (q.clone(), k.clone(), c.cos(), c.sin(), None, None, 64, True, "bs")),
+        "rms_norm_matmul_rope": (
+            rt.ops.rms_norm_matmul_rope,
+            (torch.empty(5, 128, dtype=torch.bfloat16, device=DEVICE), x, torch.ones(128, dtype=torch.bfloat16, device=DEVICE),
+             torch.randn(128, 128, dtype=torch.bfloat16, device=DEVICE) / 12, torch.ones(5, 64, device=DEVICE),
+             torch.zeros(5, 64, device=DEVICE), 1e-6, 64),
+        ),
+    }
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("name", list(_opcheck_cases()))
+def test_opcheck(name):
+    opcheck(*_opcheck_cases()[name])
+
+
+@pytest.mark.kernels_ci
+def test_torch_compile_fullgraph():
+    q, k = make_qk(2, 5, 4, 2, 64, torch.float32, "bhsd", seed=19)
+    cos, sin = _hf_tables(2, 5, 64, torch.float32, seed=20)
+    positions = torch.arange(5, device=DEVICE)
+
+    def block(q, k, cos, sin, positions):
+        a = rt.apply_rotary_transformers(q, k, cos, sin)
+        b = rt.apply_rotary(q, k, cos, sin)
+        c = rt.apply_rotary_from_positions(q, k, positions)
+        return a[0] + 1, b[1] * 2, c[0], rt.layers.ApplyRotaryPosEmb()(q, k, cos, sin)[1]
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    for got, expected in zip(compiled(q, k, cos, sin, positions), block(q, k, cos, sin, positions)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

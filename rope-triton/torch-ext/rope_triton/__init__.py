@@ -1,0 +1,466 @@
+"""Rotary position embeddings in Triton, and the fused RMSNorm -> matmul -> RoPE projection.
+
+One Triton source serves CUDA (sm80, sm90) and ROCm (gfx942). On CPU the ops run a plain-torch
+implementation with the same semantics, unless ``TRITON_INTERPRET=1`` is set before the first
+call, in which case CPU tensors go through the Triton kernels in Triton's interpreter (how CI
+tests the kernel code without a GPU).
+
+* :func:`apply_rotary_transformers` — transformers' ``apply_rotary_pos_emb`` (same arguments,
+  same rounding: ``q * cos + rotate_half(q) * sin`` in q's dtype).
+* :func:`apply_rotary` — tables (optionally indexed by ``position_ids``), GQA, ``bhsd`` /
+  ``bshd`` layouts, partial rotary, NeoX half rotation or GPT-J interleaved pairs, in place or
+  not, strided q / k (views of a fused QKV projection); rotation in fp32, rounded once.
+* :func:`apply_rotary_from_positions` — cos / sin computed in the kernel from integer positions
+  and ``theta`` (optionally Llama-3 frequency scaling), no tables.
+* :func:`rms_norm_matmul_rope` — RMSNorm, the Q/K projection and RoPE in one kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Optional
+
+import torch
+
+from . import _reference, layers
+from ._ops import add_op_namespace_prefix, ops
+
+__all__ = [
+    "apply_rotary",
+    "apply_rotary_from_positions",
+    "apply_rotary_transformers",
+    "inv_frequencies",
+    "layers",
+    "rms_norm_matmul_rope",
+    "triton_enabled_for",
+]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INT_DTYPES = (torch.int32, torch.int64)
+_LAYOUTS = ("bhsd", "bshd")
+
+
+# ---------------------------------------------------------------------------------------------
+# Which implementation runs
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_enabled_for(t: torch.Tensor) -> bool:
+    """True when an op on ``t`` runs the Triton kernels: GPU tensors (CUDA or ROCm), and CPU
+    tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter); else the plain-torch path."""
+    if t.is_cuda:
+        return True
+    return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
+
+
+def _triton_kernels():
+    from . import _kernels
+
+    return _kernels
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops (mutate their declared outputs, return nothing; fake implementations only have to exist)
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_rope(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows):
+    impl = _triton_kernels().launch_rope if triton_enabled_for(q) else _reference.rope
+    impl(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows)
+
+
+@torch.library.custom_op(add_op_namespace_prefix("rotary"), mutates_args=("q_out", "k_out"))
+def _rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    cos: Optional[torch.Tensor],
+    sin: Optional[torch.Tensor],
+    pos: Optional[torch.Tensor],
+    inv_freq: Optional[torch.Tensor],
+    rotary_dim: int,
+    interleaved: bool,
+    hf_rounding: bool,
+    table_rows: str,
+) -> None:
+    """q, k: [B, S, H, D] views; writes q_out, k_out (same shapes)."""
+    _run_rope(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rotary"))
+def _rotary_fake(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows) -> None:
+    return None
+
+
+@torch.library.custom_op(add_op_namespace_prefix("rotary_"), mutates_args=("q", "k"))
+def _rotary_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: Optional[torch.Tensor],
+    sin: Optional[torch.Tensor],
+    pos: Optional[torch.Tensor],
+    inv_freq: Optional[torch.Tensor],
+    rotary_dim: int,
+    interleaved: bool,
+    table_rows: str,
+) -> None:
+    """In place: q and k ([B, S, H, D] views) are rotated where they are."""
+    _run_rope(q, k, q, k, cos, sin, pos, inv_freq, rotary_dim, interleaved, False, table_rows)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rotary_"))
+def _rotary_inplace_fake(q, k, cos, sin, pos, inv_freq, rotary_dim, interleaved, table_rows) -> None:
+    return None
+
+
+@torch.library.custom_op(add_op_namespace_prefix("rms_norm_matmul_rope"), mutates_args=("out",))
+def _rms_norm_matmul_rope(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    rms_weight: torch.Tensor,
+    w: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    head_dim: int,
+) -> None:
+    """x [M, K], rms_weight [K], w [N, K], cos/sin [M, >= head_dim / 2]; writes out [M, N]."""
+    if triton_enabled_for(x):
+        _triton_kernels().launch_rms_matmul_rope(x, rms_weight, w, cos, sin, out, eps, head_dim)
+    else:
+        _reference.rms_matmul_rope(x, rms_weight, w, cos, sin, out, eps, head_dim)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rms_norm_matmul_rope"))
+def _rms_norm_matmul_rope_fake(out, x, rms_weight, w, cos, sin, eps, head_dim) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks: every error names the argument, what was expected and what came
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_tensor(t, name: str, dtypes=_FLOAT_DTYPES) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        expected = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name}: expected dtype {expected}, got {t.dtype}")
+    return t
+
+
+def _check_qk(q, k, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k as [B, S, H, D] views."""
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout: expected 'bhsd' or 'bshd', got {layout!r}")
+    _check_tensor(q, "q")
+    _check_tensor(k, "k")
+    for t, name in ((q, "q"), (k, "k")):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-D [{', '.join(layout.upper())}] tensor, got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name}: the head dimension must be contiguous (stride 1), got strides {t.stride()}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k: expected dtype {q.dtype} (q's), got {k.dtype}")
+    if k.device != q.device:
+        raise ValueError(f"k: expected device {q.device} (q's), got {k.device}")
+    q4 = q.permute(0, 2, 1, 3) if layout == "bhsd" else q
+    k4 = k.permute(0, 2, 1, 3) if layout == "bhsd" else k
+    if k4.shape[0] != q4.shape[0] or k4.shape[1] != q4.shape[1] or k4.shape[3] != q4.shape[3]:
+        raise ValueError(
+            f"k: expected batch, sequence and head_dim of q ({q4.shape[0]}, {q4.shape[1]}, {q4.shape[3]}) "
+            f"in layout {layout!r}, got shape {tuple(k.shape)}"
+        )
+    return q4, k4
+
+
+def _check_rotary_dim(rotary_dim: int | None, head_dim: int) -> int:
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    if not isinstance(rotary_dim, int) or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim: expected an even int in [2, head_dim = {head_dim}], got {rotary_dim!r}")
+    return rotary_dim
+
+
+def _half_table(t: torch.Tensor, name: str, rotary_dim: int, interleaved: bool, q: torch.Tensor) -> torch.Tensor:
+    """A cos / sin table whose last dimension is rotary_dim / 2 (the frequencies once) or
+    rotary_dim (transformers' duplicated form: halves cat'ed, or pairs repeated when
+    interleaved), as a view of rotary_dim / 2 columns."""
+    _check_tensor(t, name)
+    if t.device != q.device:
+        raise ValueError(f"{name}: expected device {q.device} (q's), got {t.device}")
+    half = rotary_dim // 2
+    width = t.shape[-1] if t.dim() else 0
+    if width == half:
+        return t
+    if width == rotary_dim:
+        return t[..., ::2] if interleaved else t[..., :half]
+    raise ValueError(
+        f"{name}: expected a last dimension of rotary_dim / 2 = {half} or rotary_dim = {rotary_dim}, "
+        f"got shape {tuple(t.shape)}"
+    )
+
+
+def _check_positions(p, name: str, B: int, S: int, device) -> torch.Tensor:
+    """Positions as [1 or B, S] integers."""
+    _check_tensor(p, name, _INT_DTYPES)
+    if p.device != device:
+        raise ValueError(f"{name}: expected device {device} (q's), got {p.device}")
+    if p.dim() == 1:
+        p = p[None]
+    if p.dim() != 2 or p.shape[1] != S or p.shape[0] not in (1, B):
+        raise ValueError(f"{name}: expected shape [{S}] or [{B}, {S}] (sequence length {S}), got {tuple(p.shape)}")
+    return p
+
+
+def _outputs(q, k, q4, k4, layout: str, inplace: bool):
+    if inplace:
+        return q, k, q4, k4
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if layout == "bhsd":
+        return q_out, k_out, q_out.permute(0, 2, 1, 3), k_out.permute(0, 2, 1, 3)
+    return q_out, k_out, q_out, k_out
+
+
+def _call(q, k, q4, k4, layout, inplace, cos, sin, pos, inv_freq, rotary_dim, interleaved, table_rows):
+    q_out, k_out, qo4, ko4 = _outputs(q, k, q4, k4, layout, inplace)
+    if inplace:
+        ops.rotary_(q4, k4, cos, sin, pos, inv_freq, rotary_dim, interleaved, table_rows)
+    else:
+        ops.rotary(q4, k4, qo4, ko4, cos, sin, pos, inv_freq, rotary_dim, interleaved, False, table_rows)
+    return q_out, k_out
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+
+def apply_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    position_ids: torch.Tensor | None = None,
+    layout: str = "bhsd",
+    rotary_dim: int | None = None,
+    interleaved: bool = False,
+    inplace: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` (``layout="bshd"``: ``[B, S, H, D]``).
+
+    * ``cos`` / ``sin``: without ``position_ids``, per token: ``[S, W]`` or ``[B, S, W]``; with
+      ``position_ids`` (``[S]`` or ``[B, S]`` integers), tables ``[max_position, W]`` read at those
+      rows. ``W`` is ``rotary_dim / 2`` or ``rotary_dim`` (transformers' duplicated tables).
+    * ``rotary_dim`` (default ``D``): the first ``rotary_dim`` columns rotate, the rest pass
+      through. ``interleaved``: pairs ``(2i, 2i + 1)`` (GPT-J / original Llama complex form);
+      else ``(i, i + rotary_dim / 2)`` (NeoX / transformers).
+    * The rotation is computed in fp32 and rounded once to q's dtype. q and k may be strided
+      views (e.g. of a fused QKV output) with a unit-stride head dimension; ``inplace`` writes
+      into them. Returns ``(q_out, k_out)`` in the input layout.
+    """
+    q4, k4 = _check_qk(q, k, layout)
+    B, S, _, D = q4.shape
+    rotary_dim = _check_rotary_dim(rotary_dim, D)
+    cos = _half_table(cos, "cos", rotary_dim, interleaved, q)
+    sin = _half_table(sin, "sin", rotary_dim, interleaved, q)
+    if sin.shape != cos.shape:
+        raise ValueError(f"sin: expected the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
+    if position_ids is not None:
+        pos = _check_positions(position_ids, "position_ids", B, S, q.device)
+        if cos.dim() != 2:
+            raise ValueError(f"cos: with position_ids, expected a 2-D [max_position, width] table, got shape {tuple(cos.shape)}")
+        table_rows = "pos"
+    else:
+        pos = None
+        if cos.dim() == 2:
+            cos, sin = cos[None], sin[None]
+        if cos.dim() != 3 or cos.shape[1] != S or cos.shape[0] not in (1, B):
+            raise ValueError(f"cos: expected shape [{S}, W] or [{B}, {S}, W] (one row per token), got {tuple(cos.shape)}")
+        table_rows = "bs"
+    return _call(q, k, q4, k4, layout, inplace, cos, sin, pos, None, rotary_dim, interleaved, table_rows)
+
+
+def inv_frequencies(
+    rotary_dim: int, theta: float = 10000.0, rope_scaling: dict | None = None, device=None
+) -> torch.Tensor:
+    """fp32 ``[rotary_dim / 2]`` inverse frequencies ``theta ** (-2i / rotary_dim)``, as
+    transformers computes them; ``rope_scaling`` with ``rope_type`` ``"llama3"`` (``factor``,
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``) applies
+    Llama 3's frequency scaling: wavelengths past ``original / low_freq_factor`` are divided
+    by ``factor``, those below ``original / high_freq_factor`` kept, and the band between
+    interpolated."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).to(torch.float32) / rotary_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if rope_scaling is None:
+        return inv_freq
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling: only rope_type 'llama3' is supported, got {kind!r}")
+    factor = float(rope_scaling["factor"])
+    low, high = float(rope_scaling["low_freq_factor"]), float(rope_scaling["high_freq_factor"])
+    original = float(rope_scaling["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / inv_freq
+    long_waves = wavelength > original / low
+    short_waves = wavelength < original / high
+    blend = (original / wavelength - low) / (high - low)  # 0 at the long end of the band, 1 at the short
+    in_band = (1 - blend) * inv_freq / factor + blend * inv_freq
+    return torch.where(long_waves, inv_freq / factor, torch.where(short_waves, inv_freq, in_band))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_inv_freq(rotary_dim: int, theta: float, scaling: tuple | None, device: torch.device) -> torch.Tensor:
+    return inv_frequencies(rotary_dim, theta, dict(scaling) if scaling else None, device)
+
+
+def apply_rotary_from_positions(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    theta: float = 10000.0,
+    *,
+    rope_scaling: dict | None = None,
+    layout: str = "bhsd",
+    rotary_dim: int | None = None,
+    interleaved: bool = False,
+    inplace: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`apply_rotary`, with cos / sin computed in the kernel (fp32, accurate cos / sin)
+    from integer ``positions`` (``[S]`` or ``[B, S]``) and the inverse frequencies of ``theta``
+    (and ``rope_scaling``, see :func:`inv_frequencies`): no tables are read."""
+    q4, k4 = _check_qk(q, k, layout)
+    B, S, _, D = q4.shape
+    rotary_dim = _check_rotary_dim(rotary_dim, D)
+    pos = _check_positions(positions, "positions", B, S, q.device)
+    if not (isinstance(theta, (int, float)) and theta > 1):
+        raise ValueError(f"theta: expected a number > 1, got {theta!r}")
+    scaling = tuple(sorted(rope_scaling.items())) if rope_scaling else None
+    inv_freq = _cached_inv_freq(rotary_dim, float(theta), scaling, q.device)
+    return _call(q, k, q4, k4, layout, inplace, None, None, pos, inv_freq, rotary_dim, interleaved, "positions")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _transformers_eager(q, k, cos, sin, unsqueeze_dim):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return (q * cos) + (_rotate_half(q) * sin), (k * cos) + (_rotate_half(k) * sin)
+
+
+def apply_rotary_transformers(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``, same results:
+    ``q * cos + rotate_half(q) * sin`` with each op rounded to q's dtype. ``unsqueeze_dim`` 1:
+    q ``[B, H, S, D]``, cos ``[B, S, D]``; 2: q ``[B, S, H, D]``. Inputs outside what the kernel
+    takes (cos in another dtype, other broadcasts) run transformers' expression itself."""
+    fits = (
+        isinstance(q, torch.Tensor)
+        and isinstance(k, torch.Tensor)
+        and isinstance(cos, torch.Tensor)
+        and isinstance(sin, torch.Tensor)
+        and unsqueeze_dim in (1, 2)
+        and q.dim() == 4
+        and k.dim() == 4
+        and q.dtype in _FLOAT_DTYPES
+        and q.dtype == k.dtype == cos.dtype == sin.dtype
+        and q.device == k.device == cos.device == sin.device
+        and q.shape[-1] % 2 == 0
+        and q.shape[-1] >= 2
+        and q.stride(-1) == 1
+        and k.stride(-1) == 1
+        and cos.dim() == 3
+        and cos.shape == sin.shape
+        and cos.shape[-1] == q.shape[-1]
+    )
+    if fits:
+        layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
+        q4 = q.permute(0, 2, 1, 3) if layout == "bhsd" else q
+        k4 = k.permute(0, 2, 1, 3) if layout == "bhsd" else k
+        B, S = q4.shape[:2]
+        fits = (
+            k4.shape[:2] == (B, S)
+            and k4.shape[3] == q4.shape[3]
+            and cos.shape[1] == S
+            and cos.shape[0] in (1, B)
+        )
+    if not fits:
+        return _transformers_eager(q, k, cos, sin, unsqueeze_dim)
+    q_out, k_out, qo4, ko4 = _outputs(q, k, q4, k4, layout, False)
+    ops.rotary(q4, k4, qo4, ko4, cos, sin, None, None, q4.shape[3], False, True, "bs")
+    return q_out, k_out
+
+
+def rms_norm_matmul_rope(
+    x: torch.Tensor,
+    rms_weight: torch.Tensor,
+    w: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    head_dim: int | None = None,
+) -> torch.Tensor:
+    """``rope(linear(rms_norm(x, rms_weight, eps), w))`` in one kernel, for a Q or K (or Q and K
+    concatenated) projection: x ``[..., K]``, rms_weight ``[K]``, w ``[N, K]`` (nn.Linear layout,
+    N = heads x head_dim); every head gets the NeoX half rotation. cos / sin: one row per token,
+    ``[..., head_dim]`` (transformers' tables, first half used) or ``[..., head_dim / 2]``;
+    ``head_dim`` defaults to the table width. Returns ``[..., N]`` in x's dtype (fp32
+    accumulation; the RMS scale is applied to the accumulator)."""
+    _check_tensor(x, "x", (torch.float16, torch.bfloat16))
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise ValueError(f"x: expected shape [..., K] with K >= 1, got {tuple(x.shape)}")
+    K = x.shape[-1]
+    _check_tensor(rms_weight, "rms_weight")
+    _check_tensor(w, "w")
+    _check_tensor(cos, "cos")
+    _check_tensor(sin, "sin")
+    for t, name in ((rms_weight, "rms_weight"), (w, "w"), (cos, "cos"), (sin, "sin")):
+        if t.device != x.device:
+            raise ValueError(f"{name}: expected device {x.device} (x's), got {t.device}")
+    if rms_weight.dtype != x.dtype or w.dtype != x.dtype:
+        bad, name = (rms_weight, "rms_weight") if rms_weight.dtype != x.dtype else (w, "w")
+        raise TypeError(f"{name}: expected dtype {x.dtype} (x's), got {bad.dtype}")
+    if rms_weight.shape != (K,):
+        raise ValueError(f"rms_weight: expected shape ({K},), got {tuple(rms_weight.shape)}")
+    if w.dim() != 2 or w.shape[1] != K:
+        raise ValueError(f"w: expected shape [N, {K}] (nn.Linear layout), got {tuple(w.shape)}")
+    if w.stride(1) != 1:
+        raise ValueError(f"w: the K dimension must be contiguous (stride 1), got strides {w.stride()}")
+    head_dim = cos.shape[-1] if head_dim is None else head_dim
+    if not isinstance(head_dim, int) or head_dim < 32 or head_dim % 32:
+        raise ValueError(f"head_dim: expected a multiple of 32 (the kernel's 16-column half tiles), got {head_dim!r}")
+    if w.shape[0] % head_dim:
+        raise ValueError(f"w: expected N = {w.shape[0]} to be a multiple of head_dim = {head_dim}")
+    if cos.shape[-1] not in (head_dim, head_dim // 2) or sin.shape != cos.shape:
+        raise ValueError(
+            f"cos, sin: expected equal shapes [..., {head_dim}] or [..., {head_dim // 2}], got "
+            f"{tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    if cos.numel() // cos.shape[-1] != M:
+        raise ValueError(f"cos: expected one row per token ({M} rows, x's leading dims), got shape {tuple(cos.shape)}")
+    c2 = cos.reshape(M, cos.shape[-1])
+    s2 = sin.reshape(M, sin.shape[-1])
+    out = torch.empty((M, w.shape[0]), dtype=x.dtype, device=x.device)
+    ops.rms_norm_matmul_rope(out, x2, rms_weight, w, c2, s2, float(eps), head_dim)
+    return out.view(*x.shape[:-1], w.shape[0])

@@ -1,0 +1,352 @@
+"""Triton kernels of rope-triton and their launchers (raw tensors in, nothing checked here: the
+public functions in ``__init__`` check arguments first).
+
+Imported lazily: only when a CUDA/ROCm tensor (or a CPU tensor under ``TRITON_INTERPRET=1``)
+reaches an op, so the CPU variant works without Triton installed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # the backend-dispatching libdevice (CUDA: __nv_*, ROCm: __ocml_*)
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - older Triton
+    from triton.language.math import libdevice  # type: ignore[no-redef]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary embedding
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _round_to(v, dtype: tl.constexpr):
+    """v rounded to dtype (RNE) and back to fp32: an eager torch op's rounding of its result."""
+    return v.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _rope_heads(
+    x_base,
+    o_base,
+    stride_h,
+    n_heads,
+    h0,
+    c_lo,
+    s_lo,
+    c_hi,
+    s_hi,
+    HALF: tl.constexpr,
+    ROT: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    HF_ROUNDING: tl.constexpr,
+    COPY_TAIL: tl.constexpr,
+):
+    """Rotate heads h0 .. h0 + BLOCK_H of one token: pairs (j, j + HALF), or (2j, 2j + 1) when
+    INTERLEAVED, j < HALF = ROT / 2; columns ROT .. HEAD_DIM are copied when COPY_TAIL."""
+    heads = h0 + tl.arange(0, BLOCK_H)
+    pairs = tl.arange(0, BLOCK_P)
+    mask = (heads[:, None] < n_heads) & (pairs[None, :] < HALF)
+    row = heads[:, None] * stride_h
+    if INTERLEAVED:
+        lo_off = row + 2 * pairs[None, :]
+        hi_off = lo_off + 1
+    else:
+        lo_off = row + pairs[None, :]
+        hi_off = lo_off + HALF
+    x_lo = tl.load(x_base + lo_off, mask=mask, other=0.0)
+    x_hi = tl.load(x_base + hi_off, mask=mask, other=0.0)
+    dtype = x_lo.dtype
+    lo = x_lo.to(tl.float32)
+    hi = x_hi.to(tl.float32)
+    if HF_ROUNDING:
+        # transformers: q * cos + rotate_half(q) * sin, each op rounded to the dtype.
+        out_lo = _round_to(lo * c_lo[None, :], dtype) + _round_to(-hi * s_lo[None, :], dtype)
+        out_hi = _round_to(hi * c_hi[None, :], dtype) + _round_to(lo * s_hi[None, :], dtype)
+    else:
+        out_lo = lo * c_lo[None, :] - hi * s_lo[None, :]
+        out_hi = hi * c_hi[None, :] + lo * s_hi[None, :]
+    tl.store(o_base + lo_off, out_lo.to(dtype), mask=mask)
+    tl.store(o_base + hi_off, out_hi.to(dtype), mask=mask)
+    if COPY_TAIL:
+        tail = ROT + tl.arange(0, BLOCK_TAIL)
+        tmask = (heads[:, None] < n_heads) & (tail[None, :] < HEAD_DIM)
+        v = tl.load(x_base + row + tail[None, :], mask=tmask)
+        tl.store(o_base + row + tail[None, :], v, mask=tmask)
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr, k_ptr, qo_ptr, ko_ptr,
+    cos_ptr, sin_ptr, pos_ptr, inv_freq_ptr,
+    S,
+    q_sb, q_ss, q_sh, k_sb, k_ss, k_sh,
+    qo_sb, qo_ss, qo_sh, ko_sb, ko_ss, ko_sh,
+    c_sb, c_ss, c_srow, c_sj,
+    p_sb, p_ss,
+    HQ, HK, HQ_BLOCKS,
+    HALF: tl.constexpr,
+    ROT: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    HF_ROUNDING: tl.constexpr,
+    COPY_TAIL: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    FROM_POSITIONS: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """grid = (tokens, q head blocks + k head blocks); token t = (b, s), b = t // S.
+
+    cos / sin: FROM_POSITIONS: computed from pos[b, s] * inv_freq[j] in fp32 (accurate
+    libdevice cos/sin); else read from tables at row pos[b, s] (HAS_POS: row stride c_srow) or
+    at (b, s) (strides c_sb, c_ss; 0 broadcasts), column j (stride c_sj). HF_ROUNDING reads the
+    full-width table (cos[j + HALF] for the upper half), as transformers multiplies by it."""
+    pid_t = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    b = pid_t // S
+    s = pid_t % S
+    pairs = tl.arange(0, BLOCK_P)
+    pmask = pairs < HALF
+    if HAS_POS or FROM_POSITIONS:
+        pos = tl.load(pos_ptr + b * p_sb + s * p_ss)
+    if FROM_POSITIONS:
+        inv_freq = tl.load(inv_freq_ptr + pairs, mask=pmask, other=0.0)
+        angle = pos.to(tl.float32) * inv_freq
+        if COMPILED:  # libdevice: accurate cos / sin (full range reduction; angles reach 1e5 rad)
+            c_lo = libdevice.cos(angle)
+            s_lo = libdevice.sin(angle)
+        else:  # Triton's interpreter has no libdevice; its tl.cos is numpy's (accurate)
+            c_lo = tl.cos(angle)
+            s_lo = tl.sin(angle)
+        c_hi = c_lo
+        s_hi = s_lo
+    else:
+        if HAS_POS:
+            row = pos.to(tl.int64) * c_srow
+        else:
+            row = b.to(tl.int64) * c_sb + s.to(tl.int64) * c_ss
+        c_lo = tl.load(cos_ptr + row + pairs * c_sj, mask=pmask, other=0.0).to(tl.float32)
+        s_lo = tl.load(sin_ptr + row + pairs * c_sj, mask=pmask, other=0.0).to(tl.float32)
+        if HF_ROUNDING:
+            c_hi = tl.load(cos_ptr + row + (pairs + HALF) * c_sj, mask=pmask, other=0.0).to(tl.float32)
+            s_hi = tl.load(sin_ptr + row + (pairs + HALF) * c_sj, mask=pmask, other=0.0).to(tl.float32)
+        else:
+            c_hi = c_lo
+            s_hi = s_lo
+    b64 = b.to(tl.int64)
+    s64 = s.to(tl.int64)
+    if pid_h < HQ_BLOCKS:
+        h0 = pid_h * BLOCK_H
+        _rope_heads(
+            q_ptr + b64 * q_sb + s64 * q_ss, qo_ptr + b64 * qo_sb + s64 * qo_ss, q_sh, HQ, h0,
+            c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_H, BLOCK_P, BLOCK_TAIL,
+            INTERLEAVED, HF_ROUNDING, COPY_TAIL,
+        )  # fmt: skip
+    else:
+        h0 = (pid_h - HQ_BLOCKS) * BLOCK_H
+        _rope_heads(
+            k_ptr + b64 * k_sb + s64 * k_ss, ko_ptr + b64 * ko_sb + s64 * ko_ss, k_sh, HK, h0,
+            c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_H, BLOCK_P, BLOCK_TAIL,
+            INTERLEAVED, HF_ROUNDING, COPY_TAIL,
+        )  # fmt: skip
+
+
+def _interpreting() -> bool:
+    """Triton's interpreter (CPU tensors, TRITON_INTERPRET=1): the kernels take their
+    COMPILED=False branches, which avoid what it lacks (libdevice, bf16 tl.dot). It also rounds
+    fp32 -> bf16 by truncation, not to nearest: bf16 results there are within one ulp."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _heads_per_program(n_heads: int, block_p: int) -> int:
+    # ~4K elements (two halves) per program: 8 KB of bf16 in flight, registers to spare.
+    return max(1, min(triton.next_power_of_2(n_heads), 2048 // block_p))
+
+
+def launch_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
+    pos: torch.Tensor | None,
+    inv_freq: torch.Tensor | None,
+    rotary_dim: int,
+    interleaved: bool,
+    hf_rounding: bool,
+    table_rows: str,
+) -> None:
+    """q, k, q_out, k_out: [B, S, H, D] views (any strides, unit last stride); cos/sin: 2-D
+    [rows, width] (table_rows = "pos": row pos[b, s]; "bs": 3-D [B or 1, S, width] by (b, s));
+    pos: [B or 1, S] int; inv_freq: [rotary_dim / 2] fp32 (then cos/sin are None)."""
+    B, S, HQ, D = q.shape
+    HK = k.shape[2]
+    if B * S == 0:
+        return
+    half = rotary_dim // 2
+    block_p = triton.next_power_of_2(half)
+    block_h = _heads_per_program(max(HQ, HK), block_p)
+    hq_blocks = triton.cdiv(HQ, block_h)
+    hk_blocks = triton.cdiv(HK, block_h)
+    copy_tail = rotary_dim < D and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr())
+    from_positions = inv_freq is not None
+    has_pos = pos is not None and not from_positions
+    dummy = q  # a valid pointer for the arguments a configuration does not read
+    if from_positions:
+        c_sb = c_ss = c_srow = c_sj = 0
+    elif table_rows == "pos":
+        c_sb = c_ss = 0
+        c_srow, c_sj = cos.stride(0), cos.stride(1)
+    else:
+        c_sb, c_ss, c_sj = cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), cos.stride(2)
+        c_srow = 0
+    p_sb = (pos.stride(0) if pos.shape[0] > 1 else 0) if pos is not None else 0
+    p_ss = pos.stride(1) if pos is not None else 0
+    grid = (B * S, hq_blocks + hk_blocks)
+    _rope_kernel[grid](
+        q, k, q_out, k_out,
+        cos if cos is not None else dummy, sin if sin is not None else dummy,
+        pos if pos is not None else dummy, inv_freq if inv_freq is not None else dummy,
+        S,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
+        c_sb, c_ss, c_srow, c_sj,
+        p_sb, p_ss,
+        HQ, HK, hq_blocks,
+        HALF=half, ROT=rotary_dim, HEAD_DIM=D,
+        BLOCK_H=block_h, BLOCK_P=block_p,
+        BLOCK_TAIL=triton.next_power_of_2(max(D - rotary_dim, 1)),
+        INTERLEAVED=interleaved, HF_ROUNDING=hf_rounding, COPY_TAIL=copy_tail,
+        HAS_POS=has_pos, FROM_POSITIONS=from_positions, COMPILED=not _interpreting(),
+        num_warps=4 if block_h * block_p >= 1024 else 2,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused RMSNorm -> matmul -> RoPE (NeoX half rotation per head)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rms_matmul_rope_kernel(
+    x_ptr, g_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
+    M, K, eps,
+    s_xm, s_wn, s_cm, s_cj, s_om,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_NH: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """out[m, n] for a tile of BLOCK_M tokens x (BLOCK_NH columns of one head's lower half + the
+    matching BLOCK_NH of its upper half), so each rotation pair (j, j + HALF) lives in one tile.
+
+    acc = (x * g) @ W^T streamed over K, with sum(x^2) accumulated from the same x tiles; the
+    RMS scale rsqrt(mean(x^2) + eps) is a per-row factor applied to the accumulator, then RoPE.
+    """
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    j_blocks: tl.constexpr = HALF // BLOCK_NH
+    head = pid_n // j_blocks
+    j = (pid_n % j_blocks) * BLOCK_NH + tl.arange(0, BLOCK_NH)
+    cols_lo = head * HEAD_DIM + j
+    cols_hi = cols_lo + HALF
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+
+    acc_lo = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
+    acc_hi = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
+    sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_K)
+    w_lo = w_ptr + cols_lo.to(tl.int64)[None, :] * s_wn + ks[:, None]
+    w_hi = w_ptr + cols_hi.to(tl.int64)[None, :] * s_wn + ks[:, None]
+    x_rows = x_ptr + rows64[:, None] * s_xm + ks[None, :]
+    for k0 in range(0, K, BLOCK_K):
+        kmask = (k0 + ks) < K
+        x = tl.load(x_rows + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
+        g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
+        xf = x.to(tl.float32)
+        sumsq += tl.sum(xf * xf, axis=1)
+        xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
+        wl = tl.load(w_lo + k0, mask=kmask[:, None], other=0.0)
+        wh = tl.load(w_hi + k0, mask=kmask[:, None], other=0.0)
+        if COMPILED:
+            acc_lo = tl.dot(xg, wl, acc_lo)
+            acc_hi = tl.dot(xg, wh, acc_hi)
+        else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
+            acc_lo = tl.dot(xg.to(tl.float32), wl.to(tl.float32), acc_lo)
+            acc_hi = tl.dot(xg.to(tl.float32), wh.to(tl.float32), acc_hi)
+    if COMPILED:
+        r = libdevice.rsqrt(sumsq / K + eps)
+    else:
+        r = 1.0 / tl.sqrt(sumsq / K + eps)
+    a_lo = acc_lo * r[:, None]
+    a_hi = acc_hi * r[:, None]
+    cmask = rmask[:, None] & (j[None, :] < HALF)
+    c_off = rows64[:, None] * s_cm + j[None, :] * s_cj
+    c = tl.load(cos_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
+    out_lo = a_lo * c - a_hi * s
+    out_hi = a_hi * c + a_lo * s
+    o_rows = out_ptr + rows64[:, None] * s_om
+    tl.store(o_rows + cols_lo[None, :], out_lo.to(out_ptr.dtype.element_ty), mask=cmask)
+    tl.store(o_rows + cols_hi[None, :], out_hi.to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+def rms_matmul_rope_config(M: int, half: int) -> dict:
+    """Tile shape by token count (no autotuning: deterministic, and cheap in the interpreter).
+    Decode (M <= 64): one 16-row tile and narrow column tiles (16 + 16 of a head), so that even
+    a k_proj of 8 heads spreads over 64+ programs reading W; prefill: 128 x (64 + 64) tiles."""
+    if M <= 16:
+        cfg = dict(BLOCK_M=16, BLOCK_NH=16, BLOCK_K=256, num_warps=4, num_stages=4)
+    elif M <= 64:
+        cfg = dict(BLOCK_M=64, BLOCK_NH=32, BLOCK_K=128, num_warps=4, num_stages=4)
+    elif M <= 512:
+        cfg = dict(BLOCK_M=64, BLOCK_NH=64, BLOCK_K=64, num_warps=4, num_stages=4)
+    else:
+        cfg = dict(BLOCK_M=128, BLOCK_NH=64, BLOCK_K=64, num_warps=8, num_stages=3)
+    while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
+        cfg["BLOCK_NH"] //= 2
+    return cfg
+
+
+def launch_rms_matmul_rope(
+    x: torch.Tensor,
+    g: torch.Tensor,
+    w: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    out: torch.Tensor,
+    eps: float,
+    head_dim: int,
+) -> None:
+    """x [M, K] (unit last stride), g [K], w [N, K] (unit last stride), cos/sin [M, >= head_dim/2]
+    (column j of the first half is used), out [M, N]."""
+    M, K = x.shape
+    N = w.shape[0]
+    if M == 0 or N == 0:
+        return
+    half = head_dim // 2
+    cfg = rms_matmul_rope_config(M, half)
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]), (N // head_dim) * (half // cfg["BLOCK_NH"]))
+    _rms_matmul_rope_kernel[grid](
+        x, g, w, cos, sin, out,
+        M, K, eps,
+        x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
+        HEAD_DIM=head_dim, HALF=half, COMPILED=not _interpreting(), **cfg,
+    )  # fmt: skip
