@@ -322,9 +322,13 @@ def inv_frequencies(
     return torch.where(long_waves, inv_freq / factor, torch.where(short_waves, inv_freq, in_band))
 
 
+@torch.compiler.assume_constant_result
 @functools.lru_cache(maxsize=64)
 def _cached_inv_freq(rotary_dim: int, theta: float, scaling: tuple | None, device: torch.device) -> torch.Tensor:
-    return inv_frequencies(rotary_dim, theta, dict(scaling) if scaling else None, device)
+    # Computed on the CPU, as transformers computes its inv_freq buffer at model init: the
+    # GPU's pow can round differently by an ulp, which at position 1e5 moves the angle by
+    # ~6e-3 rad. A constant for torch.compile (not re-traced, so compiled == eager).
+    return inv_frequencies(rotary_dim, theta, dict(scaling) if scaling else None).to(device)
 
 
 def apply_rotary_from_positions(
