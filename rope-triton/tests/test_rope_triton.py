@@ -422,5 +422,7 @@ def test_torch_compile_fullgraph():
         return a[0] + 1, b[1] * 2, c[0], rt.layers.ApplyRotaryPosEmb()(q, k, cos, sin)[1]
 
     compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    # Same kernels either way; Triton may specialize them differently for the buffers the
+    # compiled graph allocates (alignment), and an fp32 multiply-add may then contract: 1 ulp.
     for got, expected in zip(compiled(q, k, cos, sin, positions), block(q, k, cos, sin, positions)):
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)

@@ -25,11 +25,13 @@ except ImportError:  # pragma: no cover - older Triton
 
 
 @triton.jit
-def _round_to(v, dtype: tl.constexpr, bits: tl.constexpr):
+def _round_to(v, dtype: tl.constexpr, bits: tl.constexpr, zero):
     """v rounded to dtype (RNE) and back to fp32: an eager torch op's rounding of its result.
-    The bitcast in between keeps the compiler from folding the round trip away (measured on an
-    H200: without it 24% of bf16 / fp16 results differed from transformers')."""
-    return v.to(dtype).to(bits, bitcast=True).to(dtype, bitcast=True).to(tl.float32)
+    ``zero`` is a runtime 0 the compiler cannot see through: xor-ing the bits with it keeps the
+    round trip (and, for fp32, the separate multiply and add) from being folded or contracted.
+    Measured on an H200 without it: 24% of bf16 / fp16 results differed from transformers'
+    (one product was left unrounded), and fp32 results by an ulp (fused multiply-add)."""
+    return (v.to(dtype).to(bits, bitcast=True) ^ zero.to(bits)).to(dtype, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -52,6 +54,7 @@ def _rope_heads(
     INTERLEAVED: tl.constexpr,
     HF_ROUNDING: tl.constexpr,
     COPY_TAIL: tl.constexpr,
+    zero,
 ):
     """Rotate heads h0 .. h0 + BLOCK_H of one token: pairs (j, j + HALF), or (2j, 2j + 1) when
     INTERLEAVED, j < HALF = ROT / 2; columns ROT .. HEAD_DIM are copied when COPY_TAIL."""
@@ -73,8 +76,8 @@ def _rope_heads(
     hi = x_hi.to(tl.float32)
     if HF_ROUNDING:
         # transformers: q * cos + rotate_half(q) * sin, each op rounded to the dtype.
-        out_lo = _round_to(lo * c_lo[None, :], dtype, bits) + _round_to(-hi * s_lo[None, :], dtype, bits)
-        out_hi = _round_to(hi * c_hi[None, :], dtype, bits) + _round_to(lo * s_hi[None, :], dtype, bits)
+        out_lo = _round_to(lo * c_lo[None, :], dtype, bits, zero) + _round_to(-hi * s_lo[None, :], dtype, bits, zero)
+        out_hi = _round_to(hi * c_hi[None, :], dtype, bits, zero) + _round_to(lo * s_hi[None, :], dtype, bits, zero)
     else:
         out_lo = lo * c_lo[None, :] - hi * s_lo[None, :]
         out_hi = hi * c_hi[None, :] + lo * s_hi[None, :]
@@ -87,7 +90,7 @@ def _rope_heads(
         tl.store(o_base + row + tail[None, :], v, mask=tmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["zero"])
 def _rope_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr,
     cos_ptr, sin_ptr, pos_ptr, inv_freq_ptr,
@@ -96,7 +99,7 @@ def _rope_kernel(
     qo_sb, qo_ss, qo_sh, ko_sb, ko_ss, ko_sh,
     c_sb, c_ss, c_srow, c_sj,
     p_sb, p_ss,
-    HQ, HK, HQ_BLOCKS,
+    HQ, HK, HQ_BLOCKS, zero,
     HALF: tl.constexpr,
     ROT: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -155,14 +158,14 @@ def _rope_kernel(
         _rope_heads(
             q_ptr + b64 * q_sb + s64 * q_ss, qo_ptr + b64 * qo_sb + s64 * qo_ss, q_sh, HQ, h0,
             c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_H, BLOCK_P, BLOCK_TAIL,
-            INTERLEAVED, HF_ROUNDING, COPY_TAIL,
+            INTERLEAVED, HF_ROUNDING, COPY_TAIL, zero,
         )  # fmt: skip
     else:
         h0 = (pid_h - HQ_BLOCKS) * BLOCK_H
         _rope_heads(
             k_ptr + b64 * k_sb + s64 * k_ss, ko_ptr + b64 * ko_sb + s64 * ko_ss, k_sh, HK, h0,
             c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_H, BLOCK_P, BLOCK_TAIL,
-            INTERLEAVED, HF_ROUNDING, COPY_TAIL,
+            INTERLEAVED, HF_ROUNDING, COPY_TAIL, zero,
         )  # fmt: skip
 
 
@@ -231,7 +234,7 @@ def launch_rope(
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
         c_sb, c_ss, c_srow, c_sj,
         p_sb, p_ss,
-        HQ, HK, hq_blocks,
+        HQ, HK, hq_blocks, 0,
         HALF=half, ROT=rotary_dim, HEAD_DIM=D,
         BLOCK_H=block_h, BLOCK_P=block_p,
         BLOCK_TAIL=triton.next_power_of_2(max(D - rotary_dim, 1)),
