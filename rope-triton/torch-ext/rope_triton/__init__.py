@@ -162,6 +162,11 @@ def _check_tensor(t, name: str, dtypes=_FLOAT_DTYPES) -> torch.Tensor:
     return t
 
 
+def _as_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """The [B, S, H, D] view the kernels index (a permutation of a bhsd tensor, no copy)."""
+    return t.permute(0, 2, 1, 3) if layout == "bhsd" else t
+
+
 def _check_qk(q, k, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k as [B, S, H, D] views."""
     if layout not in _LAYOUTS:
@@ -177,8 +182,7 @@ def _check_qk(q, k, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError(f"k: expected dtype {q.dtype} (q's), got {k.dtype}")
     if k.device != q.device:
         raise ValueError(f"k: expected device {q.device} (q's), got {k.device}")
-    q4 = q.permute(0, 2, 1, 3) if layout == "bhsd" else q
-    k4 = k.permute(0, 2, 1, 3) if layout == "bhsd" else k
+    q4, k4 = _as_bshd(q, layout), _as_bshd(k, layout)
     if k4.shape[0] != q4.shape[0] or k4.shape[1] != q4.shape[1] or k4.shape[3] != q4.shape[3]:
         raise ValueError(
             f"k: expected batch, sequence and head_dim of q ({q4.shape[0]}, {q4.shape[1]}, {q4.shape[3]}) "
@@ -230,9 +234,7 @@ def _outputs(q, k, q4, k4, layout: str, inplace: bool):
         return q, k, q4, k4
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    if layout == "bhsd":
-        return q_out, k_out, q_out.permute(0, 2, 1, 3), k_out.permute(0, 2, 1, 3)
-    return q_out, k_out, q_out, k_out
+    return q_out, k_out, _as_bshd(q_out, layout), _as_bshd(k_out, layout)
 
 
 def _call(q, k, q4, k4, layout, inplace, cos, sin, pos, inv_freq, rotary_dim, interleaved, table_rows):
@@ -395,8 +397,7 @@ def apply_rotary_transformers(
     )
     if fits:
         layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
-        q4 = q.permute(0, 2, 1, 3) if layout == "bhsd" else q
-        k4 = k.permute(0, 2, 1, 3) if layout == "bhsd" else k
+        q4, k4 = _as_bshd(q, layout), _as_bshd(k, layout)
         B, S = q4.shape[:2]
         fits = (
             k4.shape[:2] == (B, S)
