@@ -251,88 +251,164 @@ def launch_rope(
 
 @triton.jit
 def _rms_matmul_rope_kernel(
-    x_ptr, g_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
-    M, K, eps,
+    x_ptr, g_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
+    M, N, K, K_SPLIT, eps,
     s_xm, s_wn, s_cm, s_cj, s_om,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_NH: tl.constexpr,
+    HEADS: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
-    """out[m, n] for a tile of BLOCK_M tokens x (BLOCK_NH columns of one head's lower half + the
-    matching BLOCK_NH of its upper half), so each rotation pair (j, j + HALF) lives in one tile.
+    """out[m, n] for a tile of BLOCK_M tokens x HEADS x (BLOCK_NH columns of a head's lower half
+    + the matching BLOCK_NH of its upper half): every rotation pair (j, j + HALF) lives in one
+    tile, and the tile is one [BLOCK_N = HEADS * 2 * BLOCK_NH, BLOCK_K] W operand, so one tl.dot
+    per K step (BLOCK_NH = HALF: whole heads, contiguous W rows).
 
     acc = (x * g) @ W^T streamed over K, with sum(x^2) accumulated from the same x tiles; the
     RMS scale rsqrt(mean(x^2) + eps) is a per-row factor applied to the accumulator, then RoPE.
+
+    SPLIT_K > 1 (decode: few tokens, so few output tiles to spread W's read over the GPU):
+    program (m, n, s) covers K range s; it stores its fp32 partial acc and sum(x^2), and the
+    last of the SPLIT_K programs of a tile to arrive (an acq_rel counter) adds the partials in
+    split order (deterministic), runs the epilogue and resets the counter: still one launch.
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    BLOCK_N: tl.constexpr = HEADS * 2 * BLOCK_NH
     j_blocks: tl.constexpr = HALF // BLOCK_NH
-    head = pid_n // j_blocks
-    j = (pid_n % j_blocks) * BLOCK_NH + tl.arange(0, BLOCK_NH)
-    cols_lo = head * HEAD_DIM + j
-    cols_hi = cols_lo + HALF
+    head0 = (pid_n // j_blocks) * HEADS
+    j0 = (pid_n % j_blocks) * BLOCK_NH
+    # tile column c -> W row: head (c // 2BNH), half ((c // BNH) % 2), column j0 + c % BNH
+    c = tl.arange(0, BLOCK_N)
+    cols = (head0 + c // (2 * BLOCK_NH)) * HEAD_DIM + ((c // BLOCK_NH) % 2) * HALF + j0 + c % BLOCK_NH
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     rows64 = rows.to(tl.int64)
 
-    acc_lo = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
-    acc_hi = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     ks = tl.arange(0, BLOCK_K)
-    # W tiles as [BLOCK_NH, BLOCK_K], contiguous along K (nn.Linear rows), transposed for the dot.
-    w_lo = w_ptr + cols_lo.to(tl.int64)[:, None] * s_wn + ks[None, :]
-    w_hi = w_ptr + cols_hi.to(tl.int64)[:, None] * s_wn + ks[None, :]
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    # W tile [BLOCK_N, BLOCK_K], contiguous along K (nn.Linear rows), transposed for the dot.
+    w_tile = w_ptr + cols.to(tl.int64)[:, None] * s_wn + ks[None, :]
     x_rows = x_ptr + rows64[:, None] * s_xm + ks[None, :]
-    for k0 in range(0, K, BLOCK_K):
-        kmask = (k0 + ks) < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kmask = (k0 + ks) < k_hi
         x = tl.load(x_rows + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
         g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
         xf = x.to(tl.float32)
         sumsq += tl.sum(xf * xf, axis=1)
         xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
-        wl = tl.load(w_lo + k0, mask=kmask[None, :], other=0.0)
-        wh = tl.load(w_hi + k0, mask=kmask[None, :], other=0.0)
+        w = tl.load(w_tile + k0, mask=kmask[None, :], other=0.0)
         if COMPILED:
-            acc_lo = tl.dot(xg, tl.trans(wl), acc_lo)
-            acc_hi = tl.dot(xg, tl.trans(wh), acc_hi)
+            acc = tl.dot(xg, tl.trans(w), acc)
         else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
-            acc_lo = tl.dot(xg.to(tl.float32), tl.trans(wl.to(tl.float32)), acc_lo)
-            acc_hi = tl.dot(xg.to(tl.float32), tl.trans(wh.to(tl.float32)), acc_hi)
+            acc = tl.dot(xg.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+
+    tile_cols = pid_n * BLOCK_N + c  # this tile's columns in the [.., n_tiles * BLOCK_N] partials
+    if SPLIT_K > 1:
+        n_pad = tl.num_programs(1) * BLOCK_N
+        m_pad = tl.num_programs(0) * BLOCK_M
+        part = part_ptr + pid_k.to(tl.int64) * m_pad * n_pad + rows64[:, None] * n_pad + tile_cols[None, :]
+        tl.store(part, acc)
+        sq = sq_ptr + (pid_k * tl.num_programs(1) + pid_n).to(tl.int64) * m_pad + rows64
+        tl.store(sq, sumsq)
+        tl.debug_barrier()  # every thread's partial stored before the counter releases them
+        counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for s in range(SPLIT_K):  # in split order, so results do not depend on arrival order
+                part = part_ptr + s * m_pad * n_pad + rows64[:, None] * n_pad + tile_cols[None, :]
+                acc += tl.load(part, cache_modifier=".cg")
+                sq = sq_ptr + (s * tl.num_programs(1) + pid_n).to(tl.int64) * m_pad + rows64
+                sumsq += tl.load(sq, cache_modifier=".cg")
+            tl.atomic_xchg(counter, 0)  # ready for the next call (the buffer is cached)
+            _rms_rope_epilogue(
+                acc, sumsq, rows64, rmask, cols, j0, cos_ptr, sin_ptr, out_ptr, K, eps,
+                s_cm, s_cj, s_om, BLOCK_M, BLOCK_NH, HEADS, COMPILED,
+            )  # fmt: skip
+    else:
+        _rms_rope_epilogue(
+            acc, sumsq, rows64, rmask, cols, j0, cos_ptr, sin_ptr, out_ptr, K, eps,
+            s_cm, s_cj, s_om, BLOCK_M, BLOCK_NH, HEADS, COMPILED,
+        )  # fmt: skip
+
+
+@triton.jit
+def _rms_rope_epilogue(
+    acc, sumsq, rows64, rmask, cols, j0, cos_ptr, sin_ptr, out_ptr, K, eps,
+    s_cm, s_cj, s_om,
+    BLOCK_M: tl.constexpr, BLOCK_NH: tl.constexpr, HEADS: tl.constexpr, COMPILED: tl.constexpr,
+):  # fmt: skip
+    """RMS scale per row, then each (lower, upper) column pair rotated: the [BLOCK_M, BLOCK_N]
+    tile is viewed as [BLOCK_M, HEADS, 2 (half), BLOCK_NH] and split along the half axis."""
     if COMPILED:
         r = libdevice.rsqrt(sumsq / K + eps)
     else:
         r = 1.0 / tl.sqrt(sumsq / K + eps)
-    a_lo = acc_lo * r[:, None]
-    a_hi = acc_hi * r[:, None]
-    cmask = rmask[:, None] & (j[None, :] < HALF)
-    c_off = rows64[:, None] * s_cm + j[None, :] * s_cj
-    c = tl.load(cos_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
+    a = acc * r[:, None]
+    a = tl.permute(tl.reshape(a, (BLOCK_M, HEADS, 2, BLOCK_NH)), (0, 1, 3, 2))
+    a_lo, a_hi = tl.split(a)  # [BLOCK_M, HEADS, BLOCK_NH] each
+    col = tl.permute(tl.reshape(cols, (HEADS, 2, BLOCK_NH)), (0, 2, 1))
+    col_lo, col_hi = tl.split(col)  # [HEADS, BLOCK_NH]
+    j = j0 + tl.arange(0, BLOCK_NH)
+    c_off = rows64[:, None, None] * s_cm + j[None, None, :] * s_cj
+    mask = rmask[:, None, None] & (j[None, None, :] >= 0)
+    c = tl.load(cos_ptr + c_off, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + c_off, mask=mask, other=0.0).to(tl.float32)
     out_lo = a_lo * c - a_hi * s
     out_hi = a_hi * c + a_lo * s
-    o_rows = out_ptr + rows64[:, None] * s_om
-    tl.store(o_rows + cols_lo[None, :], out_lo.to(out_ptr.dtype.element_ty), mask=cmask)
-    tl.store(o_rows + cols_hi[None, :], out_hi.to(out_ptr.dtype.element_ty), mask=cmask)
+    mask = rmask[:, None, None] & (col_lo[None, :, :] >= 0)
+    o_rows = out_ptr + rows64[:, None, None] * s_om
+    tl.store(o_rows + col_lo[None, :, :], out_lo.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(o_rows + col_hi[None, :, :], out_hi.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_matmul_rope_config(M: int, half: int) -> dict:
-    """Tile shape by token count (no autotuning: deterministic, and cheap in the interpreter).
-    Decode (M <= 64): one 16-row tile and narrow column tiles (16 + 16 of a head), so that even
-    a k_proj of 8 heads spreads over 64+ programs reading W; prefill: 128 x (64 + 64) tiles."""
-    if M <= 16:
-        cfg = dict(BLOCK_M=16, BLOCK_NH=16, BLOCK_K=256, num_warps=4, num_stages=4)
-    elif M <= 64:
-        cfg = dict(BLOCK_M=64, BLOCK_NH=32, BLOCK_K=128, num_warps=4, num_stages=4)
+def rms_matmul_rope_config(M: int, N: int, K: int, head_dim: int, sms: int = 132) -> dict:
+    """Tile shape and K split by token count (no autotuning: deterministic, and cheap in the
+    interpreter); from `benchmarks/tune_projection.py` on an H200 (numbers there).
+    Decode (M <= 64): the call reads W once and is bound by how much of W is in flight, so the
+    tiles are narrow (16 + 16 columns of a head) and K is split until ~4 programs per SM read
+    W; prefill: whole-head tiles (contiguous W rows) and no split."""
+    half = head_dim // 2
+    if M <= 64:
+        cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_NH=16, HEADS=1, BLOCK_K=128, num_warps=4, num_stages=4)
     elif M <= 512:
-        cfg = dict(BLOCK_M=64, BLOCK_NH=64, BLOCK_K=64, num_warps=4, num_stages=4)
+        cfg = dict(BLOCK_M=64, BLOCK_NH=half, HEADS=1, BLOCK_K=64, num_warps=4, num_stages=4)
     else:
-        cfg = dict(BLOCK_M=128, BLOCK_NH=64, BLOCK_K=64, num_warps=8, num_stages=3)
+        cfg = dict(BLOCK_M=128, BLOCK_NH=half, HEADS=1, BLOCK_K=64, num_warps=8, num_stages=3)
+    cfg["BLOCK_NH"] = min(cfg["BLOCK_NH"], half)
     while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
         cfg["BLOCK_NH"] //= 2
+    split = 1
+    if M <= 64:
+        tiles = triton.cdiv(M, cfg["BLOCK_M"]) * (N // (2 * cfg["BLOCK_NH"]))
+        k_steps = triton.cdiv(K, cfg["BLOCK_K"])
+        split = max(1, min(triton.cdiv(4 * sms, tiles), k_steps // 2, 32))
+    cfg["SPLIT_K"] = split
     return cfg
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The split-K arrival counters: zeroed once per device and left zeroed by the kernel
+    (the last program of a tile resets its counter), so a call costs no memset. Calls on
+    concurrent streams of one device share them: not supported (one stream at a time)."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
 
 
 def launch_rms_matmul_rope(
@@ -344,19 +420,37 @@ def launch_rms_matmul_rope(
     out: torch.Tensor,
     eps: float,
     head_dim: int,
+    cfg: dict | None = None,
 ) -> None:
     """x [M, K] (unit last stride), g [K], w [N, K] (unit last stride), cos/sin [M, >= head_dim/2]
-    (column j of the first half is used), out [M, N]."""
+    (column j of the first half is used), out [M, N]. ``cfg``: a configuration of
+    `rms_matmul_rope_config`'s form, to override it (tuning, tests)."""
     M, K = x.shape
     N = w.shape[0]
     if M == 0 or N == 0:
         return
-    half = head_dim // 2
-    cfg = rms_matmul_rope_config(M, half)
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]), (N // head_dim) * (half // cfg["BLOCK_NH"]))
+    if cfg is None:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        cfg = rms_matmul_rope_config(M, N, K, head_dim, sms)
+    cfg = dict(cfg)
+    split, block_k = cfg["SPLIT_K"], cfg["BLOCK_K"]
+    k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
+    split = triton.cdiv(K, k_split)  # no empty splits
+    cfg["SPLIT_K"] = split
+    block_n = cfg["HEADS"] * 2 * cfg["BLOCK_NH"]
+    heads = N // head_dim
+    assert heads % cfg["HEADS"] == 0 and (head_dim // 2) % cfg["BLOCK_NH"] == 0, cfg
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]), N // block_n, split)
+    if split > 1:
+        m_pad, n_pad = grid[0] * cfg["BLOCK_M"], grid[1] * block_n
+        part = torch.empty((split, m_pad, n_pad), dtype=torch.float32, device=x.device)
+        sq = torch.empty((split, grid[1], m_pad), dtype=torch.float32, device=x.device)
+        counters = _split_counters(x.device, grid[0] * grid[1])
+    else:
+        part = sq = counters = out  # not read
     _rms_matmul_rope_kernel[grid](
-        x, g, w, cos, sin, out,
-        M, K, eps,
+        x, g, w, cos, sin, out, part, sq, counters,
+        M, N, K, k_split, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
-        HEAD_DIM=head_dim, HALF=half, COMPILED=not _interpreting(), **cfg,
+        HEAD_DIM=head_dim, HALF=head_dim // 2, COMPILED=not _interpreting(), **cfg,
     )  # fmt: skip
