@@ -261,6 +261,8 @@ def _rms_matmul_rope_kernel(
     HEADS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    APPLY_G: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
     """out[m, n] for a tile of BLOCK_M tokens x HEADS x (BLOCK_NH columns of a head's lower half
@@ -299,13 +301,21 @@ def _rms_matmul_rope_kernel(
     w_tile = w_ptr + cols.to(tl.int64)[:, None] * s_wn + ks[None, :]
     x_rows = x_ptr + rows64[:, None] * s_xm + ks[None, :]
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        kmask = (k0 + ks) < k_hi
-        x = tl.load(x_rows + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
-        g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
+        if EVEN_K:  # no K mask: keeps the loads vectorized (K % BLOCK_K == 0, the usual case)
+            x = tl.load(x_rows + k0, mask=rmask[:, None], other=0.0)
+            g = tl.load(g_ptr + k0 + ks)
+            w = tl.load(w_tile + k0)
+        else:
+            kmask = (k0 + ks) < k_hi
+            x = tl.load(x_rows + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
+            g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
+            w = tl.load(w_tile + k0, mask=kmask[None, :], other=0.0)
         xf = x.to(tl.float32)
         sumsq += tl.sum(xf * xf, axis=1)
-        xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
-        w = tl.load(w_tile + k0, mask=kmask[None, :], other=0.0)
+        if APPLY_G:
+            xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
+        else:  # tuning only: the plain matmul, to measure what the g multiply costs
+            xg = x
         if COMPILED:
             acc = tl.dot(xg, tl.trans(w), acc)
         else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
@@ -433,10 +443,12 @@ def launch_rms_matmul_rope(
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         cfg = rms_matmul_rope_config(M, N, K, head_dim, sms)
     cfg = dict(cfg)
+    cfg.setdefault("APPLY_G", True)
     split, block_k = cfg["SPLIT_K"], cfg["BLOCK_K"]
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
     cfg["SPLIT_K"] = split
+    cfg["EVEN_K"] = K % block_k == 0
     block_n = cfg["HEADS"] * 2 * cfg["BLOCK_NH"]
     heads = N // head_dim
     assert heads % cfg["HEADS"] == 0 and (head_dim // 2) % cfg["BLOCK_NH"] == 0, cfg
