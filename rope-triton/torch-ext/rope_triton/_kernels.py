@@ -384,25 +384,27 @@ def _rms_rope_epilogue(
 
 def rms_matmul_rope_config(M: int, N: int, K: int, head_dim: int, sms: int = 132) -> dict:
     """Tile shape and K split by token count (no autotuning: deterministic, and cheap in the
-    interpreter); from `benchmarks/tune_projection.py` on an H200 (numbers there).
-    Decode (M <= 64): the call reads W once and is bound by how much of W is in flight, so the
-    tiles are narrow (16 + 16 columns of a head) and K is split until ~4 programs per SM read
-    W; prefill: whole-head tiles (contiguous W rows) and no split."""
+    interpreter): the best of `benchmarks/tune_projection.py`'s sweep on an H200 (Llama-3 8B
+    [W_q; W_k], 5120 x 4096): decode (M <= 64) 16 + 16-column tiles lost to 32 + 32 (M = 1:
+    22.9 vs 35.6 us), and a 4-way K split beat 1, 8 and 16 (24.8 / 31.5 / 28.8 / 33 us);
+    prefill: two whole heads per tile (contiguous W rows; 252 vs 302 us at M = 1024)."""
     half = head_dim // 2
     if M <= 64:
-        cfg = dict(BLOCK_M=16 if M <= 16 else 64, BLOCK_NH=16, HEADS=1, BLOCK_K=128, num_warps=4, num_stages=4)
-    elif M <= 512:
-        cfg = dict(BLOCK_M=64, BLOCK_NH=half, HEADS=1, BLOCK_K=64, num_warps=4, num_stages=4)
+        cfg = {"BLOCK_M": 16 if M <= 16 else 64, "BLOCK_NH": 32, "HEADS": 1, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+    elif M <= 1024:
+        cfg = {"BLOCK_M": 64, "BLOCK_NH": half, "HEADS": 2, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
     else:
-        cfg = dict(BLOCK_M=128, BLOCK_NH=half, HEADS=1, BLOCK_K=64, num_warps=8, num_stages=3)
+        cfg = {"BLOCK_M": 128, "BLOCK_NH": half, "HEADS": 2, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
     cfg["BLOCK_NH"] = min(cfg["BLOCK_NH"], half)
     while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
         cfg["BLOCK_NH"] //= 2
+    if N % (cfg["HEADS"] * head_dim):
+        cfg["HEADS"] = 1
     split = 1
     if M <= 64:
         tiles = triton.cdiv(M, cfg["BLOCK_M"]) * (N // (2 * cfg["BLOCK_NH"]))
         k_steps = triton.cdiv(K, cfg["BLOCK_K"])
-        split = max(1, min(triton.cdiv(4 * sms, tiles), k_steps // 2, 32))
+        split = max(1, min(triton.cdiv(2 * sms, tiles), k_steps // 2, 8))
     cfg["SPLIT_K"] = split
     return cfg
 
