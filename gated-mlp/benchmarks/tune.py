@@ -1,0 +1,102 @@
+"""Sweep gated-mlp's tile shapes, K splits and operand paths on a GPU (the source of
+`gated_mlp_config`): ``python gated-mlp/benchmarks/tune.py [--out DIR]``.
+
+For each token count (Llama 3 8B MLP: D 4096, U 14336, bf16) it times every configuration in
+CUDA-graph replay after checking its result, and prints the best next to cuBLAS alone and
+cuBLAS + Liger. It also records the peak extra memory of each path at one prefill size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite import _check, make_compile, make_cublas, make_cublas_liger, make_ours, ref
+
+from fused_llm.bench import Case
+from fused_llm.packages import get_kernel
+
+
+def configs(m: int):
+    if m <= 64:
+        for tma, bn, bk, split in itertools.product((True, False), (32, 64, 128), (64, 128), (1, 2, 4)):
+            bm = 64 if tma or m > 16 else 16
+            yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": split,
+                   "num_warps": 4, "num_stages": 4, "USE_TMA": tma}  # fmt: skip
+    else:
+        for (bm, bn, warps), stages, group in itertools.product(
+            ((128, 128, 8), (128, 64, 4), (64, 128, 4), (128, 128, 4), (64, 256, 8)), (3, 4, 5), (8,)
+        ):
+            yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": group, "SPLIT_K": 1,
+                   "num_warps": warps, "num_stages": stages, "USE_TMA": True}  # fmt: skip
+
+
+def peak_extra_mib(make, case: Case) -> float:
+    fn = make(case, 0)
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    del out
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--tokens", type=int, nargs="*", default=[1, 16, 64, 256, 1024, 4096])
+    parser.add_argument("--model", default="8B", choices=list(ref.MODELS))
+    args = parser.parse_args()
+    gm = get_kernel("gated-mlp")
+    kern = gm._triton_kernels()
+    d, u = ref.MODELS[args.model]
+    results = []
+    for m in args.tokens:
+        case = Case.of(hidden=d, inter=u, tokens=m)
+        x, w = ref.make_inputs(m, d, u, "cuda", 0)
+        expected = ref.gated_ref(x, w)
+        wg, wu = w[:u], w[u:]
+        out = torch.empty(m, u, dtype=x.dtype, device="cuda")
+        peers = {name: do_bench_cudagraph(make(case, 0)) * 1e3
+                 for name, make in (("cublas_gemm", make_cublas), ("cublas_liger", make_cublas_liger))}  # fmt: skip
+        t_default = do_bench_cudagraph(make_ours(case, 0)) * 1e3
+        flops = 2 * m * d * 2 * u
+        rows = []
+        for cfg in configs(m):
+            try:
+                def call(cfg=cfg, x=x, wg=wg, wu=wu, out=out):
+                    kern.launch_gated_mlp(x, wg, wu, None, None, out, "silu", cfg=cfg)
+                out.fill_(float("nan"))
+                call()
+                _check(out, expected)
+                rows.append((do_bench_cudagraph(call) * 1e3, cfg))
+            except Exception as exc:  # noqa: BLE001 - a shape Triton cannot compile is skipped
+                print(f"  M={m} {cfg}: {type(exc).__name__}: {str(exc)[:160]}")
+        rows.sort(key=lambda r: r[0])
+        print(f"M={m}: cuBLAS {peers['cublas_gemm']:.2f} us, cuBLAS+Liger {peers['cublas_liger']:.2f} us, "
+              f"ours (default config) {t_default:.2f} us ({flops / t_default / 1e6:.0f} TFLOP/s)")  # fmt: skip
+        for t, cfg in rows[:6]:
+            print(f"   {t:9.2f} us {flops / t / 1e6:5.0f} TF  {peers['cublas_liger'] / t:5.2f}x cuBLAS+Liger  "
+                  f"{peers['cublas_gemm'] / t:5.2f}x cuBLAS  {cfg}")  # fmt: skip
+        results.append({"tokens": m, "hidden": d, "inter": u, "default_us": t_default, **{f"{k}_us": v for k, v in peers.items()},
+                        "configs": [{"us": t, **cfg} for t, cfg in rows]})  # fmt: skip
+    mem_case = Case.of(hidden=d, inter=u, tokens=4096)
+    memory = {name: peak_extra_mib(make, mem_case)
+              for name, make in (("ours", make_ours), ("cublas_liger", make_cublas_liger), ("torch_compile", make_compile))}  # fmt: skip
+    print("peak memory allocated during one call (MiB, output included), 8B, 4096 tokens:", memory)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tune.json").write_text(json.dumps({"configs": results, "peak_extra_mib": memory}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""gated-mlp against an fp32 reference (the same bf16 / fp16 inputs, products and sums in fp32).
+
+On CUDA the Triton kernel runs compiled (TMA + wgmma on sm90, pointer loads elsewhere); on CPU
+it runs in Triton's interpreter (conftest sets TRITON_INTERPRET=1), or the plain-torch path
+when Triton is missing. Tolerance: the kernel rounds once to the output dtype, so a result is
+within one ulp of the fp32 reference's (the interpreter truncates instead of rounding: still
+one ulp), plus a small absolute term for the fp32 summation order over K: 1e-4 of the
+output's scale.
+"""
+
+from __future__ import annotations
+
+import os
+
+import kernels
+import pytest
+import torch
+
+from fused_llm.testing import assert_fully_written, device, opcheck, poison_
+
+rt = kernels.get_kernel("fused-llm/gated-mlp", version=1)
+
+DEVICE = device()
+INTERPRETED = DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def make_inputs(M, D, U, dtype, seed, bias=False):
+    """Kaiming-like weights (std 1/sqrt(D)), unit-variance x: outputs of order one."""
+    g = gen(seed)
+    x = torch.randn(M, D, generator=g, device=DEVICE).to(dtype)
+    w_gate = (torch.randn(U, D, generator=g, device=DEVICE) / D**0.5).to(dtype)
+    w_up = (torch.randn(U, D, generator=g, device=DEVICE) / D**0.5).to(dtype)
+    b = None
+    if bias:
+        b = (0.1 * torch.randn(U, generator=g, device=DEVICE)).to(dtype), (0.1 * torch.randn(U, generator=g, device=DEVICE)).to(dtype)
+    return x, w_gate, w_up, b
+
+
+def reference(x, w_gate, w_up, activation="silu", bias_gate=None, bias_up=None) -> torch.Tensor:
+    g = x.double() @ w_gate.double().T
+    u = x.double() @ w_up.double().T
+    if bias_gate is not None:
+        g = g + bias_gate.double()
+    if bias_up is not None:
+        u = u + bias_up.double()
+    act = torch.nn.functional.silu(g) if activation == "silu" else torch.nn.functional.gelu(g, approximate="tanh")
+    return act * u
+
+
+def assert_gated_close(got: torch.Tensor, ref: torch.Tensor, name: str) -> None:
+    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} vs {tuple(ref.shape)}"
+    assert_fully_written(got, name)
+    if not got.numel():
+        return
+    scale = ref.abs().max().item()
+    tol = ULP[got.dtype] * ref.abs() + 1e-4 * scale + 1e-6
+    err = (got.double() - ref).abs()
+    worst = (err / tol).max().item()
+    if worst > 1:
+        i = int((err / tol).flatten().argmax())
+        raise AssertionError(
+            f"{name}: error {err.flatten()[i].item():.3g} at flat index {i} ({got.flatten()[i].item():g} vs "
+            f"{ref.flatten()[i].item():g}) is {worst:.2f}x the tolerance"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------------------------
+
+if DEVICE == "cuda":
+    SIZES = [(1, 4096, 14336), (7, 4096, 14336), (64, 4096, 11008), (1000, 1024, 1000), (4096, 4096, 1000), (1000, 8192, 2048)]
+else:  # the interpreter runs numpy per program: small shapes, the same edge cases
+    SIZES = [(1, 256, 160), (7, 200, 100), (64, 128, 96), (100, 64, 40)]
+
+
+@pytest.mark.parametrize("M, D, U", SIZES, ids=lambda v: str(v))
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gated_mlp(M, D, U, activation, dtype):
+    x, w_gate, w_up, _ = make_inputs(M, D, U, dtype, seed=M + D + U)
+    out = poison_(torch.empty(M, U, dtype=dtype, device=DEVICE))
+    rt.ops.gated_mlp(out, x, w_gate, w_up, None, None, activation)
+    assert_gated_close(out, reference(x, w_gate, w_up, activation), f"{activation} {dtype}")
+    assert torch.equal(rt.gated_mlp(x, w_gate, w_up, activation=activation), out)
+
+
+@pytest.mark.kernels_ci
+def test_gated_mlp_ci():
+    test_gated_mlp(*SIZES[1], "silu", torch.bfloat16)
+
+
+@pytest.mark.parametrize("layout", ["separate", "concat", "interleaved"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_weight_layouts_and_biases(layout, bias):
+    """The same projection from separate weights, one concatenated weight (Phi-3's gate_up_proj)
+    and the row-interleaved one: the kernel reads row-strided views, no copy."""
+    M, D, U = (33, 1024, 3000) if DEVICE == "cuda" else (9, 128, 48)
+    x, w_gate, w_up, b = make_inputs(M, D, U, torch.bfloat16, seed=5, bias=bias)
+    b_gate, b_up = b if bias else (None, None)
+    ref = reference(x, w_gate, w_up, "silu", b_gate, b_up)
+    if layout == "separate":
+        got = rt.gated_mlp(x, w_gate, w_up, bias_gate=b_gate, bias_up=b_up)
+    elif layout == "concat":
+        fused_b = torch.cat([b_gate, b_up]) if bias else None
+        got = rt.gated_mlp_fused(x, torch.cat([w_gate, w_up]), layout="concat", bias=fused_b)
+    else:
+        fused_b = rt.interleave_gate_up(b_gate, b_up) if bias else None
+        got = rt.gated_mlp_fused(x, rt.interleave_gate_up(w_gate, w_up), layout="interleaved", bias=fused_b)
+    assert_gated_close(got, ref, layout)
+
+
+def test_interleave_gate_up():
+    w_gate, w_up = torch.arange(6.0).view(3, 2), -torch.arange(6.0).view(3, 2)
+    w = rt.interleave_gate_up(w_gate, w_up)
+    assert torch.equal(w[0::2], w_gate) and torch.equal(w[1::2], w_up)
+
+
+def test_one_bias_and_fp32_bias():
+    M, D, U = (5, 512, 256) if DEVICE == "cuda" else (5, 64, 32)
+    x, w_gate, w_up, (b_gate, _) = make_inputs(M, D, U, torch.float16, seed=6, bias=True)
+    assert_gated_close(rt.gated_mlp(x, w_gate, w_up, bias_gate=b_gate), reference(x, w_gate, w_up, "silu", b_gate), "gate bias")
+    b32 = b_gate.float() * 3
+    got = rt.gated_mlp(x, w_gate, w_up, activation="gelu_tanh", bias_up=b32)
+    assert_gated_close(got, reference(x, w_gate, w_up, "gelu_tanh", None, b32), "fp32 up bias")
+
+
+def test_leading_dims_non_contiguous_x_and_empty():
+    D, U = (1024, 384) if DEVICE == "cuda" else (64, 48)
+    _, w_gate, w_up, _ = make_inputs(1, D, U, torch.bfloat16, seed=7)
+    x = torch.randn(D, 2, 3, device=DEVICE).bfloat16().permute(1, 2, 0)  # [2, 3, D], D strided
+    got = rt.gated_mlp(x, w_gate, w_up)
+    assert got.shape == (2, 3, U)
+    assert_gated_close(got, reference(x, w_gate, w_up), "non-contiguous x")
+    assert rt.gated_mlp(x[:, :0], w_gate, w_up).shape == (2, 0, U)
+    assert rt.gated_mlp(x, w_gate[:0], w_up[:0]).shape == (2, 3, 0)
+
+
+def test_row_strided_weight_views():
+    """Weights as views with a padded row stride (a slice of a wider matrix)."""
+    M, D, U = (17, 1024, 200) if DEVICE == "cuda" else (17, 64, 40)
+    x, _, _, _ = make_inputs(M, D, U, torch.bfloat16, seed=8)
+    big = (torch.randn(2 * U, D + 64, device=DEVICE) / D**0.5).bfloat16()
+    w_gate, w_up = big[:U, 32 : 32 + D], big[U:, 32 : 32 + D]
+    assert not w_gate.is_contiguous()
+    assert_gated_close(rt.gated_mlp(x, w_gate, w_up), reference(x, w_gate, w_up), "strided views")
+
+
+@pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
+@pytest.mark.parametrize(
+    "block_m, block_n, block_k, split, tma",
+    [(16, 32, 32, 1, False), (16, 32, 32, 3, False), (32, 64, 64, 2, False), (64, 32, 32, 5, False),
+     (64, 64, 64, 1, True), (128, 128, 64, 1, True), (64, 64, 128, 4, True)],
+)  # fmt: skip
+def test_tile_configs(block_m, block_n, block_k, split, tma):
+    """Every tile shape and K split the launcher can pick (uneven splits, a K tail, tiles past
+    M and U), pointer loads and, on sm90, TMA; each called twice: the split-K counters must be
+    left reset for the next call."""
+    kern = rt._triton_kernels()
+    M, D, U = (70, 1000, 300) if DEVICE == "cuda" else (37, 200, 72)
+    if tma and not (DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("TMA needs sm90")
+    x, w_gate, w_up, (b_gate, b_up) = make_inputs(M, D, U, torch.bfloat16, seed=9, bias=True)
+    ref = reference(x, w_gate, w_up, "silu", b_gate, b_up)
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 4, "SPLIT_K": split,
+           "num_warps": 4, "num_stages": 2, "USE_TMA": tma}  # fmt: skip
+    for _ in range(2):
+        out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
+        kern.launch_gated_mlp(x, w_gate, w_up, b_gate, b_up, out, "silu", cfg=cfg)
+        assert_gated_close(out, ref, f"config {cfg}")
+    counters = kern._COUNTERS.get(x.device)
+    assert counters is None or int(counters.abs().sum()) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: clear errors naming the argument, before anything is written
+# ---------------------------------------------------------------------------------------------
+
+
+def _bad_cases():
+    x = torch.randn(4, 64, device=DEVICE).bfloat16()
+    w = torch.randn(32, 64, device=DEVICE).bfloat16()
+    wide = torch.randn(32, 72, device=DEVICE).bfloat16()
+    odd_rows = torch.randn(32, 67, device=DEVICE).bfloat16()[:, :64]  # row stride 67: 134 bytes
+    return [
+        ("x dtype", lambda: rt.gated_mlp(x.float(), w, w), TypeError, "x: expected dtype float16 or bfloat16"),
+        ("x type", lambda: rt.gated_mlp([1.0], w, w), TypeError, "x: expected a torch.Tensor"),
+        ("w_gate dtype", lambda: rt.gated_mlp(x, w.half(), w), TypeError, "w_gate: expected dtype torch.bfloat16"),
+        ("w_up dtype", lambda: rt.gated_mlp(x, w, w.float()), TypeError, "w_up: expected dtype torch.bfloat16"),
+        ("w_gate shape", lambda: rt.gated_mlp(x, w[:, :32], w), ValueError, r"w_gate: expected shape \[U, 64\]"),
+        ("w_up rows", lambda: rt.gated_mlp(x, w, w[:16]), ValueError, r"w_up: expected shape \[32, 64\]"),
+        ("w_up 3-D", lambda: rt.gated_mlp(x, w, w[None]), ValueError, "w_up: expected shape"),
+        ("w_gate K stride", lambda: rt.gated_mlp(x, torch.randn(64, 32, device=DEVICE).bfloat16().T, w), ValueError, "w_gate: the D dimension must be contiguous"),
+        ("w_up row stride", lambda: rt.gated_mlp(x, w, odd_rows), ValueError, "w_up: expected a row stride that is a multiple of 16 bytes"),
+        ("w_gate misaligned", lambda: rt.gated_mlp(x, wide[:, 1:65], w), ValueError, "w_gate: expected a 16-byte aligned start"),
+        ("bias shape", lambda: rt.gated_mlp(x, w, w, bias_gate=torch.zeros(31, device=DEVICE)), ValueError, r"bias_gate: expected shape \(32,\)"),
+        ("bias dtype", lambda: rt.gated_mlp(x, w, w, bias_up=torch.zeros(32, device=DEVICE).half()), TypeError, "bias_up: expected dtype"),
+        ("activation", lambda: rt.gated_mlp(x, w, w, activation="relu"), ValueError, "activation: expected one of"),
+        ("layout", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), layout="stacked"), ValueError, "layout: expected 'concat' or 'interleaved'"),
+        ("fused rows", lambda: rt.gated_mlp_fused(x, w[:31]), ValueError, "w_gate_up: expected an even number of rows"),
+        ("fused bias", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), bias=torch.zeros(63, device=DEVICE)), ValueError, "bias: expected an even number"),
+        ("interleave shapes", lambda: rt.interleave_gate_up(w, w[:3]), ValueError, "w_up: expected w_gate's shape"),
+    ]  # fmt: skip
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_input(case):
+    _, call, exc, match = case
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a second device type")
+def test_bad_device():
+    x = torch.randn(4, 64, device=DEVICE).bfloat16()
+    w = torch.randn(32, 64).bfloat16()
+    with pytest.raises(ValueError, match="w_gate: expected device"):
+        rt.gated_mlp(x, w, w)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library contract, torch.compile, the layer
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("bias", [False, True])
+def test_opcheck(bias):
+    x, w_gate, w_up, b = make_inputs(5, 64, 48, torch.bfloat16, seed=10, bias=bias)
+    b_gate, b_up = b if bias else (None, None)
+    out = torch.empty(5, 48, dtype=torch.bfloat16, device=DEVICE)
+    opcheck(rt.ops.gated_mlp, (out, x, w_gate, w_up, b_gate, b_up, "silu"))
+
+
+@pytest.mark.kernels_ci
+def test_torch_compile_fullgraph():
+    x, w_gate, w_up, _ = make_inputs(6, 64, 48, torch.bfloat16, seed=11)
+    w_fused = torch.cat([w_gate, w_up])
+
+    def block(x):
+        a = rt.gated_mlp(x, w_gate, w_up)
+        b = rt.gated_mlp_fused(x * 2, w_fused, activation="gelu_tanh")
+        return a + 1, b
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    for got, expected in zip(compiled(x), block(x)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("hidden_act", ["silu", "gelu_pytorch_tanh", "relu"])
+@pytest.mark.parametrize("mlp_bias", [False, True])
+def test_llama_mlp_layer(hidden_act, mlp_bias):
+    """The layer's forward on a stock transformers LlamaMLP equals the module's own forward
+    (bf16 rounding of the intermediate aside); activations the kernel lacks keep the module's."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    hidden, inter = (1024, 2816) if DEVICE == "cuda" else (64, 176)
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=inter, hidden_act=hidden_act, mlp_bias=mlp_bias)
+    torch.manual_seed(12)
+    mlp = LlamaMLP(config).to(device=DEVICE, dtype=torch.bfloat16).eval()
+    x = torch.randn(3, 5, hidden, device=DEVICE).bfloat16()
+    with torch.no_grad():
+        got = rt.layers.LlamaMLP.forward(mlp, x)
+        expected = mlp(x)
+        if hidden_act == "relu":
+            assert torch.equal(got, expected)
+            return
+        # The eager module rounds gate(x), up(x), act and the product to bf16: compare to the
+        # exact (fp64) MLP with a bound that holds for both.
+        act = "silu" if hidden_act == "silu" else "gelu_tanh"
+        h = reference(x, mlp.gate_proj.weight, mlp.up_proj.weight, act, mlp.gate_proj.bias, mlp.up_proj.bias)
+        exact = torch.nn.functional.linear(h, mlp.down_proj.weight.double(), None if mlp.down_proj.bias is None else mlp.down_proj.bias.double())
+    scale = exact.abs().max().item()
+    err_ours = (got.double() - exact).abs().max().item()
+    err_eager = (expected.double() - exact).abs().max().item()
+    assert err_ours <= max(2 * err_eager, 2e-2 * scale), f"layer: max error {err_ours:.3g} (eager's {err_eager:.3g})"

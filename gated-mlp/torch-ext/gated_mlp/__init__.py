@@ -1,0 +1,221 @@
+"""The up-projection half of a gated MLP in one GEMM: ``act(x W_gate^T + b_g) * (x W_up^T + b_u)``
+with the activation and the multiply in the epilogue, so only the [M, U] product is written
+(the unfused GEMM + activation writes and re-reads [M, 2U]).
+
+One Triton source serves CUDA (sm90: TMA + wgmma; sm80: mma.sync) and ROCm (gfx942). On CPU the
+op runs a plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1`` is
+set before the first call, in which case CPU tensors go through the Triton kernel in Triton's
+interpreter (how CI tests the kernel code without a GPU).
+
+* :func:`gated_mlp` — separate ``w_gate`` / ``w_up`` ([U, D], nn.Linear layout; any row
+  stride, so views into one fused tensor work without a copy).
+* :func:`gated_mlp_fused` — one ``[2U, D]`` weight, ``"concat"`` (gate rows then up rows, as
+  Phi-3's ``gate_up_proj``) or ``"interleaved"`` (gate and up rows alternating).
+* :func:`interleave_gate_up` — builds the interleaved weight.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+
+from . import _reference, layers
+from ._ops import add_op_namespace_prefix, ops
+
+__all__ = [
+    "ACTIVATIONS",
+    "gated_mlp",
+    "gated_mlp_fused",
+    "interleave_gate_up",
+    "layers",
+    "triton_enabled_for",
+]
+
+ACTIVATIONS = ("silu", "gelu_tanh")
+LAYOUTS = ("concat", "interleaved")
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_enabled_for(t: torch.Tensor) -> bool:
+    """True when the op on ``t`` runs the Triton kernel: GPU tensors (CUDA or ROCm), and CPU
+    tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter); else the plain-torch path."""
+    if t.is_cuda:
+        return True
+    return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
+
+
+def _triton_kernels():
+    from . import _kernels
+
+    return _kernels
+
+
+@torch.library.custom_op(add_op_namespace_prefix("gated_mlp"), mutates_args=("out",))
+def _gated_mlp_op(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    bias_gate: Optional[torch.Tensor],
+    bias_up: Optional[torch.Tensor],
+    activation: str,
+) -> None:
+    """x [M, D], w_gate / w_up [U, D], biases [U] or None; writes out [M, U]."""
+    if triton_enabled_for(x):
+        _triton_kernels().launch_gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation)
+    else:
+        _reference.gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_mlp"))
+def _gated_mlp_fake(out, x, w_gate, w_up, bias_gate, bias_up, activation) -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks: every error names the argument, what was expected and what came
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_tensor(t, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtype is None and t.dtype not in _DTYPES:
+        raise TypeError(f"{name}: expected dtype float16 or bfloat16, got {t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype} (x's), got {t.dtype}")
+    return t
+
+
+def _check_weight(w, name: str, x: torch.Tensor, rows: int | None) -> None:
+    """[rows, D] with D contiguous; the row stride and base 16-byte aligned, because the sm90
+    path reads W through the copy engine (TMA), which requires both (a copy would read the
+    whole weight on every call)."""
+    _check_tensor(w, name, x.dtype)
+    D = x.shape[-1]
+    if w.device != x.device:
+        raise ValueError(f"{name}: expected device {x.device} (x's), got {w.device}")
+    if w.dim() != 2 or w.shape[1] != D or (rows is not None and w.shape[0] != rows):
+        want = f"[{rows if rows is not None else 'U'}, {D}]"
+        raise ValueError(f"{name}: expected shape {want} (nn.Linear layout, D = x.shape[-1]), got {tuple(w.shape)}")
+    if w.shape[0] == 0 or D == 0:
+        return
+    if w.stride(1) != 1 and D > 1:
+        raise ValueError(f"{name}: the D dimension must be contiguous (stride 1), got strides {w.stride()}")
+    if w.shape[0] > 1 and (w.stride(0) * w.element_size()) % 16:
+        raise ValueError(
+            f"{name}: expected a row stride that is a multiple of 16 bytes ({16 // w.element_size()} elements), "
+            f"got {w.stride(0)} elements"
+        )
+    # The storage offset (torch's allocations are aligned). torch.compile cannot trace it: a
+    # compiled call skips this check, and the launcher, which checks the address itself before
+    # choosing TMA, reads a misaligned weight with ordinary loads.
+    if not torch.compiler.is_compiling() and (w.storage_offset() * w.element_size()) % 16:
+        raise ValueError(
+            f"{name}: expected a 16-byte aligned start, got a view {w.storage_offset()} elements into its storage"
+        )
+
+
+def _check_bias(b, name: str, x: torch.Tensor, U: int) -> None:
+    if b is None:
+        return
+    if not isinstance(b, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(b).__name__}")
+    if b.dtype not in (x.dtype, torch.float32):
+        raise TypeError(f"{name}: expected dtype {x.dtype} (x's) or float32, got {b.dtype}")
+    if b.device != x.device:
+        raise ValueError(f"{name}: expected device {x.device} (x's), got {b.device}")
+    if b.shape != (U,):
+        raise ValueError(f"{name}: expected shape ({U},), got {tuple(b.shape)}")
+
+
+def gated_mlp(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    *,
+    activation: str = "silu",
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``act(x @ w_gate.T + bias_gate) * (x @ w_up.T + bias_up)`` in one kernel.
+
+    x ``[..., D]`` (float16 / bfloat16); w_gate, w_up ``[U, D]`` in x's dtype, D contiguous,
+    any 16-byte multiple row stride (views into one fused weight work); biases ``[U]`` (x's
+    dtype or float32) or None. ``activation``: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU,
+    tanh approximation). fp32 accumulation, activation and product; one rounding to x's dtype.
+    Returns ``[..., U]``."""
+    _check_tensor(x, "x")
+    if x.dim() < 1:
+        raise ValueError(f"x: expected shape [..., D], got {tuple(x.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    _check_weight(w_gate, "w_gate", x, None)
+    U = w_gate.shape[0]
+    _check_weight(w_up, "w_up", x, U)
+    _check_bias(bias_gate, "bias_gate", x, U)
+    _check_bias(bias_up, "bias_up", x, U)
+    if (bias_gate is None) != (bias_up is None):  # the kernel adds both or neither
+        if bias_gate is None:
+            bias_gate = torch.zeros_like(bias_up)
+        else:
+            bias_up = torch.zeros_like(bias_gate)
+    D = x.shape[-1]
+    x2 = x.reshape(-1, D)
+    if x2.stride(-1) != 1 and D > 1:
+        x2 = x2.contiguous()
+    out = torch.empty((x2.shape[0], U), dtype=x.dtype, device=x.device)
+    ops.gated_mlp(out, x2, w_gate, w_up, bias_gate, bias_up, activation)
+    return out.view(*x.shape[:-1], U)
+
+
+def _split_fused(w: torch.Tensor, name: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected 'concat' or 'interleaved', got {layout!r}")
+    if not isinstance(w, torch.Tensor) or w.dim() < 1 or w.shape[0] % 2:
+        shape = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(f"{name}: expected an even number of rows (gate and up), got {shape}")
+    U = w.shape[0] // 2
+    return (w[:U], w[U:]) if layout == "concat" else (w[0::2], w[1::2])
+
+
+def gated_mlp_fused(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    *,
+    layout: str = "concat",
+    activation: str = "silu",
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`gated_mlp` with one ``[2U, D]`` weight (and optional ``[2U]`` bias) holding the gate
+    and up projections: ``"concat"`` = gate rows then up rows (Phi-3's ``gate_up_proj``),
+    ``"interleaved"`` = rows alternate gate, up (see :func:`interleave_gate_up`). No copy: the
+    kernel reads the two halves as row-strided views."""
+    w_gate, w_up = _split_fused(w_gate_up, "w_gate_up", layout)
+    b_gate = b_up = None
+    if bias is not None:
+        b_gate, b_up = _split_fused(bias, "bias", layout)
+        b_gate, b_up = b_gate.contiguous(), b_up.contiguous()  # [U]: negligible
+    return gated_mlp(x, w_gate, w_up, activation=activation, bias_gate=b_gate, bias_up=b_up)
+
+
+def interleave_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """``[2U, ...]`` with row ``2i`` = ``w_gate[i]`` and row ``2i + 1`` = ``w_up[i]`` (works for
+    weights ``[U, D]`` and biases ``[U]``)."""
+    if not isinstance(w_gate, torch.Tensor) or not isinstance(w_up, torch.Tensor):
+        raise TypeError("w_gate, w_up: expected torch.Tensors")
+    if w_gate.shape != w_up.shape or w_gate.dim() < 1:
+        raise ValueError(f"w_up: expected w_gate's shape {tuple(w_gate.shape)}, got {tuple(w_up.shape)}")
+    return torch.stack((w_gate, w_up), dim=1).reshape(2 * w_gate.shape[0], *w_gate.shape[1:])

@@ -1,0 +1,260 @@
+"""Triton kernel of gated-mlp and its launcher (raw tensors in, nothing checked here: the public
+functions in ``__init__`` check arguments first).
+
+Imported lazily: only when a CUDA/ROCm tensor (or a CPU tensor under ``TRITON_INTERPRET=1``)
+reaches an op, so the CPU variant works without Triton installed.
+
+One kernel, two operand paths:
+* TMA (sm90): x, W_gate and W_up tiles arrive through host-built tensor descriptors (the copy
+  engine, zero-filled past the edges), and Triton issues wgmma on them.
+* pointers (sm80, gfx942, the interpreter, unaligned views): ordinary loads, rows and columns
+  wrapped modulo M / N so the loads need no masks (the wrapped rows are never stored).
+Either way a tile holds two fp32 accumulators with identical layouts, acc_g = x @ W_gate^T and
+acc_u = x @ W_up^T over the same A tile, and the epilogue act(acc_g + b_g) * (acc_u + b_u) is
+elementwise: only the [M, U] gated product is written.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+
+@triton.jit
+def _gate(acc_g, acc_u, ACTIVATION: tl.constexpr):
+    """act(g) * u in fp32. silu(g) = g * sigmoid(g); gelu_tanh(g) = 0.5 g (1 + tanh(z)) =
+    g * sigmoid(2 z), z = sqrt(2 / pi) (g + 0.044715 g^3): one exp either way."""
+    if ACTIVATION == 0:
+        a = acc_g * tl.sigmoid(acc_g)
+    else:
+        z2 = 1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g)
+        a = acc_g * tl.sigmoid(z2)
+    return a * acc_u
+
+
+@triton.jit
+def _epilogue(
+    acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    rows = off_m + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    if HAS_BIAS:
+        acc_g += tl.load(bg_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(bu_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y = _gate(acc_g, acc_u, ACTIVATION)
+    o = out_ptr + rows.to(tl.int64)[:, None] * s_om + cols[None, :]
+    tl.store(o, y.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _gated_mlp_kernel(
+    x, wg, wu, bg_ptr, bu_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, K_SPLIT,
+    s_xm, s_gn, s_un, s_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """out[off_m:+BLOCK_M, off_n:+BLOCK_N] = act(x W_g^T + b_g) * (x W_u^T + b_u).
+
+    Tiles in grouped order (GROUP_M row tiles share each column sweep, so W tiles are reused
+    from L2). SPLIT_K > 1 (decode: too few output tiles to keep W's read in flight): program
+    (tile, s) covers K range s, stores its two fp32 partials, and the last of the SPLIT_K
+    programs of a tile to arrive (an acq_rel counter) adds them in split order (deterministic),
+    runs the epilogue and resets the counter: one launch.
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if USE_TMA:
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            a = x.load([off_m, k0])
+            b_g = wg.load([off_n, k0])
+            b_u = wu.load([off_n, k0])
+            acc_g = tl.dot(a, b_g.T, acc_g)
+            acc_u = tl.dot(a, b_u.T, acc_u)
+    else:
+        ks = tl.arange(0, BLOCK_K)
+        rows = (off_m + tl.arange(0, BLOCK_M)) % M  # wrapped, never stored: no load masks
+        cols = (off_n + tl.arange(0, BLOCK_N)) % N
+        a_ptr = x + rows.to(tl.int64)[:, None] * s_xm + ks[None, :]
+        g_ptr = wg + cols.to(tl.int64)[:, None] * s_gn + ks[None, :]
+        u_ptr = wu + cols.to(tl.int64)[:, None] * s_un + ks[None, :]
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptr + k0)
+                b_g = tl.load(g_ptr + k0)
+                b_u = tl.load(u_ptr + k0)
+            else:
+                kmask = (k0 + ks) < k_hi
+                a = tl.load(a_ptr + k0, mask=kmask[None, :], other=0.0)
+                b_g = tl.load(g_ptr + k0, mask=kmask[None, :], other=0.0)
+                b_u = tl.load(u_ptr + k0, mask=kmask[None, :], other=0.0)
+            if COMPILED:
+                acc_g = tl.dot(a, b_g.T, acc_g)
+                acc_u = tl.dot(a, b_u.T, acc_u)
+            else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
+                af = a.to(tl.float32)
+                acc_g = tl.dot(af, b_g.to(tl.float32).T, acc_g)
+                acc_u = tl.dot(af, b_u.to(tl.float32).T, acc_u)
+
+    if SPLIT_K > 1:
+        # partials [SPLIT_K, 2 (gate, up), num_m * BLOCK_M, num_n * BLOCK_N], fp32
+        m_pad = num_m * BLOCK_M
+        n_pad = num_n * BLOCK_N
+        r = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
+        c = off_n + tl.arange(0, BLOCK_N)
+        tile = r[:, None] * n_pad + c[None, :]
+        plane = m_pad.to(tl.int64) * n_pad
+        tl.store(part_ptr + (2 * pid_k) * plane + tile, acc_g)
+        tl.store(part_ptr + (2 * pid_k + 1) * plane + tile, acc_u)
+        tl.debug_barrier()  # every thread's partial stored before the counter releases them
+        counter = count_ptr + pid
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):  # in split order: results do not depend on arrival order
+                acc_g += tl.load(part_ptr + (2 * s) * plane + tile, cache_modifier=".cg")
+                acc_u += tl.load(part_ptr + (2 * s + 1) * plane + tile, cache_modifier=".cg")
+            tl.atomic_xchg(counter, 0)  # ready for the next call (the counters are cached)
+            _epilogue(acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS)
+    else:
+        _epilogue(acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS)
+
+
+def _interpreting() -> bool:
+    """Triton's interpreter (CPU tensors, TRITON_INTERPRET=1): the kernel takes its
+    COMPILED=False branch (fp32 tl.dot operands)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _tma_capable(*tensors: torch.Tensor) -> bool:
+    """Hopper's copy engine: sm90 (CUDA, not ROCm), 16-byte aligned bases and row strides."""
+    t0 = tensors[0]
+    if not t0.is_cuda or torch.version.hip is not None or _interpreting():
+        return False
+    if torch.cuda.get_device_capability(t0.device)[0] != 9:
+        return False
+    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors)
+
+
+def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True) -> dict:
+    """Tile shape, K split and pipelining by token count (no autotuning: deterministic, and
+    cheap in the interpreter); from `benchmarks/tune.py` on an H200 (numbers there).
+    Decode (M <= 64) reads W once and is bound by how much of it is in flight: narrow column
+    tiles and a K split until ~2 programs per SM; prefill: 128 x (128 + 128) tiles (the two
+    accumulators of a 128 x 256 output tile of the unfused GEMM)."""
+    if M <= 64:
+        cfg = {"BLOCK_M": 64 if tma else 16 if M <= 16 else 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+    elif M <= 256:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
+    else:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    split = 1
+    if M <= 64:
+        tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
+        split = max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(K, cfg["BLOCK_K"]) // 2, 8))
+    cfg["SPLIT_K"] = split
+    return cfg
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The split-K arrival counters: zeroed once per device and left zeroed by the kernel (the
+    last program of a tile resets its counter), so a call costs no memset. Calls on concurrent
+    streams of one device would share them: one stream at a time."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
+def launch_gated_mlp(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    bias_gate: torch.Tensor | None,
+    bias_up: torch.Tensor | None,
+    out: torch.Tensor,
+    activation: str,
+    cfg: dict | None = None,
+) -> None:
+    """x [M, K], w_gate / w_up [N, K] (unit last strides, any row strides), biases [N] or None,
+    out [M, N] (unit last stride). ``cfg``: `gated_mlp_config`'s form plus an optional
+    ``USE_TMA``, to override the choice (tuning, tests)."""
+    M, K = x.shape
+    N = w_gate.shape[0]
+    if M == 0 or N == 0:
+        return
+    if K == 0:  # an empty sum: act(b_g) * b_u, or zeros
+        zeros = torch.zeros(M, N, dtype=torch.float32, device=x.device)
+        from ._reference import gate_act
+
+        g = zeros + (bias_gate.float() if bias_gate is not None else 0)
+        u = zeros + (bias_up.float() if bias_up is not None else 0)
+        out.copy_(gate_act(g, activation) * u)
+        return
+    cfg = dict(cfg) if cfg is not None else {}
+    tma = cfg.pop("USE_TMA", None)
+    if tma is None:
+        tma = _tma_capable(x, w_gate, w_up)
+    if "BLOCK_M" not in cfg:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        cfg = gated_mlp_config(M, N, K, sms, tma)
+    block_m, block_n, block_k, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.pop("SPLIT_K")
+    k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
+    split = triton.cdiv(K, k_split)  # no empty splits
+    num_m, num_n = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        xa = TensorDescriptor.from_tensor(x, [block_m, block_k])
+        ga = TensorDescriptor.from_tensor(w_gate, [block_n, block_k])
+        ua = TensorDescriptor.from_tensor(w_up, [block_n, block_k])
+    else:
+        xa, ga, ua = x, w_gate, w_up
+    if split > 1:
+        part = torch.empty((split, 2, num_m * block_m, num_n * block_n), dtype=torch.float32, device=x.device)
+        counters = _split_counters(x.device, num_m * num_n)
+    else:
+        part = counters = out  # not read
+    has_bias = bias_gate is not None
+    _gated_mlp_kernel[(num_m * num_n, split)](
+        xa, ga, ua,
+        bias_gate if has_bias else out, bias_up if has_bias else out, out, part, counters,
+        M, N, K, k_split,
+        x.stride(0), w_gate.stride(0), w_up.stride(0), out.stride(0),
+        SPLIT_K=split, ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=has_bias, USE_TMA=tma,
+        EVEN_K=K % block_k == 0, COMPILED=not _interpreting(), **cfg,
+    )  # fmt: skip
