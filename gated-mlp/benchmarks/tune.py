@@ -26,16 +26,16 @@ from fused_llm.packages import get_kernel
 
 def configs(m: int):
     if m <= 64:
-        for tma, bn, bk, split in itertools.product((True, False), (32, 64, 128), (64, 128), (1, 2, 4)):
+        for tma, bn, bk, split in itertools.product((True, False), (64, 128), (64,), (1, 2)):
             bm = 64 if tma or m > 16 else 16
             yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": split,
                    "num_warps": 4, "num_stages": 4, "USE_TMA": tma}  # fmt: skip
     else:
-        for (bm, bn, warps), stages, group in itertools.product(
-            ((128, 128, 8), (128, 64, 4), (64, 128, 4), (128, 128, 4), (64, 256, 8)), (3, 4, 5), (8,)
+        for stages, group, (persistent, ws) in itertools.product(
+            (3, 4), (8, 16), ((False, False), (True, False), (True, True))
         ):
-            yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": group, "SPLIT_K": 1,
-                   "num_warps": warps, "num_stages": stages, "USE_TMA": True}  # fmt: skip
+            yield {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": group, "SPLIT_K": 1, "num_warps": 8,
+                   "num_stages": stages, "USE_TMA": True, "PERSISTENT": persistent, "WARP_SPECIALIZE": ws}  # fmt: skip
 
 
 def peak_extra_mib(make, case: Case) -> float:

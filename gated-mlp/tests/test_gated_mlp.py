@@ -155,7 +155,8 @@ def test_row_strided_weight_views():
 @pytest.mark.parametrize(
     "block_m, block_n, block_k, split, tma",
     [(16, 32, 32, 1, False), (16, 32, 32, 3, False), (32, 64, 64, 2, False), (64, 32, 32, 5, False),
-     (64, 64, 64, 1, True), (128, 128, 64, 1, True), (64, 64, 128, 4, True)],
+     (64, 64, 64, 1, True), (128, 128, 64, 1, True), (64, 64, 128, 4, True), (128, 128, 64, 1, "persistent"),
+     (64, 64, 64, 1, "persistent")],
 )  # fmt: skip
 def test_tile_configs(block_m, block_n, block_k, split, tma):
     """Every tile shape and K split the launcher can pick (uneven splits, a K tail, tiles past
@@ -168,7 +169,7 @@ def test_tile_configs(block_m, block_n, block_k, split, tma):
     x, w_gate, w_up, (b_gate, b_up) = make_inputs(M, D, U, torch.bfloat16, seed=9, bias=True)
     ref = reference(x, w_gate, w_up, "silu", b_gate, b_up)
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 4, "SPLIT_K": split,
-           "num_warps": 4, "num_stages": 2, "USE_TMA": tma}  # fmt: skip
+           "num_warps": 4, "num_stages": 2, "USE_TMA": bool(tma), "PERSISTENT": tma == "persistent"}  # fmt: skip
     for _ in range(2):
         out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
         kern.launch_gated_mlp(x, w_gate, w_up, b_gate, b_up, out, "silu", cfg=cfg)

@@ -27,7 +27,17 @@ LAYERS: dict[str, tuple[str, str]] = {
     # Each model's apply_rotary_pos_emb, a process-wide singleton module that transformers
     # attaches to its attention modules (use_kernelized_func): swapping it swaps it everywhere.
     "rotary_pos_emb": ("rope-triton", "ApplyRotaryPosEmb"),
+    # transformers tags no MLP class; kernelize() tags these (MLP_CLASSES) first.
+    "LlamaMLP": ("gated-mlp", "LlamaMLP"),
 }
+# Gated MLPs with gate_proj / up_proj / down_proj / act_fn and config.hidden_act, which the
+# "LlamaMLP" layer serves: (transformers module, class).
+MLP_CLASSES = (
+    ("transformers.models.llama.modeling_llama", "LlamaMLP"),
+    ("transformers.models.mistral.modeling_mistral", "MistralMLP"),
+    ("transformers.models.qwen2.modeling_qwen2", "Qwen2MLP"),
+    ("transformers.models.qwen3.modeling_qwen3", "Qwen3MLP"),
+)
 # Every package ships CUDA (sm80, sm90), ROCm (gfx942) and CPU code.
 DEVICES = ("cuda", "rocm", "cpu")
 
@@ -111,6 +121,26 @@ def _report(model: nn.Module) -> KernelizeReport:
     return report
 
 
+def tag_mlp_classes() -> list[type]:
+    """Give transformers' gated MLP classes the hub layer name "LlamaMLP"
+    (``kernels.replace_kernel_forward_from_hub``), so kernelize can swap their forward.
+    Class-level and idempotent; returns the classes tagged."""
+    import importlib
+
+    from kernels import replace_kernel_forward_from_hub
+
+    tagged = []
+    for module_name, class_name in MLP_CLASSES:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):
+            continue
+        if getattr(cls, "kernel_layer_name", None) is None:
+            replace_kernel_forward_from_hub(cls, "LlamaMLP")
+        tagged.append(cls)
+    return tagged
+
+
 def kernelize(
     model: nn.Module,
     mode=None,
@@ -128,6 +158,8 @@ def kernelize(
 
     mode = Mode.INFERENCE if mode is None else mode
     mapping = kernel_mapping(source)
+    if "LlamaMLP" in mapping:
+        tag_mlp_classes()
     with use_kernel_mapping(mapping, inherit_mapping=False):
         hub_kernelize(model, mode=mode, device=device, use_fallback=use_fallback)
     return _report(model)

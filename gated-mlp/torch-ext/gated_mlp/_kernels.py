@@ -54,6 +54,47 @@ def _epilogue(
 
 
 @triton.jit
+def _tile_offsets(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row tiles share each column sweep, so W tiles are reused from L2."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (tile // group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % group) % group_m
+    pid_n = (tile % group) // group_m
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
+
+
+@triton.jit
+def _gated_mlp_persistent_kernel(
+    x, wg, wu, bg_ptr, bu_ptr, out_ptr,
+    M, N, K, s_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """TMA only (sm90): one program per SM walks the tiles; Triton flattens the tile and K loops
+    into one software pipeline, so the next tile's loads overlap this tile's epilogue."""
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True, warp_specialize=WARP_SPECIALIZE):
+        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_steps):
+            a = x.load([off_m, ki * BLOCK_K])
+            acc_g = tl.dot(a, wg.load([off_n, ki * BLOCK_K]).T, acc_g)
+            acc_u = tl.dot(a, wu.load([off_n, ki * BLOCK_K]).T, acc_u)
+        _epilogue(acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS)
+
+
+@triton.jit
 def _gated_mlp_kernel(
     x, wg, wu, bg_ptr, bu_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, K_SPLIT,
@@ -71,8 +112,7 @@ def _gated_mlp_kernel(
 ):  # fmt: skip
     """out[off_m:+BLOCK_M, off_n:+BLOCK_N] = act(x W_g^T + b_g) * (x W_u^T + b_u).
 
-    Tiles in grouped order (GROUP_M row tiles share each column sweep, so W tiles are reused
-    from L2). SPLIT_K > 1 (decode: too few output tiles to keep W's read in flight): program
+    One program per output tile, in grouped order. SPLIT_K > 1 (decode: too few output tiles to keep W's read in flight): program
     (tile, s) covers K range s, stores its two fp32 partials, and the last of the SPLIT_K
     programs of a tile to arrive (an acq_rel counter) adds them in split order (deterministic),
     runs the epilogue and resets the counter: one launch.
@@ -81,13 +121,7 @@ def _gated_mlp_kernel(
     pid_k = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % group_m
-    pid_n = (pid % group) // group_m
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
+    off_m, off_n = _tile_offsets(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
 
@@ -168,21 +202,32 @@ def _tma_capable(*tensors: torch.Tensor) -> bool:
 
 def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True) -> dict:
     """Tile shape, K split and pipelining by token count (no autotuning: deterministic, and
-    cheap in the interpreter); from `benchmarks/tune.py` on an H200 (numbers there).
-    Decode (M <= 64) reads W once and is bound by how much of it is in flight: narrow column
-    tiles and a K split until ~2 programs per SM; prefill: 128 x (128 + 128) tiles (the two
-    accumulators of a 128 x 256 output tile of the unfused GEMM)."""
-    if M <= 64:
-        cfg = {"BLOCK_M": 64 if tma else 16 if M <= 16 else 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
-    elif M <= 256:
-        cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
+    cheap in the interpreter): the best of `benchmarks/tune.py`'s sweep on an H200, Llama 3 8B
+    MLP (D 4096, U 14336; cuBLAS + Liger in the same run):
+    * M <= 16: 16 x 128 tiles, pointer loads (mma.sync): 57.7 us at M = 1, i.e. W read at
+      4.1 TB/s (95% of the copy ceiling), 1.03x cuBLAS + Liger;
+    * M <= 64: 64 x 128 TMA tiles: 57.7 us at M = 64, 1.08x;
+    * prefill: 128 x (128 + 128) TMA tiles, 8 warps (two accumulators = the unfused GEMM's
+      128 x 256 tile): 1.00-1.02x cuBLAS + Liger at 256-4096 tokens; 64-wide or 4-warp
+      tiles were 4-20% slower.
+    A K split (W's read spread over more programs) lost at these sizes (112+ tiles already
+    cover the GPU), so it is used only when the tiles cover less than half of the SMs."""
+    if M <= 16:
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+        tma = False
+    elif M <= 64:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
     else:
-        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+        stages = 3 if 512 < M <= 2048 else 4  # measured: 367 vs 391 us at 1024, 1483 vs 1566 at 4096
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": stages}
+    if not tma and M > 16:
+        cfg["BLOCK_N"] = 64  # pointer loads (sm80, gfx942): the register-staged tiles are smaller
+    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
     split = 1
-    if M <= 64:
-        tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-        split = max(1, min(triton.cdiv(2 * sms, tiles), triton.cdiv(K, cfg["BLOCK_K"]) // 2, 8))
+    if 2 * tiles < sms:
+        split = max(1, min(triton.cdiv(sms, tiles), triton.cdiv(K, cfg["BLOCK_K"]) // 2, 8))
     cfg["SPLIT_K"] = split
+    cfg["USE_TMA"] = tma
     return cfg
 
 
@@ -232,6 +277,9 @@ def launch_gated_mlp(
     if "BLOCK_M" not in cfg:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         cfg = gated_mlp_config(M, N, K, sms, tma)
+        tma = cfg.pop("USE_TMA")
+    persistent = cfg.pop("PERSISTENT", False) and tma
+    warp_specialize = cfg.pop("WARP_SPECIALIZE", False)
     block_m, block_n, block_k, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.pop("SPLIT_K")
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
@@ -244,12 +292,22 @@ def launch_gated_mlp(
         ua = TensorDescriptor.from_tensor(w_up, [block_n, block_k])
     else:
         xa, ga, ua = x, w_gate, w_up
+    has_bias = bias_gate is not None
+    if persistent:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        programs = min(sms, num_m * num_n)
+        _gated_mlp_persistent_kernel[(programs,)](
+            xa, ga, ua, bias_gate if has_bias else out, bias_up if has_bias else out, out,
+            M, N, K, out.stride(0),
+            NUM_PROGRAMS=programs, ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=has_bias,
+            WARP_SPECIALIZE=warp_specialize, **cfg,
+        )  # fmt: skip
+        return
     if split > 1:
         part = torch.empty((split, 2, num_m * block_m, num_n * block_n), dtype=torch.float32, device=x.device)
         counters = _split_counters(x.device, num_m * num_n)
     else:
         part = counters = out  # not read
-    has_bias = bias_gate is not None
     _gated_mlp_kernel[(num_m * num_n, split)](
         xa, ga, ua,
         bias_gate if has_bias else out, bias_up if has_bias else out, out, part, counters,
