@@ -31,11 +31,13 @@ def configs(m: int):
             yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": split,
                    "num_warps": 4, "num_stages": 4, "USE_TMA": tma}  # fmt: skip
     else:
-        for stages, group, (persistent, ws) in itertools.product(
-            (3, 4), (8, 16), ((False, False), (True, False), (True, True))
+        for (bm, bn, warps), stages, group, persistent in itertools.product(
+            ((128, 128, 8), (64, 128, 4), (128, 64, 4)), (3, 4), (8, 16), (False, True)
         ):
-            yield {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": group, "SPLIT_K": 1, "num_warps": 8,
-                   "num_stages": stages, "USE_TMA": True, "PERSISTENT": persistent, "WARP_SPECIALIZE": ws}  # fmt: skip
+            if persistent and (bm, bn, group) != (128, 128, 16):
+                continue
+            yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": group, "SPLIT_K": 1, "num_warps": warps,
+                   "num_stages": stages, "USE_TMA": True, "PERSISTENT": persistent}  # fmt: skip
 
 
 def peak_extra_mib(make, case: Case) -> float:
