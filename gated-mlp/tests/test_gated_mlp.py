@@ -90,6 +90,18 @@ def test_gated_mlp(M, D, U, activation, dtype):
     assert torch.equal(rt.gated_mlp(x, w_gate, w_up, activation=activation), out)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="the interpreter runs the pointer path anyway")
+@pytest.mark.parametrize("M, D, U", SIZES[:4], ids=lambda v: str(v))
+def test_pointer_path(M, D, U):
+    """The operand path of GPUs without TMA (sm80, gfx942): its default tiles, forced here
+    (Triton compiles it for the GPU at hand, so on an H100 / H200 it is the same Triton code,
+    not an sm80 binary)."""
+    x, w_gate, w_up, _ = make_inputs(M, D, U, torch.bfloat16, seed=M + 1)
+    out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
+    rt._triton_kernels().launch_gated_mlp(x, w_gate, w_up, None, None, out, "silu", cfg={"USE_TMA": False})
+    assert_gated_close(out, reference(x, w_gate, w_up), "pointer path")
+
+
 @pytest.mark.kernels_ci
 def test_gated_mlp_ci():
     test_gated_mlp(*SIZES[1], "silu", torch.bfloat16)

@@ -204,9 +204,11 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True) -
     """Tile shape, K split and pipelining by token count (no autotuning: deterministic, and
     cheap in the interpreter): the best of `benchmarks/tune.py`'s sweep on an H200, Llama 3 8B
     MLP (D 4096, U 14336; cuBLAS + Liger in the same run):
-    * M <= 16: 16 x 128 tiles, pointer loads (mma.sync): 57.7 us at M = 1, i.e. W read at
-      4.1 TB/s (95% of the copy ceiling), 1.03x cuBLAS + Liger;
-    * M <= 64: 64 x 128 TMA tiles: 57.7 us at M = 64, 1.08x;
+    * M <= 64: 64 x 128 TMA tiles (the rows past M are zero-filled by the copy engine and
+      cost nothing: the call streams W): 8B 57.7 us at M = 1 to 64 (W read at 4.1 TB/s, 95% of
+      the copy ceiling), 70B 235 / 228 us at M = 1 / 16 (0.95x / 1.00x cuBLAS + Liger);
+      16 x 128 tiles with pointer loads (mma.sync) were within 3% either way, and are what
+      GPUs without TMA run;
     * prefill: 128 x (128 + 128) TMA tiles, 8 warps (two accumulators = the unfused GEMM's
       128 x 256 tile), 16 row tiles per column sweep: 1.04x / 1.01x cuBLAS + Liger at 1024 /
       4096 tokens (0.99x / 0.94x cuBLAS alone); 64-wide or 4-warp tiles were 4-20% slower,
@@ -214,11 +216,9 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True) -
       13-20% slower; 3 vs 4 stages differ by less than the run-to-run spread (~5%).
     A K split (W's read spread over more programs) lost at these sizes (112+ tiles already
     cover the GPU), so it is used only when the tiles cover less than half of the SMs."""
-    if M <= 16:
-        cfg = {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
-        tma = False
-    elif M <= 64:
-        cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+    if M <= 64:
+        block_m = 64 if tma or M > 16 else 16
+        cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
     else:
         stages = 4 if M <= 2048 else 3
         cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 16, "num_warps": 8, "num_stages": stages}
