@@ -25,23 +25,21 @@ from fused_llm.packages import get_kernel  # noqa: E402
 
 
 def configs(m: int):
-    if m >= 1024:  # the plain matmul (no g multiply): what the in-loop multiply costs
-        yield dict(BLOCK_M=128, BLOCK_NH=64, HEADS=2, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=3, APPLY_G=False)
-        yield dict(BLOCK_M=128, BLOCK_NH=64, HEADS=2, BLOCK_K=64, SPLIT_K=1, num_warps=8, num_stages=4, APPLY_G=False)
-    else:
-        yield dict(BLOCK_M=16 if m <= 16 else 64, BLOCK_NH=32, HEADS=1, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4,
-                   APPLY_G=False)
     if m <= 64:
-        block_ms = (16,) if m <= 16 else (32, 64)
-        for bm, bnh, bk, split in itertools.product(block_ms, (16, 32), (128, 256), (1, 4, 8, 16)):
-            yield dict(BLOCK_M=bm, BLOCK_NH=bnh, HEADS=1, BLOCK_K=bk, SPLIT_K=split, num_warps=4, num_stages=4)
-    else:
-        for bm, (bnh, heads), warps, stages in itertools.product(
-            (64, 128), ((64, 1), (64, 2), (32, 1)), (4, 8), (3, 4)
-        ):
-            if bm == 64 and warps == 8:
+        bm = 16 if m <= 16 else 64
+        for bnh, bk, split, tma in itertools.product((32, 64), (64, 128), (4, 8), (False, True)):
+            if tma and bnh != 64:
                 continue
-            yield dict(BLOCK_M=bm, BLOCK_NH=bnh, HEADS=heads, BLOCK_K=64, SPLIT_K=1, num_warps=warps, num_stages=stages)
+            yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "HEADS": 1, "BLOCK_K": bk, "SPLIT_K": split,
+                   "num_warps": 4, "num_stages": 4, "USE_TMA": tma}  # fmt: skip
+    else:
+        for (bm, heads, warps), stages, tma in itertools.product(
+            ((64, 2, 4), (128, 2, 8), (128, 1, 8), (128, 1, 4)), (3, 4), (False, True)
+        ):
+            yield {"BLOCK_M": bm, "BLOCK_NH": 64, "HEADS": heads, "BLOCK_K": 64, "SPLIT_K": 1,
+                   "num_warps": warps, "num_stages": stages, "USE_TMA": tma}  # fmt: skip
+    yield {"BLOCK_M": 16 if m <= 16 else 64 if m <= 1024 else 128, "BLOCK_NH": 64, "HEADS": 1, "BLOCK_K": 64,
+           "SPLIT_K": 4 if m <= 64 else 1, "num_warps": 4, "num_stages": 4, "USE_TMA": True, "APPLY_G": False}  # fmt: skip
 
 
 def main() -> None:

@@ -251,7 +251,7 @@ def launch_rope(
 
 @triton.jit
 def _rms_matmul_rope_kernel(
-    x_ptr, g_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
+    x_ptr, g_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
     M, N, K, K_SPLIT, eps,
     s_xm, s_wn, s_cm, s_cj, s_om,
     HEAD_DIM: tl.constexpr,
@@ -263,6 +263,7 @@ def _rms_matmul_rope_kernel(
     SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     APPLY_G: tl.constexpr,
+    USE_TMA: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
     """out[m, n] for a tile of BLOCK_M tokens x HEADS x (BLOCK_NH columns of a head's lower half
@@ -301,7 +302,11 @@ def _rms_matmul_rope_kernel(
     w_tile = w_ptr + cols.to(tl.int64)[:, None] * s_wn + ks[None, :]
     x_rows = x_ptr + rows64[:, None] * s_xm + ks[None, :]
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if EVEN_K:  # no K mask: keeps the loads vectorized (K % BLOCK_K == 0, the usual case)
+        if USE_TMA:  # sm90, whole-head tiles (contiguous W rows): the copy engine, zero-filled
+            x = x_desc.load([pid_m * BLOCK_M, k0])
+            g = tl.load(g_ptr + k0 + ks, mask=(k0 + ks) < K, other=0.0)
+            w = w_desc.load([pid_n * BLOCK_N, k0])
+        elif EVEN_K:  # no K mask: keeps the loads vectorized (K % BLOCK_K == 0, the usual case)
             x = tl.load(x_rows + k0, mask=rmask[:, None], other=0.0)
             g = tl.load(g_ptr + k0 + ks)
             w = tl.load(w_tile + k0)
@@ -452,6 +457,22 @@ def launch_rms_matmul_rope(
     cfg["SPLIT_K"] = split
     cfg["EVEN_K"] = K % block_k == 0
     block_n = cfg["HEADS"] * 2 * cfg["BLOCK_NH"]
+    tma = cfg.pop("USE_TMA", None)
+    if tma is None:  # Hopper's copy engine where the W tile is whole heads (contiguous rows)
+        tma = (
+            x.is_cuda and torch.version.hip is None and not _interpreting()
+            and torch.cuda.get_device_capability(x.device)[0] == 9
+            and cfg["BLOCK_NH"] == head_dim // 2
+            and all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (x, w))
+        )  # fmt: skip
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_desc = TensorDescriptor.from_tensor(x, [cfg["BLOCK_M"], block_k])
+        w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k])
+    else:
+        x_desc = w_desc = x  # not read
+    cfg["USE_TMA"] = bool(tma)
     heads = N // head_dim
     assert heads % cfg["HEADS"] == 0 and (head_dim // 2) % cfg["BLOCK_NH"] == 0, cfg
     grid = (triton.cdiv(M, cfg["BLOCK_M"]), N // block_n, split)
@@ -463,7 +484,7 @@ def launch_rms_matmul_rope(
     else:
         part = sq = counters = out  # not read
     _rms_matmul_rope_kernel[grid](
-        x, g, w, cos, sin, out, part, sq, counters,
+        x, g, w, x_desc, w_desc, cos, sin, out, part, sq, counters,
         M, N, K, k_split, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
         HEAD_DIM=head_dim, HALF=head_dim // 2, COMPILED=not _interpreting(), **cfg,
