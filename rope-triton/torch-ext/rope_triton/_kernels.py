@@ -390,17 +390,19 @@ def _rms_rope_epilogue(
 def rms_matmul_rope_config(M: int, N: int, K: int, head_dim: int, sms: int = 132) -> dict:
     """Tile shape and K split by token count (no autotuning: deterministic, and cheap in the
     interpreter): the best of `benchmarks/tune_projection.py`'s sweep on an H200 (Llama-3 8B
-    [W_q; W_k], 5120 x 4096): decode (M <= 64) 16 + 16-column tiles lost to 32 + 32 (M = 1:
-    22.9 vs 35.6 us), and a 4-way K split beat 1, 8 and 16 (24.8 / 31.5 / 28.8 / 33 us);
-    prefill: two whole heads per tile (contiguous W rows; 252 vs 302 us at M = 1024)."""
+    [W_q; W_k], 5120 x 4096; the unfused RMSNorm + cuBLAS + RoPE takes 14.5 / 13.4 / 15.2 us at
+    M = 1 / 16 / 64). Whole-head tiles (contiguous W rows) throughout, so sm90 reads x and W
+    through TMA: M = 1: 12.3 us with a 4-way K split (8-way 12.8; 32 + 32-column tiles with
+    pointer loads 24.8); M = 16: 15.0 us; M = 64 (64-row tiles): 42 us; prefill: two heads
+    per 64-row tile, 229 / 623 us at 1024 / 4096 tokens (3x the unfused sequence: see README)."""
     half = head_dim // 2
-    if M <= 64:
-        cfg = {"BLOCK_M": 16 if M <= 16 else 64, "BLOCK_NH": 32, "HEADS": 1, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
-    elif M <= 1024:
-        cfg = {"BLOCK_M": 64, "BLOCK_NH": half, "HEADS": 2, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+    if M <= 16:
+        cfg = {"BLOCK_M": 16, "BLOCK_NH": half, "HEADS": 1, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}
+    elif M <= 64:
+        cfg = {"BLOCK_M": 64, "BLOCK_NH": half, "HEADS": 1, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
     else:
-        cfg = {"BLOCK_M": 128, "BLOCK_NH": half, "HEADS": 2, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
-    cfg["BLOCK_NH"] = min(cfg["BLOCK_NH"], half)
+        cfg = {"BLOCK_M": 64, "BLOCK_NH": half, "HEADS": 2, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+    cfg["BLOCK_NH"] = min(cfg["BLOCK_NH"], 64)  # head_dim 256: 64 + 64-column tiles
     while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
         cfg["BLOCK_NH"] //= 2
     if N % (cfg["HEADS"] * head_dim):
@@ -409,7 +411,7 @@ def rms_matmul_rope_config(M: int, N: int, K: int, head_dim: int, sms: int = 132
     if M <= 64:
         tiles = triton.cdiv(M, cfg["BLOCK_M"]) * (N // (2 * cfg["BLOCK_NH"]))
         k_steps = triton.cdiv(K, cfg["BLOCK_K"])
-        split = max(1, min(triton.cdiv(2 * sms, tiles), k_steps // 2, 8))
+        split = max(1, min(triton.cdiv(sms, tiles), k_steps // 2, 4))
     cfg["SPLIT_K"] = split
     return cfg
 
