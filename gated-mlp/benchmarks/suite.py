@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, load_sibling, package_loader
+from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, load_sibling, package_loader, within_scale
 
 ref = load_sibling(__file__)
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
@@ -43,11 +43,7 @@ def _flops(case: Case) -> int:
     return 2 * m * d * 2 * u
 
 
-def _check(out: Any, expected: Any) -> None:
-    err = (out.float() - expected.float()).abs().max().item()
-    scale = expected.float().abs().max().item()
-    if not err <= 2e-2 * scale:
-        raise AssertionError(f"gated mlp: max |error| {err:.3g} > 2% of max |ref| {scale:.3g}")
+_check = within_scale("gated mlp")
 
 
 def make_ours(case: Case, seed: int) -> Fn:

@@ -18,7 +18,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, load_sibling, package_loader, same_bytes_copy
+from fused_llm.bench import (
+    Case,
+    Fn,
+    Provider,
+    Suite,
+    compile_static,
+    load_sibling,
+    package_loader,
+    same_bytes_copy,
+    within_scale,
+)
 
 ref = load_sibling(__file__)
 TOKENS = tuple(2**i for i in range(13))  # 1 .. 4096
@@ -100,11 +110,7 @@ def _projection_flops(case: Case) -> int:
     return 2 * case["tokens"] * (ref.HQ + ref.HK) * ref.HEAD_DIM * ref.HIDDEN
 
 
-def _check_projection(out: Any, expected: Any) -> None:
-    err = (out.float() - expected.float()).abs().max().item()
-    scale = expected.float().abs().max().item()
-    if not err <= 2e-2 * scale:
-        raise AssertionError(f"projection: max |error| {err:.3g} > 2% of max |ref| {scale:.3g}")
+_check_projection = within_scale("projection")
 
 
 def make_fused(case: Case, seed: int) -> Fn:

@@ -307,6 +307,20 @@ def compile_static(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn, dynamic=False, fullgraph=True)
 
 
+def within_scale(name: str, fraction: float = 2e-2) -> Callable[[Any, Any], None]:
+    """An output check for a suite whose providers round at different points (a fused GEMM
+    epilogue against eager's separately rounded ops): max |out - expected| within
+    ``fraction`` of max |expected|."""
+
+    def check(out: Any, expected: Any) -> None:
+        err = (out.float() - expected.float()).abs().max().item()
+        scale = expected.float().abs().max().item()
+        if not err <= fraction * scale:
+            raise AssertionError(f"{name}: max |error| {err:.3g} > {fraction:.0%} of max |ref| {scale:.3g}")
+
+    return check
+
+
 def same_bytes_copy(bytes_moved: Callable[[Case], int]) -> Provider:
     """A peer that is the size-matched bound of any memory-bound op: ``torch.mul(a, 1.0, out=b)``
     on bf16 buffers moving the case's bytes (half read, half written), timed the same way.
