@@ -26,6 +26,32 @@ def make_inputs(tokens: int, hidden: int, inter: int, device, seed: int = 0):
     return x, w
 
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def make_fp8_inputs(tokens: int, hidden: int, inter: int, device, seed: int = 0):
+    """make_inputs quantized to e4m3 with per-tensor scales (amax / 448), and the static output
+    scale that maps the result's amax to 448: (xq, wq, x_scale, w_scale, out_scale)."""
+    x, w = make_inputs(tokens, hidden, inter, device, seed)
+    xs = (x.abs().amax().float() / FP8_MAX).reshape(1)
+    ws = (w.abs().amax().float() / FP8_MAX).reshape(1)
+    xq, wq = (x / xs).to(FP8), (w / ws).to(FP8)
+    y = gated_fp8_ref(xq, wq, xs, ws)
+    return xq, wq, xs, ws, (y.abs().amax().float() / FP8_MAX).clamp(min=1e-12).reshape(1)
+
+
+def gated_fp8_ref(xq, wq, xs, ws, out_scale=None):
+    """cuBLAS FP8 GEMM (torch._scaled_mm, bf16 out) -> silu(g) * u -> (y / out_scale) to e4m3
+    (bf16 y when out_scale is None)."""
+    inter = wq.shape[0] // 2
+    gu = torch._scaled_mm(xq, wq.T, scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+    y = F.silu(gu[:, :inter].float()) * gu[:, inter:].float()
+    if out_scale is None:
+        return y.bfloat16()
+    return (y / out_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
 def gated_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """transformers' LlamaMLP up half: silu(gate_proj(x)) * up_proj(x), eager bf16."""
     inter = w.shape[0] // 2

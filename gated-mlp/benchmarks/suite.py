@@ -27,6 +27,8 @@ TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
 HIDDEN = {m: d for m, (d, _) in ref.MODELS.items()}
 
 _ours, _ours_unavailable = package_loader("gated-mlp", "gated_mlp_fused")
+_swiglu, _swiglu_unavailable = package_loader("swiglu-fp8", "silu_and_mul_fp8")
+FP8_TOKENS = (1, 64, 1024, 4096, 16384)
 
 
 def _shape(case: Case) -> tuple[int, int, int]:
@@ -98,6 +100,64 @@ def make_compile(case: Case, seed: int) -> Fn:
     return lambda: fn(x, w)
 
 
+# --- FP8 (phase 2): e4m3 x and W, per-tensor scales, FP8 out with a static scale -----------
+
+
+def _fp8_bytes(case: Case) -> int:
+    m, d, u = _shape(case)
+    return 2 * u * d + m * d + m * u
+
+
+def make_ours_fp8(case: Case, seed: int) -> Fn:
+    op = _ours().gated_mlp_fp8
+    m, d, u = _shape(case)
+    xq, wq, xs, ws, out_scale = ref.make_fp8_inputs(m, d, u, "cuda", seed)
+    return lambda: op(xq, wq[:u], wq[u:], xs, ws, ws, out_dtype=ref.FP8, out_scale=out_scale)
+
+
+def make_ours_fp8_bf16_out(case: Case, seed: int) -> Fn:
+    op = _ours().gated_mlp_fp8
+    m, d, u = _shape(case)
+    xq, wq, xs, ws, _ = ref.make_fp8_inputs(m, d, u, "cuda", seed)
+    return lambda: op(xq, wq[:u], wq[u:], xs, ws, ws)
+
+
+def make_scaled_mm_swiglu_fp8(case: Case, seed: int) -> Fn:
+    act_quant = _swiglu().silu_and_mul_fp8
+    xq, wq, xs, ws, out_scale = ref.make_fp8_inputs(*_shape(case), "cuda", seed)
+
+    def call() -> torch.Tensor:
+        gu = torch._scaled_mm(xq, wq.T, scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+        return act_quant(gu, out_scale)
+
+    return call
+
+
+def make_scaled_mm(case: Case, seed: int) -> Fn:
+    xq, wq, xs, ws, _ = ref.make_fp8_inputs(*_shape(case), "cuda", seed)
+    return lambda: torch._scaled_mm(xq, wq.T, scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
+
+
+def make_fp8_eager(case: Case, seed: int) -> Fn:
+    xq, wq, xs, ws, out_scale = ref.make_fp8_inputs(*_shape(case), "cuda", seed)
+    return lambda: ref.gated_fp8_ref(xq, wq, xs, ws, out_scale)
+
+
+@functools.cache
+def _compiled_fp8() -> Any:
+    return compile_static(ref.gated_fp8_ref)
+
+
+def make_fp8_compile(case: Case, seed: int) -> Fn:
+    fn = _compiled_fp8()
+    xq, wq, xs, ws, out_scale = ref.make_fp8_inputs(*_shape(case), "cuda", seed)
+    return lambda: fn(xq, wq, xs, ws, out_scale)
+
+
+def _no_check(out: Any, expected: Any) -> None:
+    """bf16-out providers: a different output than the FP8 reference (timed for context)."""
+
+
 def build_suites() -> list[Suite]:
     cases = [Case.of(hidden=d, inter=u, tokens=t) for d, u in ref.MODELS.values() for t in TOKENS]
     return [
@@ -121,5 +181,28 @@ def build_suites() -> list[Suite]:
             ours="ours",
             x_param="tokens",
             group_param="hidden",
-        )
+        ),
+        Suite(
+            name="gated-mlp-fp8",
+            description="FP8 (e4m3, per-tensor scales) silu(x W_gate^T) * (x W_up^T) -> e4m3 with a static scale, Llama 3 MLP shapes",
+            cases=[Case.of(hidden=d, inter=u, tokens=t) for d, u in ref.MODELS.values() for t in FP8_TOKENS],
+            quick_cases=[Case.of(hidden=4096, inter=14336, tokens=t) for t in (16, 4096)],
+            providers=[
+                Provider("ours", make_ours_fp8, unavailable=_ours_unavailable, note="gated_mlp_fp8, e4m3 out, one kernel"),
+                Provider("ours_bf16_out", make_ours_fp8_bf16_out, unavailable=_ours_unavailable, check=_no_check, note="gated_mlp_fp8, bf16 out"),
+                Provider("scaled_mm_swiglu_fp8", make_scaled_mm_swiglu_fp8, unavailable=_swiglu_unavailable,
+                         note="torch._scaled_mm (bf16 [M, 2U]) + swiglu-fp8 silu_and_mul_fp8"),  # fmt: skip
+                Provider("scaled_mm", make_scaled_mm, check=_no_check, note="torch._scaled_mm alone, bf16 [M, 2U]"),
+                Provider("torch_compile", make_fp8_compile, note="torch.compile(dynamic=False) of _scaled_mm + silu * up + quant"),
+                Provider("torch_eager", make_fp8_eager, note="_scaled_mm + silu * up + quant, eager"),
+            ],
+            bytes_moved=_fp8_bytes,
+            flops=_flops,
+            check=within_scale("gated mlp fp8", 0.1),
+            verify_case=Case.of(hidden=4096, inter=14336, tokens=37),
+            reference="torch_eager",
+            ours="ours",
+            x_param="tokens",
+            group_param="hidden",
+        ),
     ]

@@ -18,26 +18,48 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import _check, make_compile, make_cublas, make_cublas_liger, make_ours, ref
+from suite import (
+    _check,
+    make_compile,
+    make_cublas,
+    make_cublas_liger,
+    make_ours,
+    make_ours_fp8,
+    make_scaled_mm,
+    make_scaled_mm_swiglu_fp8,
+    ref,
+    within_scale,
+)
 
 from fused_llm.bench import Case
 from fused_llm.packages import get_kernel
 
 
-def configs(m: int):
+def configs(m: int, fp8: bool = False):
+    if fp8:  # TMA only (native FP8 wgmma); K steps of 64 or 128 one-byte elements
+        if m <= 64:
+            for bn, bk, split in itertools.product((64, 128), (128, 256), (1, 2)):
+                yield {"BLOCK_M": 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": split, "num_warps": 4,
+                       "num_stages": 4, "USE_TMA": True}  # fmt: skip
+        else:
+            for (bm, bn, warps), bk, stages, group in itertools.product(
+                ((128, 128, 8), (64, 128, 4), (128, 64, 4)), (64, 128), (3, 4), (16,)
+            ):
+                yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": 1, "num_warps": warps,
+                       "num_stages": stages, "USE_TMA": True}  # fmt: skip
+        return
     if m <= 64:
         for tma, bn, bk, split in itertools.product((True, False), (64, 128), (64,), (1, 2)):
             bm = 64 if tma or m > 16 else 16
             yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": split,
                    "num_warps": 4, "num_stages": 4, "USE_TMA": tma}  # fmt: skip
     else:
-        for (bm, bn, warps), stages, group, persistent in itertools.product(
-            ((128, 128, 8), (64, 128, 4), (128, 64, 4)), (3, 4), (8, 16), (False, True)
-        ):
-            if persistent and (bm, bn, group) != (128, 128, 16):
-                continue
+        for (bm, bn, warps), stages, group in itertools.product(((128, 128, 8), (64, 128, 4), (128, 64, 4)), (3, 4), (8, 16)):
             yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": group, "SPLIT_K": 1, "num_warps": warps,
-                   "num_stages": stages, "USE_TMA": True, "PERSISTENT": persistent}  # fmt: skip
+                   "num_stages": stages, "USE_TMA": True}  # fmt: skip
+
+
+_check_fp8 = within_scale("gated mlp fp8", 0.1)
 
 
 def peak_extra_mib(make, case: Case) -> float:
@@ -57,6 +79,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--tokens", type=int, nargs="*", default=[1, 16, 64, 256, 1024, 4096])
     parser.add_argument("--model", default="8B", choices=list(ref.MODELS))
+    parser.add_argument("--fp8", action="store_true", help="FP8 in, FP8 out (peers: _scaled_mm alone, + swiglu-fp8)")
     args = parser.parse_args()
     gm = get_kernel("gated-mlp")
     kern = gm._triton_kernels()
@@ -64,40 +87,59 @@ def main() -> None:
     results = []
     for m in args.tokens:
         case = Case.of(hidden=d, inter=u, tokens=m)
-        x, w = ref.make_inputs(m, d, u, "cuda", 0)
-        expected = ref.gated_ref(x, w)
+        if args.fp8:
+            x, w, xs, ws, out_scale = ref.make_fp8_inputs(m, d, u, "cuda", 0)
+            expected = ref.gated_fp8_ref(x, w, xs, ws, out_scale)
+            out = torch.empty(m, u, dtype=ref.FP8, device="cuda")
+            extra = ((xs, ws, ws), out_scale)
+            peer_makers = (("cublas_gemm", make_scaled_mm), ("cublas_liger", make_scaled_mm_swiglu_fp8))
+            ours_maker = make_ours_fp8
+        else:
+            x, w = ref.make_inputs(m, d, u, "cuda", 0)
+            expected = ref.gated_ref(x, w)
+            out = torch.empty(m, u, dtype=x.dtype, device="cuda")
+            extra = (None, None)
+            peer_makers = (("cublas_gemm", make_cublas), ("cublas_liger", make_cublas_liger))
+            ours_maker = make_ours
         wg, wu = w[:u], w[u:]
-        out = torch.empty(m, u, dtype=x.dtype, device="cuda")
-        peers = {name: do_bench_cudagraph(make(case, 0)) * 1e3
-                 for name, make in (("cublas_gemm", make_cublas), ("cublas_liger", make_cublas_liger))}  # fmt: skip
-        t_default = do_bench_cudagraph(make_ours(case, 0)) * 1e3
+        peers = {name: do_bench_cudagraph(make(case, 0)) * 1e3 for name, make in peer_makers}
+        t_default = do_bench_cudagraph(ours_maker(case, 0)) * 1e3
         flops = 2 * m * d * 2 * u
         rows = []
-        for cfg in configs(m):
+        for cfg in configs(m, args.fp8):
             try:
                 def call(cfg=cfg, x=x, wg=wg, wu=wu, out=out):
-                    kern.launch_gated_mlp(x, wg, wu, None, None, out, "silu", cfg=cfg)
-                out.fill_(float("nan"))
+                    kern.launch_gated_mlp(x, wg, wu, None, None, out, "silu", cfg, *extra)
+                out.view(torch.uint8).fill_(0x7F) if args.fp8 else out.fill_(float("nan"))  # 0x7F: e4m3fn NaN
                 call()
-                _check(out, expected)
+                (_check_fp8 if args.fp8 else _check)(out, expected)
                 rows.append((do_bench_cudagraph(call) * 1e3, cfg))
             except Exception as exc:  # noqa: BLE001 - a shape Triton cannot compile is skipped
                 print(f"  M={m} {cfg}: {type(exc).__name__}: {str(exc)[:160]}")
         rows.sort(key=lambda r: r[0])
-        print(f"M={m}: cuBLAS {peers['cublas_gemm']:.2f} us, cuBLAS+Liger {peers['cublas_liger']:.2f} us, "
+        print(f"M={m}: cuBLAS (fp8: _scaled_mm) {peers['cublas_gemm']:.2f} us, cuBLAS+Liger (fp8: + swiglu-fp8) "
+              f"{peers['cublas_liger']:.2f} us, "
               f"ours (default config) {t_default:.2f} us ({flops / t_default / 1e6:.0f} TFLOP/s)")  # fmt: skip
         for t, cfg in rows[:6]:
             print(f"   {t:9.2f} us {flops / t / 1e6:5.0f} TF  {peers['cublas_liger'] / t:5.2f}x cuBLAS+Liger  "
                   f"{peers['cublas_gemm'] / t:5.2f}x cuBLAS  {cfg}")  # fmt: skip
         results.append({"tokens": m, "hidden": d, "inter": u, "default_us": t_default, **{f"{k}_us": v for k, v in peers.items()},
                         "configs": [{"us": t, **cfg} for t, cfg in rows]})  # fmt: skip
-    mem_case = Case.of(hidden=d, inter=u, tokens=4096)
-    memory = {name: peak_extra_mib(make, mem_case)
-              for name, make in (("ours", make_ours), ("cublas_liger", make_cublas_liger), ("torch_compile", make_compile))}  # fmt: skip
-    print("peak memory allocated during one call (MiB, output included), 8B, 4096 tokens:", memory)
+    if args.fp8:
+        memory = {}
+    else:
+        memory = _memory(d, u)
+    print("peak memory allocated during one call (MiB, output included), 4096 tokens:", memory)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "tune.json").write_text(json.dumps({"configs": results, "peak_extra_mib": memory}, indent=1))
+        name = "tune-fp8.json" if args.fp8 else "tune.json"
+        (args.out / name).write_text(json.dumps({"configs": results, "peak_extra_mib": memory}, indent=1))
+
+
+def _memory(d: int, u: int) -> dict:
+    mem_case = Case.of(hidden=d, inter=u, tokens=4096)
+    return {name: peak_extra_mib(make, mem_case)
+            for name, make in (("ours", make_ours), ("cublas_liger", make_cublas_liger), ("torch_compile", make_compile))}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import kernels
 import pytest
 import torch
 
-from fused_llm.testing import assert_fully_written, device, opcheck, poison_
+from fused_llm.testing import assert_fp8_close, assert_fully_written, assert_only_declared_outputs_mutate, device, opcheck, poison_
 
 rt = kernels.get_kernel("fused-llm/gated-mlp", version=1)
 
@@ -167,8 +167,7 @@ def test_row_strided_weight_views():
 @pytest.mark.parametrize(
     "block_m, block_n, block_k, split, tma",
     [(16, 32, 32, 1, False), (16, 32, 32, 3, False), (32, 64, 64, 2, False), (64, 32, 32, 5, False),
-     (64, 64, 64, 1, True), (128, 128, 64, 1, True), (64, 64, 128, 4, True), (128, 128, 64, 1, "persistent"),
-     (64, 64, 64, 1, "persistent")],
+     (64, 64, 64, 1, True), (128, 128, 64, 1, True), (64, 64, 128, 4, True)],
 )  # fmt: skip
 def test_tile_configs(block_m, block_n, block_k, split, tma):
     """Every tile shape and K split the launcher can pick (uneven splits, a K tail, tiles past
@@ -181,13 +180,122 @@ def test_tile_configs(block_m, block_n, block_k, split, tma):
     x, w_gate, w_up, (b_gate, b_up) = make_inputs(M, D, U, torch.bfloat16, seed=9, bias=True)
     ref = reference(x, w_gate, w_up, "silu", b_gate, b_up)
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 4, "SPLIT_K": split,
-           "num_warps": 4, "num_stages": 2, "USE_TMA": bool(tma), "PERSISTENT": tma == "persistent"}  # fmt: skip
+           "num_warps": 4, "num_stages": 2, "USE_TMA": tma}  # fmt: skip
     for _ in range(2):
         out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
         kern.launch_gated_mlp(x, w_gate, w_up, b_gate, b_up, out, "silu", cfg=cfg)
         assert_gated_close(out, ref, f"config {cfg}")
     counters = kern._COUNTERS.get(x.device)
     assert counters is None or int(counters.abs().sum()) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 (e4m3 x and weights, scales per tensor / token / channel; bf16, fp16 or FP8 out)
+# ---------------------------------------------------------------------------------------------
+
+FP8 = torch.float8_e4m3fnuz if torch.version.hip is not None else torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+
+
+def quantize(t: torch.Tensor, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """t as FP8 with fp32 scales (amax / FP8_MAX), one per row or one for the tensor."""
+    amax = t.abs().amax(dim=1) if per_row else t.abs().amax().reshape(1)
+    scale = (amax.float() / FP8_MAX).clamp(min=1e-12)
+    q = (t.float() / (scale[:, None] if per_row else scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+def make_fp8_inputs(M, D, U, seed, per_row: bool):
+    x, w_gate, w_up, _ = make_inputs(M, D, U, torch.float32, seed)
+    (xq, xs), (gq, gs), (uq, us) = (quantize(t, per_row) for t in (x, w_gate, w_up))
+    return xq, gq, uq, xs, gs, us
+
+
+def reference_fp8(xq, gq, uq, xs, gs, us, activation="silu", bias_gate=None, bias_up=None) -> torch.Tensor:
+    g = (xq.double() @ gq.double().T) * xs.double()[:, None] * gs.double()[None, :]
+    u = (xq.double() @ uq.double().T) * xs.double()[:, None] * us.double()[None, :]
+    return reference_from(g, u, activation, bias_gate, bias_up)
+
+
+def reference_from(g, u, activation, bias_gate, bias_up):
+    if bias_gate is not None:
+        g = g + bias_gate.double()
+    if bias_up is not None:
+        u = u + bias_up.double()
+    act = torch.nn.functional.silu(g) if activation == "silu" else torch.nn.functional.gelu(g, approximate="tanh")
+    return act * u
+
+
+def assert_fp8_out_close(q: torch.Tensor, y_ref: torch.Tensor, out_scale: torch.Tensor, name: str) -> None:
+    """The FP8 output within one FP8 ulp of the fp64 result quantized the same way, and (where
+    the kernel rounds to nearest) at most 1% of the bytes differing (rounding-boundary flips);
+    the interpreter truncates instead, so there every inexact value may differ by an ulp."""
+    ref_q = (y_ref / out_scale.double()).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    assert_fp8_close(q, ref_q, out_scale, out_scale, max_mismatch=1.0 if INTERPRETED else 0.01, name=name)
+
+
+FP8_SIZES = [(1, 4096, 14336), (64, 4096, 1000), (1000, 8192, 2048), (4096, 4096, 1024)] if DEVICE == "cuda" else [(1, 256, 160), (37, 128, 96)]
+
+
+@pytest.mark.parametrize("M, D, U", FP8_SIZES, ids=lambda v: str(v))
+@pytest.mark.parametrize("per_row", [False, True], ids=["per-tensor", "per-token-and-channel"])
+@pytest.mark.parametrize("out", ["bf16", "fp8"])
+def test_gated_mlp_fp8(M, D, U, per_row, out):
+    xq, gq, uq, xs, gs, us = make_fp8_inputs(M, D, U, seed=M + U, per_row=per_row)
+    y_ref = reference_fp8(xq, gq, uq, xs, gs, us)
+    if out == "bf16":
+        got = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
+        rt.ops.gated_mlp_fp8(got, xq, gq, uq, xs, gs, us, None, None, None, "silu")
+        assert_gated_close(got, y_ref, "fp8 in, bf16 out")
+    else:
+        out_scale = (y_ref.abs().max().float() / FP8_MAX).reshape(1)
+        got = poison_(torch.empty(M, U, dtype=FP8, device=DEVICE))
+        rt.ops.gated_mlp_fp8(got, xq, gq, uq, xs, gs, us, None, None, out_scale, "silu")
+        assert_fp8_out_close(got, y_ref, out_scale, "fp8 in, fp8 out")
+        public = rt.gated_mlp_fp8(xq, gq, uq, xs, gs, us, out_dtype=FP8, out_scale=out_scale)
+        assert torch.equal(public.view(torch.uint8), got.view(torch.uint8))
+
+
+@pytest.mark.kernels_ci
+def test_gated_mlp_fp8_ci():
+    test_gated_mlp_fp8(*FP8_SIZES[-1], True, "fp8")
+
+
+def test_gated_mlp_fp8_bias_gelu_fp16_and_saturation():
+    """Biases (fp32 and bf16), GeGLU, fp16 out, leading dims, an out_scale small enough that
+    results saturate at the format's max."""
+    M, D, U = (48, 1024, 384) if DEVICE == "cuda" else (12, 64, 48)
+    xq, gq, uq, xs, gs, us = make_fp8_inputs(M, D, U, seed=21, per_row=True)
+    b_gate = 0.1 * torch.randn(U, device=DEVICE)
+    b_up = (0.1 * torch.randn(U, device=DEVICE)).bfloat16()
+    y_ref = reference_fp8(xq, gq, uq, xs, gs, us, "gelu_tanh", b_gate, b_up)
+    got = rt.gated_mlp_fp8(xq.view(3, M // 3, D), gq, uq, xs.view(3, M // 3, 1), gs, us, activation="gelu_tanh",
+                           bias_gate=b_gate, bias_up=b_up, out_dtype=torch.float16)  # fmt: skip
+    assert got.shape == (3, M // 3, U) and got.dtype == torch.float16
+    assert_gated_close(got.view(M, U), y_ref, "fp8 gelu bias fp16 out")
+    small = (y_ref.abs().max().float() / FP8_MAX / 8).reshape(1)  # the largest 1/8 saturate
+    q = rt.gated_mlp_fp8(xq, gq, uq, xs, gs, us, activation="gelu_tanh", bias_gate=b_gate, bias_up=b_up,
+                         out_dtype=FP8, out_scale=small)  # fmt: skip
+    assert q.float().abs().max().item() == FP8_MAX
+    assert_fp8_out_close(q, y_ref, small, "saturating out_scale")
+
+
+@pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers (bf16 upcast)", "tma (native fp8)"])
+@pytest.mark.parametrize("split", [1, 3])
+def test_fp8_tile_configs(tma, split):
+    if tma and not (DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("TMA needs sm90")
+    kern = rt._triton_kernels()
+    M, D, U = (70, 1024, 300) if DEVICE == "cuda" else (37, 256, 72)
+    xq, gq, uq, xs, gs, us = make_fp8_inputs(M, D, U, seed=22, per_row=True)
+    y_ref = reference_fp8(xq, gq, uq, xs, gs, us)
+    out_scale = (y_ref.abs().max().float() / FP8_MAX).reshape(1)
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4, "SPLIT_K": split, "num_warps": 4, "num_stages": 2, "USE_TMA": tma}
+    for _ in range(2):
+        q = poison_(torch.empty(M, U, dtype=FP8, device=DEVICE))
+        kern.launch_gated_mlp(xq, gq, uq, None, None, q, "silu", cfg, (xs, gs, us), out_scale)
+        assert_fp8_out_close(q, y_ref, out_scale, f"config {cfg}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,6 +308,9 @@ def _bad_cases():
     w = torch.randn(32, 64, device=DEVICE).bfloat16()
     wide = torch.randn(32, 72, device=DEVICE).bfloat16()
     odd_rows = torch.randn(32, 67, device=DEVICE).bfloat16()[:, :64]  # row stride 67: 134 bytes
+    xq, wq = x.to(FP8), w.to(FP8)
+    wq_odd = torch.randn(32, 72, device=DEVICE).to(FP8)[:, :64]  # row stride 72 bytes
+    one = torch.ones(1, device=DEVICE)
     return [
         ("x dtype", lambda: rt.gated_mlp(x.float(), w, w), TypeError, "x: expected dtype float16 or bfloat16"),
         ("x type", lambda: rt.gated_mlp([1.0], w, w), TypeError, "x: expected a torch.Tensor"),
@@ -218,6 +329,17 @@ def _bad_cases():
         ("fused rows", lambda: rt.gated_mlp_fused(x, w[:31]), ValueError, "w_gate_up: expected an even number of rows"),
         ("fused bias", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), bias=torch.zeros(63, device=DEVICE)), ValueError, "bias: expected an even number"),
         ("interleave shapes", lambda: rt.interleave_gate_up(w, w[:3]), ValueError, "w_up: expected w_gate's shape"),
+        ("fp8 x dtype", lambda: rt.gated_mlp_fp8(x, w, w, one, one, one), TypeError, "x: expected dtype float8_e4m3fn or float8_e4m3fnuz"),
+        ("fp8 w dtype", lambda: rt.gated_mlp_fp8(xq, w, wq, one, one, one), TypeError, "w_gate: expected dtype torch.float8_e4m3fn"),
+        ("fp8 w format", lambda: rt.gated_mlp_fp8(xq, wq, wq.view(torch.uint8).view(torch.float8_e4m3fnuz), one, one, one), TypeError, "w_up: expected dtype"),
+        ("x_scale dtype", lambda: rt.gated_mlp_fp8(xq, wq, wq, one.half(), one, one), TypeError, "x_scale: expected dtype float32"),
+        ("x_scale shape", lambda: rt.gated_mlp_fp8(xq, wq, wq, torch.ones(3, device=DEVICE), one, one), ValueError, r"x_scale: expected one value or one per token \(4\)"),
+        ("w_gate_scale shape", lambda: rt.gated_mlp_fp8(xq, wq, wq, one, torch.ones(31, device=DEVICE), one), ValueError, "w_gate_scale: expected one value or one per output channel"),
+        ("w scales differ", lambda: rt.gated_mlp_fp8(xq, wq, wq, one, torch.ones(32, device=DEVICE), one), ValueError, "w_up_scale: expected as many values"),
+        ("out_scale missing", lambda: rt.gated_mlp_fp8(xq, wq, wq, one, one, one, out_dtype=xq.dtype), ValueError, "out_scale: required"),
+        ("out_scale unused", lambda: rt.gated_mlp_fp8(xq, wq, wq, one, one, one, out_scale=one), ValueError, "out_scale: only for an FP8 out_dtype"),
+        ("out_dtype", lambda: rt.gated_mlp_fp8(xq, wq, wq, one, one, one, out_dtype=torch.float32), ValueError, "out_dtype: expected bfloat16, float16"),
+        ("fp8 row stride", lambda: rt.gated_mlp_fp8(xq, wq, wq_odd, one, one, one), ValueError, "w_up: expected a row stride that is a multiple of 16 bytes"),
     ]  # fmt: skip
 
 
@@ -252,14 +374,29 @@ def test_opcheck(bias):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.parametrize("out", ["bf16", "fp8"])
+def test_opcheck_fp8(out):
+    xq, gq, uq, xs, gs, us = make_fp8_inputs(5, 64, 48, seed=23, per_row=True)
+    dtype = torch.bfloat16 if out == "bf16" else FP8
+    out_scale = None if out == "bf16" else torch.full((1,), 0.01, device=DEVICE)
+    args = (torch.empty(5, 48, dtype=dtype, device=DEVICE), xq, gq, uq, xs, gs, us, None, None, out_scale, "silu")
+    opcheck(rt.ops.gated_mlp_fp8, args)
+    assert_only_declared_outputs_mutate(rt.ops.gated_mlp_fp8, args)
+
+
+@pytest.mark.kernels_ci
 def test_torch_compile_fullgraph():
     x, w_gate, w_up, _ = make_inputs(6, 64, 48, torch.bfloat16, seed=11)
     w_fused = torch.cat([w_gate, w_up])
 
+    xq, gq, uq, xs, gs, us = make_fp8_inputs(6, 64, 48, seed=24, per_row=False)
+    out_scale = torch.full((1,), 0.01, device=DEVICE)
+
     def block(x):
         a = rt.gated_mlp(x, w_gate, w_up)
         b = rt.gated_mlp_fused(x * 2, w_fused, activation="gelu_tanh")
-        return a + 1, b
+        c = rt.gated_mlp_fp8(xq, gq, uq, xs, gs, us, out_dtype=FP8, out_scale=out_scale)
+        return a + 1, b, c.float()
 
     compiled = torch.compile(block, fullgraph=True, dynamic=False)
     for got, expected in zip(compiled(x), block(x)):

@@ -12,6 +12,9 @@ interpreter (how CI tests the kernel code without a GPU).
 * :func:`gated_mlp_fused` — one ``[2U, D]`` weight, ``"concat"`` (gate rows then up rows, as
   Phi-3's ``gate_up_proj``) or ``"interleaved"`` (gate and up rows alternating).
 * :func:`interleave_gate_up` — builds the interleaved weight.
+* :func:`gated_mlp_fp8` — FP8 (e4m3) x and weights with per-tensor / per-token / per-channel
+  scales; bf16 / fp16 output, or FP8 output with a static scale (the input of an FP8 down
+  projection), quantized in the epilogue.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ._ops import add_op_namespace_prefix, ops
 __all__ = [
     "ACTIVATIONS",
     "gated_mlp",
+    "gated_mlp_fp8",
     "gated_mlp_fused",
     "interleave_gate_up",
     "layers",
@@ -37,6 +41,12 @@ __all__ = [
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYOUTS = ("concat", "interleaved")
 _DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def default_fp8_dtype() -> torch.dtype:
+    """e4m3fnuz (max 240) on ROCm (gfx942's FP8), e4m3fn (max 448) elsewhere."""
+    return torch.float8_e4m3fnuz if torch.version.hip is not None else torch.float8_e4m3fn
 
 
 @functools.cache
@@ -84,16 +94,45 @@ def _gated_mlp_fake(out, x, w_gate, w_up, bias_gate, bias_up, activation) -> Non
     return None
 
 
+@torch.library.custom_op(add_op_namespace_prefix("gated_mlp_fp8"), mutates_args=("out",))
+def _gated_mlp_fp8_op(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_gate_scale: torch.Tensor,
+    w_up_scale: torch.Tensor,
+    bias_gate: Optional[torch.Tensor],
+    bias_up: Optional[torch.Tensor],
+    out_scale: Optional[torch.Tensor],
+    activation: str,
+) -> None:
+    """FP8 x [M, D], w_gate / w_up [U, D]; fp32 scales x [1] or [M], weights [1] or [U]; writes
+    out [M, U] (bf16 / fp16, or FP8 divided by out_scale [1])."""
+    scales = (x_scale, w_gate_scale, w_up_scale)
+    if triton_enabled_for(x):
+        _triton_kernels().launch_gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation, None, scales, out_scale)
+    else:
+        _reference.gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation, scales, out_scale)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("gated_mlp_fp8"))
+def _gated_mlp_fp8_fake(out, x, w_gate, w_up, x_scale, w_gate_scale, w_up_scale, bias_gate, bias_up, out_scale, activation) -> None:
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Argument checks: every error names the argument, what was expected and what came
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_tensor(t, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+def _check_tensor(t, name: str, dtype: torch.dtype | None = None, dtypes=_DTYPES) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if dtype is None and t.dtype not in _DTYPES:
-        raise TypeError(f"{name}: expected dtype float16 or bfloat16, got {t.dtype}")
+    if dtype is None and t.dtype not in dtypes:
+        expected = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name}: expected dtype {expected}, got {t.dtype}")
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {dtype} (x's), got {t.dtype}")
     return t
@@ -128,13 +167,15 @@ def _check_weight(w, name: str, x: torch.Tensor, rows: int | None) -> None:
         )
 
 
-def _check_bias(b, name: str, x: torch.Tensor, U: int) -> None:
+def _check_bias(b, name: str, x: torch.Tensor, U: int, dtypes: tuple | None = None) -> None:
     if b is None:
         return
     if not isinstance(b, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(b).__name__}")
-    if b.dtype not in (x.dtype, torch.float32):
-        raise TypeError(f"{name}: expected dtype {x.dtype} (x's) or float32, got {b.dtype}")
+    dtypes = dtypes or (x.dtype, torch.float32)
+    if b.dtype not in dtypes:
+        expected = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name}: expected dtype {expected}, got {b.dtype}")
     if b.device != x.device:
         raise ValueError(f"{name}: expected device {x.device} (x's), got {b.device}")
     if b.shape != (U,):
@@ -167,17 +208,94 @@ def gated_mlp(
     _check_weight(w_up, "w_up", x, U)
     _check_bias(bias_gate, "bias_gate", x, U)
     _check_bias(bias_up, "bias_up", x, U)
-    if (bias_gate is None) != (bias_up is None):  # the kernel adds both or neither
-        if bias_gate is None:
-            bias_gate = torch.zeros_like(bias_up)
-        else:
-            bias_up = torch.zeros_like(bias_gate)
+    bias_gate, bias_up = _both_or_neither(bias_gate, bias_up)
     D = x.shape[-1]
     x2 = x.reshape(-1, D)
     if x2.stride(-1) != 1 and D > 1:
         x2 = x2.contiguous()
     out = torch.empty((x2.shape[0], U), dtype=x.dtype, device=x.device)
     ops.gated_mlp(out, x2, w_gate, w_up, bias_gate, bias_up, activation)
+    return out.view(*x.shape[:-1], U)
+
+
+def _both_or_neither(bias_gate, bias_up):
+    """The kernel adds both biases or neither: a missing one becomes zeros ([U]: negligible)."""
+    if (bias_gate is None) != (bias_up is None):
+        if bias_gate is None:
+            bias_gate = torch.zeros_like(bias_up)
+        else:
+            bias_up = torch.zeros_like(bias_gate)
+    return bias_gate, bias_up
+
+
+def _check_scale(s, name: str, x: torch.Tensor, sizes: tuple[int, ...], what: str) -> torch.Tensor:
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name}: expected a float32 torch.Tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        raise TypeError(f"{name}: expected dtype float32, got {s.dtype}")
+    if s.device != x.device:
+        raise ValueError(f"{name}: expected device {x.device} (x's), got {s.device}")
+    if s.numel() not in sizes or (s.numel() > 1 and s.dim() != 1 and s.shape[-1] != 1):
+        raise ValueError(f"{name}: expected {what}, got shape {tuple(s.shape)}")
+    return s.reshape(-1).contiguous()
+
+
+def gated_mlp_fp8(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_gate_scale: torch.Tensor,
+    w_up_scale: torch.Tensor,
+    *,
+    activation: str = "silu",
+    bias_gate: torch.Tensor | None = None,
+    bias_up: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    out_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`gated_mlp` on FP8 operands: ``g = (x @ w_gate.T) * x_scale * w_gate_scale``
+    (likewise ``u``), then ``act(g + b_g) * (u + b_u)`` in fp32.
+
+    x ``[..., D]`` and the weights ``[U, D]`` in one FP8 format (e4m3fn, or e4m3fnuz on ROCm),
+    D contiguous, row strides multiples of 16 bytes; ``x_scale`` fp32, one per tensor or one
+    per token (``[...]`` / ``[..., 1]``); weight scales fp32, one per tensor or one per output
+    channel ``[U]``; biases ``[U]`` bf16 / fp16 / fp32 or None. ``out_dtype``: bfloat16 /
+    float16 (dequantized), or x's FP8 format with ``out_scale`` (fp32, one value): the result
+    ``clamp(y / out_scale)`` rounded to FP8, for an FP8 down projection. Returns ``[..., U]``."""
+    _check_tensor(x, "x", dtypes=FP8_DTYPES)
+    if x.dim() < 1:
+        raise ValueError(f"x: expected shape [..., D], got {tuple(x.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {ACTIVATIONS}, got {activation!r}")
+    _check_weight(w_gate, "w_gate", x, None)
+    U = w_gate.shape[0]
+    _check_weight(w_up, "w_up", x, U)
+    D = x.shape[-1]
+    x2 = x.reshape(-1, D)
+    M = x2.shape[0]
+    xs = _check_scale(x_scale, "x_scale", x, (1, M), f"one value or one per token ({M})")
+    gs = _check_scale(w_gate_scale, "w_gate_scale", x, (1, U), f"one value or one per output channel ({U})")
+    us = _check_scale(w_up_scale, "w_up_scale", x, (1, U), f"one value or one per output channel ({U})")
+    if gs.numel() != us.numel():
+        raise ValueError(f"w_up_scale: expected as many values as w_gate_scale ({gs.numel()}), got {us.numel()}")
+    bias_dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    _check_bias(bias_gate, "bias_gate", x, U, bias_dtypes)
+    _check_bias(bias_up, "bias_up", x, U, bias_dtypes)
+    bias_gate, bias_up = _both_or_neither(bias_gate, bias_up)
+    if out_dtype in _DTYPES:
+        if out_scale is not None:
+            raise ValueError(f"out_scale: only for an FP8 out_dtype, got one with out_dtype {out_dtype}")
+    elif out_dtype == x.dtype:
+        if out_scale is None:
+            raise ValueError(f"out_scale: required for out_dtype {out_dtype} (the static output scale)")
+        out_scale = _check_scale(out_scale, "out_scale", x, (1,), "one value")
+    else:
+        raise ValueError(f"out_dtype: expected bfloat16, float16 or x's {x.dtype}, got {out_dtype}")
+    if x2.stride(-1) != 1 and D > 1:
+        x2 = x2.contiguous()
+    out = torch.empty((M, U), dtype=out_dtype, device=x.device)
+    ops.gated_mlp_fp8(out, x2, w_gate, w_up, xs, gs, us, bias_gate, bias_up, out_scale, activation)
     return out.view(*x.shape[:-1], U)
 
 

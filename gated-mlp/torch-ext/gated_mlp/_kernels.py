@@ -38,19 +38,50 @@ def _gate(acc_g, acc_u, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _fp8_grid_rne(y, MIN_EXP: tl.constexpr):
+    """y rounded to nearest-even on the e4m3 grid (3 mantissa bits, subnormals below 2^MIN_EXP),
+    in fp32. Interpreter only: Triton 3.9's interpreter converts fp32 -> fp8 without carrying
+    a round-up into the exponent (127.95 became 64, not 128); values already on the grid
+    convert exactly. The GPU's conversion instruction rounds correctly."""
+    a = tl.abs(y)
+    e = tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), MIN_EXP)
+    ulp = tl.exp2(e - 3)
+    v = a / ulp  # exact: ulp is a power of two
+    r = tl.floor(v)
+    d = v - r
+    odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
+    r = tl.where((d > 0.5) | ((d == 0.5) & odd), r + 1.0, r)
+    return tl.where(y < 0, -r * ulp, r * ulp)
+
+
+@triton.jit
 def _epilogue(
     acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om,
+    xs_ptr, s_xs, gs_ptr, us_ptr, s_ws, os_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SCALED: tl.constexpr, QUANT_OUT: tl.constexpr, FP8_MAX: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
+    COMPILED: tl.constexpr,
 ):  # fmt: skip
+    """SCALED (FP8 inputs): acc * x_scale[row] * w_scale[col] (stride 0: per tensor); then the
+    bias, act(g) * u in fp32; QUANT_OUT: y / out_scale, clamped to +-FP8_MAX, rounded to FP8."""
     rows = off_m + tl.arange(0, BLOCK_M)
     cols = off_n + tl.arange(0, BLOCK_N)
+    rmask = rows < M
     cmask = cols < N
+    if SCALED:
+        xs = tl.load(xs_ptr + rows * s_xs, mask=rmask, other=0.0)[:, None]
+        acc_g = acc_g * xs * tl.load(gs_ptr + cols * s_ws, mask=cmask, other=0.0)[None, :]
+        acc_u = acc_u * xs * tl.load(us_ptr + cols * s_ws, mask=cmask, other=0.0)[None, :]
     if HAS_BIAS:
         acc_g += tl.load(bg_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
         acc_u += tl.load(bu_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     y = _gate(acc_g, acc_u, ACTIVATION)
+    if QUANT_OUT:
+        y = tl.clamp(tl.math.div_rn(y, tl.load(os_ptr)), -FP8_MAX, FP8_MAX)  # as torch's y / s
+        if not COMPILED:
+            y = _fp8_grid_rne(y, FP8_MIN_EXP)
     o = out_ptr + rows.to(tl.int64)[:, None] * s_om + cols[None, :]
-    tl.store(o, y.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & cmask[None, :])
+    tl.store(o, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
 @triton.jit
@@ -67,38 +98,11 @@ def _tile_offsets(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROU
 
 
 @triton.jit
-def _gated_mlp_persistent_kernel(
-    x, wg, wu, bg_ptr, bu_ptr, out_ptr,
-    M, N, K, s_om,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
-):  # fmt: skip
-    """TMA only (sm90): one program per SM walks the tiles; Triton flattens the tile and K loops
-    into one software pipeline, so the next tile's loads overlap this tile's epilogue."""
-    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    k_steps = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True, warp_specialize=WARP_SPECIALIZE):
-        off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_steps):
-            a = x.load([off_m, ki * BLOCK_K])
-            acc_g = tl.dot(a, wg.load([off_n, ki * BLOCK_K]).T, acc_g)
-            acc_u = tl.dot(a, wu.load([off_n, ki * BLOCK_K]).T, acc_u)
-        _epilogue(acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS)
-
-
-@triton.jit
 def _gated_mlp_kernel(
     x, wg, wu, bg_ptr, bu_ptr, out_ptr, part_ptr, count_ptr,
+    xs_ptr, gs_ptr, us_ptr, os_ptr,
     M, N, K, K_SPLIT,
-    s_xm, s_gn, s_un, s_om,
+    s_xm, s_gn, s_un, s_om, s_xs, s_ws,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -108,9 +112,17 @@ def _gated_mlp_kernel(
     HAS_BIAS: tl.constexpr,
     USE_TMA: tl.constexpr,
     EVEN_K: tl.constexpr,
+    SCALED: tl.constexpr,
+    QUANT_OUT: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    FP8_MIN_EXP: tl.constexpr,
+    UPCAST: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
     """out[off_m:+BLOCK_M, off_n:+BLOCK_N] = act(x W_g^T + b_g) * (x W_u^T + b_u).
+
+    FP8 inputs: on sm90 (TMA) wgmma multiplies them natively; the pointer path (UPCAST)
+    widens them to bf16 first (exact), for GPUs without FP8 tensor cores (sm80).
 
     One program per output tile, in grouped order. SPLIT_K > 1 (decode: too few output tiles to keep W's read in flight): program
     (tile, s) covers K range s, stores its two fp32 partials, and the last of the SPLIT_K
@@ -151,6 +163,10 @@ def _gated_mlp_kernel(
                 a = tl.load(a_ptr + k0, mask=kmask[None, :], other=0.0)
                 b_g = tl.load(g_ptr + k0, mask=kmask[None, :], other=0.0)
                 b_u = tl.load(u_ptr + k0, mask=kmask[None, :], other=0.0)
+            if UPCAST:
+                a = a.to(tl.bfloat16)
+                b_g = b_g.to(tl.bfloat16)
+                b_u = b_u.to(tl.bfloat16)
             if COMPILED:
                 acc_g = tl.dot(a, b_g.T, acc_g)
                 acc_u = tl.dot(a, b_u.T, acc_u)
@@ -179,9 +195,15 @@ def _gated_mlp_kernel(
                 acc_g += tl.load(part_ptr + (2 * s) * plane + tile, cache_modifier=".cg")
                 acc_u += tl.load(part_ptr + (2 * s + 1) * plane + tile, cache_modifier=".cg")
             tl.atomic_xchg(counter, 0)  # ready for the next call (the counters are cached)
-            _epilogue(acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS)
+            _epilogue(
+                acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om, xs_ptr, s_xs, gs_ptr, us_ptr, s_ws,
+                os_ptr, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS, SCALED, QUANT_OUT, FP8_MAX, FP8_MIN_EXP, COMPILED,
+            )  # fmt: skip
     else:
-        _epilogue(acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS)
+        _epilogue(
+            acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om, xs_ptr, s_xs, gs_ptr, us_ptr, s_ws,
+            os_ptr, BLOCK_M, BLOCK_N, ACTIVATION, HAS_BIAS, SCALED, QUANT_OUT, FP8_MAX, FP8_MIN_EXP, COMPILED,
+        )  # fmt: skip
 
 
 def _interpreting() -> bool:
@@ -200,7 +222,7 @@ def _tma_capable(*tensors: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors)
 
 
-def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True) -> dict:
+def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, fp8: bool = False) -> dict:
     """Tile shape, K split and pipelining by token count (no autotuning: deterministic, and
     cheap in the interpreter): the best of `benchmarks/tune.py`'s sweep on an H200, Llama 3 8B
     MLP (D 4096, U 14336; cuBLAS + Liger in the same run):
@@ -212,8 +234,8 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True) -
     * prefill: 128 x (128 + 128) TMA tiles, 8 warps (two accumulators = the unfused GEMM's
       128 x 256 tile), 16 row tiles per column sweep: 1.04x / 1.01x cuBLAS + Liger at 1024 /
       4096 tokens (0.99x / 0.94x cuBLAS alone); 64-wide or 4-warp tiles were 4-20% slower,
-      GROUP_M 8 1-4% slower, the persistent kernel (with or without warp specialization)
-      13-20% slower; 3 vs 4 stages differ by less than the run-to-run spread (~5%).
+      GROUP_M 8 1-4% slower, a persistent TMA kernel (with or without Triton's warp
+      specialization; removed) 13-20% slower; 3 vs 4 stages differ by less than the run-to-run spread (~5%).
     A K split (W's read spread over more programs) lost at these sizes (112+ tiles already
     cover the GPU), so it is used only when the tiles cover less than half of the SMs."""
     if M <= 64:
@@ -228,6 +250,8 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True) -
     split = 1
     if 2 * tiles < sms:
         split = max(1, min(triton.cdiv(sms, tiles), triton.cdiv(K, cfg["BLOCK_K"]) // 2, 8))
+    if fp8 and tma:  # 1-byte elements: a 128-wide K step keeps the copies 128 bytes wide
+        cfg["BLOCK_K"] = 128
     cfg["SPLIT_K"] = split
     cfg["USE_TMA"] = tma
     return cfg
@@ -256,32 +280,32 @@ def launch_gated_mlp(
     out: torch.Tensor,
     activation: str,
     cfg: dict | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> None:
     """x [M, K], w_gate / w_up [N, K] (unit last strides, any row strides), biases [N] or None,
-    out [M, N] (unit last stride). ``cfg``: `gated_mlp_config`'s form plus an optional
-    ``USE_TMA``, to override the choice (tuning, tests)."""
+    out [M, N] (unit last stride). FP8 x / W: ``scales`` = (x_scale [1] or [M], w_gate_scale
+    and w_up_scale [1] or [N]), fp32; ``out_scale`` [1] when out is FP8. ``cfg``:
+    `gated_mlp_config`'s form plus an optional ``USE_TMA``, to override the choice (tuning,
+    tests)."""
     M, K = x.shape
     N = w_gate.shape[0]
     if M == 0 or N == 0:
         return
-    if K == 0:  # an empty sum: act(b_g) * b_u, or zeros
-        zeros = torch.zeros(M, N, dtype=torch.float32, device=x.device)
-        from ._reference import gate_act
+    if K == 0:  # an empty sum: act(b_g) * b_u (quantized as asked), or zeros
+        from ._reference import gated_mlp
 
-        g = zeros + (bias_gate.float() if bias_gate is not None else 0)
-        u = zeros + (bias_up.float() if bias_up is not None else 0)
-        out.copy_(gate_act(g, activation) * u)
+        gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation, scales, out_scale)
         return
+    fp8 = x.element_size() == 1
     cfg = dict(cfg) if cfg is not None else {}
     tma = cfg.pop("USE_TMA", None)
     if tma is None:
         tma = _tma_capable(x, w_gate, w_up)
     if "BLOCK_M" not in cfg:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        cfg = gated_mlp_config(M, N, K, sms, tma)
+        cfg = gated_mlp_config(M, N, K, sms, tma, fp8)
         tma = cfg.pop("USE_TMA")
-    persistent = cfg.pop("PERSISTENT", False) and tma
-    warp_specialize = cfg.pop("WARP_SPECIALIZE", False)
     block_m, block_n, block_k, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.pop("SPLIT_K")
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
@@ -295,26 +319,23 @@ def launch_gated_mlp(
     else:
         xa, ga, ua = x, w_gate, w_up
     has_bias = bias_gate is not None
-    if persistent:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        programs = min(sms, num_m * num_n)
-        _gated_mlp_persistent_kernel[(programs,)](
-            xa, ga, ua, bias_gate if has_bias else out, bias_up if has_bias else out, out,
-            M, N, K, out.stride(0),
-            NUM_PROGRAMS=programs, ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=has_bias,
-            WARP_SPECIALIZE=warp_specialize, **cfg,
-        )  # fmt: skip
-        return
     if split > 1:
         part = torch.empty((split, 2, num_m * block_m, num_n * block_n), dtype=torch.float32, device=x.device)
         counters = _split_counters(x.device, num_m * num_n)
     else:
         part = counters = out  # not read
+    xs, gs, us = scales if scales is not None else (out, out, out)  # not read when unscaled
+    quant_out = out.element_size() == 1
     _gated_mlp_kernel[(num_m * num_n, split)](
         xa, ga, ua,
         bias_gate if has_bias else out, bias_up if has_bias else out, out, part, counters,
+        xs, gs, us, out_scale if quant_out else out,
         M, N, K, k_split,
         x.stride(0), w_gate.stride(0), w_up.stride(0), out.stride(0),
+        1 if scales is not None and xs.numel() > 1 else 0, 1 if scales is not None and gs.numel() > 1 else 0,
         SPLIT_K=split, ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=has_bias, USE_TMA=tma,
-        EVEN_K=K % block_k == 0, COMPILED=not _interpreting(), **cfg,
+        EVEN_K=K % block_k == 0, SCALED=scales is not None, QUANT_OUT=quant_out,
+        FP8_MAX=torch.finfo(out.dtype).max if quant_out else 0.0,
+        FP8_MIN_EXP=-7 if out.dtype == torch.float8_e4m3fnuz else -6, UPCAST=fp8 and not tma,
+        COMPILED=not _interpreting(), **cfg,
     )  # fmt: skip
