@@ -38,15 +38,13 @@ from fused_llm.packages import get_kernel
 def configs(m: int, fp8: bool = False):
     if fp8:  # TMA only (native FP8 wgmma); K steps of 64 or 128 one-byte elements
         if m <= 64:
-            for bn, bk, split in itertools.product((64, 128), (128, 256), (1, 2)):
-                yield {"BLOCK_M": 64, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": split, "num_warps": 4,
-                       "num_stages": 4, "USE_TMA": True}  # fmt: skip
+            for bn, split, tma in itertools.product((64, 128), (1, 2), (True, False)):
+                yield {"BLOCK_M": 64 if tma else 16, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": split, "num_warps": 4,
+                       "num_stages": 4, "USE_TMA": tma}  # fmt: skip
         else:
-            for (bm, bn, warps), bk, stages, group in itertools.product(
-                ((128, 128, 8), (64, 128, 4), (128, 64, 4)), (64, 128), (3, 4), (16,)
-            ):
-                yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": 1, "num_warps": warps,
-                       "num_stages": stages, "USE_TMA": True}  # fmt: skip
+            for (bm, bn, warps), stages, promote in itertools.product(((128, 128, 8), (128, 64, 4)), (3, 4), (32, 64, 128)):
+                yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 16, "SPLIT_K": 1, "num_warps": warps,
+                       "num_stages": stages, "USE_TMA": True, "ACC_PROMOTE": promote}  # fmt: skip
         return
     if m <= 64:
         for tma, bn, bk, split in itertools.product((True, False), (64, 128), (64,), (1, 2)):
