@@ -133,6 +133,17 @@ def make_scaled_mm_swiglu_fp8(case: Case, seed: int) -> Fn:
     return call
 
 
+def make_scaled_mm_fast_swiglu_fp8(case: Case, seed: int) -> Fn:
+    act_quant = _swiglu().silu_and_mul_fp8
+    xq, wq, xs, ws, out_scale = ref.make_fp8_inputs(*_shape(case), "cuda", seed)
+
+    def call() -> torch.Tensor:
+        gu = torch._scaled_mm(xq, wq.T, scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16, use_fast_accum=True)
+        return act_quant(gu, out_scale)
+
+    return call
+
+
 def make_scaled_mm(case: Case, seed: int) -> Fn:
     xq, wq, xs, ws, _ = ref.make_fp8_inputs(*_shape(case), "cuda", seed)
     return lambda: torch._scaled_mm(xq, wq.T, scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16)
@@ -192,6 +203,8 @@ def build_suites() -> list[Suite]:
                 Provider("ours_bf16_out", make_ours_fp8_bf16_out, unavailable=_ours_unavailable, check=_no_check, note="gated_mlp_fp8, bf16 out"),
                 Provider("scaled_mm_swiglu_fp8", make_scaled_mm_swiglu_fp8, unavailable=_swiglu_unavailable,
                          note="torch._scaled_mm (bf16 [M, 2U]) + swiglu-fp8 silu_and_mul_fp8"),  # fmt: skip
+                Provider("scaled_mm_fast_swiglu_fp8", make_scaled_mm_fast_swiglu_fp8, unavailable=_swiglu_unavailable,
+                         note="the same with use_fast_accum=True (Hopper's fast FP8 accumulation, as ours)"),  # fmt: skip
                 Provider("scaled_mm", make_scaled_mm, check=_no_check, note="torch._scaled_mm alone, bf16 [M, 2U]"),
                 Provider("torch_compile", make_fp8_compile, note="torch.compile(dynamic=False) of _scaled_mm + silu * up + quant"),
                 Provider("torch_eager", make_fp8_eager, note="_scaled_mm + silu * up + quant, eager"),

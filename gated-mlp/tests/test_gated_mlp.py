@@ -16,7 +16,15 @@ import kernels
 import pytest
 import torch
 
-from fused_llm.testing import assert_fp8_close, assert_fully_written, assert_only_declared_outputs_mutate, device, opcheck, poison_
+from fused_llm.testing import (
+    assert_fp8_close,
+    assert_fully_written,
+    assert_only_declared_outputs_mutate,
+    device,
+    fp8_ulp,
+    opcheck,
+    poison_,
+)
 
 rt = kernels.get_kernel("fused-llm/gated-mlp", version=1)
 
@@ -52,13 +60,13 @@ def reference(x, w_gate, w_up, activation="silu", bias_gate=None, bias_up=None) 
     return act * u
 
 
-def assert_gated_close(got: torch.Tensor, ref: torch.Tensor, name: str) -> None:
+def assert_gated_close(got: torch.Tensor, ref: torch.Tensor, name: str, atol_frac: float = 1e-4) -> None:
     assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} vs {tuple(ref.shape)}"
     assert_fully_written(got, name)
     if not got.numel():
         return
     scale = ref.abs().max().item()
-    tol = ULP[got.dtype] * ref.abs() + 1e-4 * scale + 1e-6
+    tol = ULP[got.dtype] * ref.abs() + atol_frac * scale + 1e-6
     err = (got.double() - ref).abs()
     worst = (err / tol).max().item()
     if worst > 1:
@@ -195,6 +203,11 @@ def test_tile_configs(block_m, block_n, block_k, split, tma):
 
 FP8 = torch.float8_e4m3fnuz if torch.version.hip is not None else torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
+# sm90 multiplies FP8 natively with Hopper's fast (short-mantissa) accumulation: results are
+# off the fp64 reference by up to ~1% of the output's scale at K = 4096 (measured on an H200),
+# not by rounding alone. Elsewhere (bf16 upcast, interpreter, plain torch) fp32 sums: 1e-4.
+NATIVE_FP8 = DEVICE == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability()[0] == 9
+FP8_ATOL = 1e-2 if NATIVE_FP8 else 1e-4
 
 
 def quantize(t: torch.Tensor, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,11 +240,20 @@ def reference_from(g, u, activation, bias_gate, bias_up):
 
 
 def assert_fp8_out_close(q: torch.Tensor, y_ref: torch.Tensor, out_scale: torch.Tensor, name: str) -> None:
-    """The FP8 output within one FP8 ulp of the fp64 result quantized the same way, and (where
-    the kernel rounds to nearest) at most 1% of the bytes differing (rounding-boundary flips);
-    the interpreter truncates instead, so there every inexact value may differ by an ulp."""
+    """The FP8 output within one FP8 ulp of the fp64 result quantized the same way, and at most
+    1% of the bytes differing (rounding-boundary flips). The interpreter truncates instead of
+    rounding (every inexact value may differ by an ulp); native FP8 accumulation (sm90) adds
+    FP8_ATOL of the output's scale to the bound."""
     ref_q = (y_ref / out_scale.double()).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    assert_fp8_close(q, ref_q, out_scale, out_scale, max_mismatch=1.0 if INTERPRETED else 0.01, name=name)
+    if not NATIVE_FP8:
+        assert_fp8_close(q, ref_q, out_scale, out_scale, max_mismatch=1.0 if INTERPRETED else 0.01, name=name)
+        return
+    assert_fully_written(q, name)
+    deq = q.double() * out_scale.double()
+    ref_deq = ref_q.double() * out_scale.double()
+    tol = fp8_ulp(ref_q, FP8).double() * out_scale.double() * 1.001 + FP8_ATOL * y_ref.abs().max()
+    worst = ((deq - ref_deq).abs() / tol).max().item()
+    assert worst <= 1.0, f"{name}: dequantized error up to {worst:.2f}x (one FP8 ulp + {FP8_ATOL:g} of the scale)"
 
 
 FP8_SIZES = [(1, 4096, 14336), (64, 4096, 1000), (1000, 8192, 2048), (4096, 4096, 1024)] if DEVICE == "cuda" else [(1, 256, 160), (37, 128, 96)]
@@ -246,7 +268,7 @@ def test_gated_mlp_fp8(M, D, U, per_row, out):
     if out == "bf16":
         got = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
         rt.ops.gated_mlp_fp8(got, xq, gq, uq, xs, gs, us, None, None, None, "silu")
-        assert_gated_close(got, y_ref, "fp8 in, bf16 out")
+        assert_gated_close(got, y_ref, "fp8 in, bf16 out", FP8_ATOL)
     else:
         out_scale = (y_ref.abs().max().float() / FP8_MAX).reshape(1)
         got = poison_(torch.empty(M, U, dtype=FP8, device=DEVICE))
@@ -272,7 +294,7 @@ def test_gated_mlp_fp8_bias_gelu_fp16_and_saturation():
     got = rt.gated_mlp_fp8(xq.view(3, M // 3, D), gq, uq, xs.view(3, M // 3, 1), gs, us, activation="gelu_tanh",
                            bias_gate=b_gate, bias_up=b_up, out_dtype=torch.float16)  # fmt: skip
     assert got.shape == (3, M // 3, U) and got.dtype == torch.float16
-    assert_gated_close(got.view(M, U), y_ref, "fp8 gelu bias fp16 out")
+    assert_gated_close(got.view(M, U), y_ref, "fp8 gelu bias fp16 out", FP8_ATOL)
     small = (y_ref.abs().max().float() / FP8_MAX / 8).reshape(1)  # the largest 1/8 saturate
     q = rt.gated_mlp_fp8(xq, gq, uq, xs, gs, us, activation="gelu_tanh", bias_gate=b_gate, bias_up=b_up,
                          out_dtype=FP8, out_scale=small)  # fmt: skip
