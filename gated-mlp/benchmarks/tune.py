@@ -38,13 +38,13 @@ from fused_llm.packages import get_kernel
 def configs(m: int, fp8: bool = False):
     if fp8:  # TMA only (native FP8 wgmma); K steps of 64 or 128 one-byte elements
         if m <= 64:
-            for bn, steps in itertools.product((64, 128), (0, 4)):
-                yield {"BLOCK_M": 64, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": 1, "num_warps": 4,
-                       "num_stages": 4, "USE_TMA": True, "PROMOTE_STEPS": steps}  # fmt: skip
+            for bn, split in itertools.product((64, 128), (1, 2)):
+                yield {"BLOCK_M": 64, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 1, "SPLIT_K": split, "num_warps": 4,
+                       "num_stages": 4, "USE_TMA": True}  # fmt: skip
         else:
-            for (bm, bn, warps), steps in itertools.product(((128, 128, 8), (128, 64, 4), (128, 64, 8)), (0, 4, 8)):
+            for (bm, bn, warps), stages in itertools.product(((128, 128, 8), (128, 64, 4), (128, 64, 8)), (3, 4)):
                 yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 16, "SPLIT_K": 1, "num_warps": warps,
-                       "num_stages": 3, "USE_TMA": True, "PROMOTE_STEPS": steps}  # fmt: skip
+                       "num_stages": stages, "USE_TMA": True}  # fmt: skip
         return
     if m <= 64:
         for tma, bn, bk, split in itertools.product((True, False), (64, 128), (64,), (1, 2)):

@@ -117,22 +117,20 @@ def _gated_mlp_kernel(
     FP8_MAX: tl.constexpr,
     FP8_MIN_EXP: tl.constexpr,
     UPCAST: tl.constexpr,
-    ACC_PROMOTE: tl.constexpr,
-    PROMOTE_STEPS: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
     """out[off_m:+BLOCK_M, off_n:+BLOCK_N] = act(x W_g^T + b_g) * (x W_u^T + b_u).
 
     FP8 inputs: on sm90 (TMA) wgmma multiplies them natively with Hopper's fast FP8
     accumulation (a short accumulator mantissa: up to ~1% of the output's scale off an fp64
-    reference at K = 4096 on an H200). ACC_PROMOTE (Triton's max_num_imprecise_acc) adds
-    the partial sums into fp32 every ACC_PROMOTE products instead: measured, 64 cut the error
-    to 2-7 FP8 ulps but halved the speed (458 vs 1122 TFLOP/s at M = 1024), so it is off by
-    default. The pointer path (UPCAST) widens FP8 to bf16 first (exact, full fp32
+    reference at K = 4096 on an H200). Measured and dropped (H200, 8B MLP, M = 1024): adding
+    the partial sums into fp32 every 64 products (Triton's max_num_imprecise_acc) halved the
+    speed (458 vs 1122 TFLOP/s); summing 4 or 8 K steps in fresh accumulators before adding
+    them cost 5-20%. The pointer path (UPCAST) widens FP8 to bf16 first (exact, full fp32
     accumulation), for GPUs without FP8 tensor cores (sm80).
 
-    One program per output tile, in grouped order. SPLIT_K > 1 (decode: too few output tiles to keep W's read in flight): program
-    (tile, s) covers K range s, stores its two fp32 partials, and the last of the SPLIT_K
+    One program per output tile, in grouped order. SPLIT_K > 1 (decode: too few output tiles
+    to keep W's read in flight): program (tile, s) covers K range s, stores its two fp32 partials, and the last of the SPLIT_K
     programs of a tile to arrive (an acq_rel counter) adds them in split order (deterministic),
     runs the epilogue and resets the counter: one launch.
     """
@@ -146,25 +144,13 @@ def _gated_mlp_kernel(
 
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if USE_TMA and PROMOTE_STEPS > 0:
-        # FP8: sum PROMOTE_STEPS K steps in fresh accumulators (short FP8 accumulation over
-        # PROMOTE_STEPS * BLOCK_K products only), then add them into fp32.
-        for k1 in range(k_lo, k_hi, BLOCK_K * PROMOTE_STEPS):
-            part_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            part_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(k1, tl.minimum(k1 + BLOCK_K * PROMOTE_STEPS, k_hi), BLOCK_K):
-                a = x.load([off_m, k0])
-                part_g = tl.dot(a, wg.load([off_n, k0]).T, part_g)
-                part_u = tl.dot(a, wu.load([off_n, k0]).T, part_u)
-            acc_g += part_g
-            acc_u += part_u
-    elif USE_TMA:
+    if USE_TMA:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             a = x.load([off_m, k0])
             b_g = wg.load([off_n, k0])
             b_u = wu.load([off_n, k0])
-            acc_g = tl.dot(a, b_g.T, acc_g, max_num_imprecise_acc=ACC_PROMOTE)
-            acc_u = tl.dot(a, b_u.T, acc_u, max_num_imprecise_acc=ACC_PROMOTE)
+            acc_g = tl.dot(a, b_g.T, acc_g)
+            acc_u = tl.dot(a, b_u.T, acc_u)
     else:
         ks = tl.arange(0, BLOCK_K)
         rows = (off_m + tl.arange(0, BLOCK_M)) % M  # wrapped, never stored: no load masks
@@ -343,10 +329,6 @@ def launch_gated_mlp(
         counters = _split_counters(x.device, num_m * num_n)
     else:
         part = counters = out  # not read
-    promote_steps = cfg.pop("PROMOTE_STEPS", 0) if fp8 and tma else 0
-    cfg.pop("PROMOTE_STEPS", None)
-    promote = cfg.pop("ACC_PROMOTE", None)
-    promote = min(promote, block_k) if promote is not None and fp8 and tma else None
     xs, gs, us = scales if scales is not None else (out, out, out)  # not read when unscaled
     quant_out = out.element_size() == 1
     _gated_mlp_kernel[(num_m * num_n, split)](
@@ -360,6 +342,5 @@ def launch_gated_mlp(
         EVEN_K=K % block_k == 0, SCALED=scales is not None, QUANT_OUT=quant_out,
         FP8_MAX=torch.finfo(out.dtype).max if quant_out else 0.0,
         FP8_MIN_EXP=-7 if out.dtype == torch.float8_e4m3fnuz else -6, UPCAST=fp8 and not tma,
-        ACC_PROMOTE=promote, PROMOTE_STEPS=promote_steps,
         COMPILED=not _interpreting(), **cfg,
     )  # fmt: skip
