@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, load_sibling, package_loader, within_scale
+from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, importable, load_sibling, package_loader, within_scale
 
 ref = load_sibling(__file__)
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)
@@ -59,12 +59,7 @@ def make_cublas(case: Case, seed: int) -> Fn:
     return lambda: F.linear(x, w)
 
 
-def _liger_unavailable() -> str | None:
-    try:
-        import liger_kernel.ops.swiglu  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return f"liger-kernel not importable: {type(exc).__name__}: {exc}"
-    return None
+_liger_unavailable = importable("liger_kernel.ops.swiglu", "swiglu_forward")
 
 
 def make_cublas_liger(case: Case, seed: int) -> Fn:

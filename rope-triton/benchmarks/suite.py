@@ -24,6 +24,7 @@ from fused_llm.bench import (
     Provider,
     Suite,
     compile_static,
+    importable,
     load_sibling,
     package_loader,
     same_bytes_copy,
@@ -82,12 +83,7 @@ def make_compile(case: Case, seed: int) -> Fn:
     return lambda: fn(q, k, cos, sin)
 
 
-def _liger_unavailable() -> str | None:
-    try:
-        from liger_kernel.ops.rope import LigerRopeFunction  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return f"liger-kernel not importable: {type(exc).__name__}: {exc}"
-    return None
+_liger_unavailable = importable("liger_kernel.ops.rope", "LigerRopeFunction")
 
 
 def make_liger(case: Case, seed: int) -> Fn:

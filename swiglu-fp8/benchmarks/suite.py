@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, load_sibling, package_loader, same_bytes_copy
+from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, importable, load_sibling, package_loader, same_bytes_copy
 
 D = (4096, 8192, 14336, 28672)  # output widths d (inputs 2d): 8B-class up to 70B-class MLPs
 ROWS = tuple(2**i for i in range(15))  # 1 .. 16384 tokens: decode through prefill
@@ -74,12 +74,7 @@ def make_compile(case: Case, seed: int) -> Fn:
 # --- Liger-Kernel: SwiGLU forward, bf16 out (no quantisation) ------------------------------------
 
 
-def _liger_unavailable() -> str | None:
-    try:
-        import liger_kernel.ops.swiglu  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return f"liger-kernel not importable: {type(exc).__name__}: {exc}"
-    return None
+_liger_unavailable = importable("liger_kernel.ops.swiglu", "swiglu_forward")
 
 
 def make_liger(case: Case, seed: int) -> Fn:
@@ -100,12 +95,7 @@ def make_liger(case: Case, seed: int) -> Fn:
     return call
 
 
-def _liger_fused_unavailable() -> str | None:
-    try:
-        from liger_kernel.ops.swiglu import swiglu_fused_gate_up_forward  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return f"liger-kernel has no swiglu_fused_gate_up_forward: {type(exc).__name__}: {exc}"
-    return None
+_liger_fused_unavailable = importable("liger_kernel.ops.swiglu", "swiglu_fused_gate_up_forward")
 
 
 def make_liger_fused(case: Case, seed: int) -> Fn:

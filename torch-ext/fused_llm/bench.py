@@ -274,6 +274,23 @@ def load_sibling(suite_file: str, name: str = "benchmark.py") -> ModuleType:
     return sys.modules[module_name]
 
 
+def importable(module: str, name: str | None = None) -> Callable[[], str | None]:
+    """An ``unavailable`` for a peer from a third-party library: why ``module`` (and ``name`` in
+    it) cannot be imported here, or None."""
+
+    def unavailable() -> str | None:
+        try:
+            mod = importlib.import_module(module)
+            if name is not None:
+                getattr(mod, name)
+        except Exception as exc:  # noqa: BLE001 - any import failure means the peer is not timed
+            what = f"{module}.{name}" if name else module
+            return f"{what} not importable: {type(exc).__name__}: {exc}"
+        return None
+
+    return unavailable
+
+
 def package_loader(package: str, required: str) -> tuple[Callable[[], ModuleType], Callable[[], str | None]]:
     """``(load, unavailable)`` for a suite's own provider: ``load()`` returns the package through
     the real loader (LOCAL_KERNELS -> PKG/build), once; ``unavailable()`` says why it cannot be
