@@ -262,7 +262,6 @@ def _rms_matmul_rope_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr,
-    APPLY_G: tl.constexpr,
     USE_TMA: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
@@ -317,10 +316,7 @@ def _rms_matmul_rope_kernel(
             w = tl.load(w_tile + k0, mask=kmask[None, :], other=0.0)
         xf = x.to(tl.float32)
         sumsq += tl.sum(xf * xf, axis=1)
-        if APPLY_G:
-            xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
-        else:  # tuning only: the plain matmul, to measure what the g multiply costs
-            xg = x
+        xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
         if COMPILED:
             acc = tl.dot(xg, tl.trans(w), acc)
         else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
@@ -394,7 +390,9 @@ def rms_matmul_rope_config(M: int, N: int, K: int, head_dim: int, sms: int = 132
     M = 1 / 16 / 64). Whole-head tiles (contiguous W rows) throughout, so sm90 reads x and W
     through TMA: M = 1: 12.3 us with a 4-way K split (8-way 12.8; 32 + 32-column tiles with
     pointer loads 24.8); M = 16: 15.0 us; M = 64 (64-row tiles): 42 us; prefill: two heads
-    per 64-row tile, 229 / 623 us at 1024 / 4096 tokens (3x the unfused sequence: see README)."""
+    per 64-row tile, 229 / 623 us at 1024 / 4096 tokens (3x the unfused sequence: see README).
+    A variant without the in-loop rms_weight multiply (a plain matmul + sum(x^2), measured
+    once and removed) took 607 us at 4096 tokens: that multiply is not what costs the 3x."""
     half = head_dim // 2
     if M <= 16:
         cfg = {"BLOCK_M": 16, "BLOCK_NH": half, "HEADS": 1, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}
@@ -452,7 +450,6 @@ def launch_rms_matmul_rope(
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         cfg = rms_matmul_rope_config(M, N, K, head_dim, sms)
     cfg = dict(cfg)
-    cfg.setdefault("APPLY_G", True)
     split, block_k = cfg["SPLIT_K"], cfg["BLOCK_K"]
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
