@@ -123,6 +123,33 @@ def test_gqa_32_8_tokens(tokens):
     assert_rotary_close(to_bshd(k_out, "bhsd"), ref_rotate(to_bshd(k, "bhsd"), c, s, 128, False), k, "k")
 
 
+@pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize(
+    "block_s, block_hq, block_hk",
+    [(1, 1, 1), (4, 2, 1), (8, 4, 2), (2, 8, 4), (16, 1, 2)],
+)
+def test_rotary_tile_configs(layout, block_s, block_hq, block_hk):
+    """Token and head blocks the launcher can pick, on sizes none of them divide: token blocks
+    that straddle two sequences of the batch, head blocks past the last q / kv head, a partial
+    rotary tail and half-width position-indexed tables; output poisoned first."""
+    _kernels = rt._triton_kernels()  # imported only where Triton runs
+
+    B, S, HQ, HK, D, rotary_dim = 3, 7, 5, 3, 64, 48
+    q, k = make_qk(B, S, HQ, HK, D, torch.bfloat16, layout, seed=block_s * 10 + block_hq)
+    table = torch.rand(40, rotary_dim // 2, device=DEVICE, generator=gen(7)) * 30
+    cos, sin = table.cos().bfloat16(), table.sin().bfloat16()
+    pos = torch.randint(0, 40, (B, S), device=DEVICE, generator=gen(8))
+    q4, k4 = to_bshd(q, layout), to_bshd(k, layout)
+    q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+    cfg = dict(BLOCK_S=block_s, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, num_warps=2)
+    _kernels.launch_rope(q4, k4, to_bshd(q_out, layout), to_bshd(k_out, layout), cos, sin, pos, None,
+                         rotary_dim, False, False, "pos", cfg=cfg)  # fmt: skip
+    c, s = cos.double()[pos], sin.double()[pos]
+    assert_rotary_close(to_bshd(q_out, layout), ref_rotate(q4, c, s, rotary_dim, False), q, f"q {cfg}")
+    assert_rotary_close(to_bshd(k_out, layout), ref_rotate(k4, c, s, rotary_dim, False), k, f"k {cfg}")
+
+
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("interleaved", [False, True], ids=["neox", "interleaved"])
 def test_position_ids_and_strided_qkv(interleaved):

@@ -38,7 +38,11 @@ def _round_to(v, dtype: tl.constexpr, bits: tl.constexpr, zero):
 def _rope_heads(
     x_base,
     o_base,
+    tok_off,
+    otok_off,
+    tmask,
     stride_h,
+    ostride_h,
     n_heads,
     h0,
     c_lo,
@@ -56,45 +60,54 @@ def _rope_heads(
     COPY_TAIL: tl.constexpr,
     zero,
 ):
-    """Rotate heads h0 .. h0 + BLOCK_H of one token: pairs (j, j + HALF), or (2j, 2j + 1) when
-    INTERLEAVED, j < HALF = ROT / 2; columns ROT .. HEAD_DIM are copied when COPY_TAIL."""
+    """Rotate heads h0 .. h0 + BLOCK_H of BLOCK_S tokens ([BLOCK_S, BLOCK_H, BLOCK_P] tiles;
+    tok_off / otok_off [BLOCK_S] are the tokens' offsets in x / o, tmask their validity): pairs
+    (j, j + HALF), or (2j, 2j + 1) when INTERLEAVED, j < HALF = ROT / 2; columns ROT ..
+    HEAD_DIM are copied when COPY_TAIL. cos / sin come as [BLOCK_S, BLOCK_P] rows, read once
+    per token and shared by the program's heads."""
     heads = h0 + tl.arange(0, BLOCK_H)
     pairs = tl.arange(0, BLOCK_P)
-    mask = (heads[:, None] < n_heads) & (pairs[None, :] < HALF)
-    row = heads[:, None] * stride_h
+    hmask = (tmask[:, None] & (heads[None, :] < n_heads))[:, :, None]
+    mask = hmask & (pairs[None, None, :] < HALF)
+    row = tok_off[:, None, None] + heads[None, :, None] * stride_h
+    orow = otok_off[:, None, None] + heads[None, :, None] * ostride_h
     if INTERLEAVED:
-        lo_off = row + 2 * pairs[None, :]
-        hi_off = lo_off + 1
+        lo_col = 2 * pairs[None, None, :]
+        hi_col = lo_col + 1
     else:
-        lo_off = row + pairs[None, :]
-        hi_off = lo_off + HALF
-    x_lo = tl.load(x_base + lo_off, mask=mask, other=0.0)
-    x_hi = tl.load(x_base + hi_off, mask=mask, other=0.0)
+        lo_col = pairs[None, None, :]
+        hi_col = lo_col + HALF
+    x_lo = tl.load(x_base + row + lo_col, mask=mask, other=0.0)
+    x_hi = tl.load(x_base + row + hi_col, mask=mask, other=0.0)
     dtype = x_lo.dtype
     bits = tl.int16 if dtype != tl.float32 else tl.int32
     lo = x_lo.to(tl.float32)
     hi = x_hi.to(tl.float32)
+    c_lo = c_lo[:, None, :]
+    s_lo = s_lo[:, None, :]
+    c_hi = c_hi[:, None, :]
+    s_hi = s_hi[:, None, :]
     if HF_ROUNDING:
         # transformers: q * cos + rotate_half(q) * sin, each op rounded to the dtype.
-        out_lo = _round_to(lo * c_lo[None, :], dtype, bits, zero) + _round_to(-hi * s_lo[None, :], dtype, bits, zero)
-        out_hi = _round_to(hi * c_hi[None, :], dtype, bits, zero) + _round_to(lo * s_hi[None, :], dtype, bits, zero)
+        out_lo = _round_to(lo * c_lo, dtype, bits, zero) + _round_to(-hi * s_lo, dtype, bits, zero)
+        out_hi = _round_to(hi * c_hi, dtype, bits, zero) + _round_to(lo * s_hi, dtype, bits, zero)
     else:
-        out_lo = lo * c_lo[None, :] - hi * s_lo[None, :]
-        out_hi = hi * c_hi[None, :] + lo * s_hi[None, :]
-    tl.store(o_base + lo_off, out_lo.to(dtype), mask=mask)
-    tl.store(o_base + hi_off, out_hi.to(dtype), mask=mask)
+        out_lo = lo * c_lo - hi * s_lo
+        out_hi = hi * c_hi + lo * s_hi
+    tl.store(o_base + orow + lo_col, out_lo.to(dtype), mask=mask)
+    tl.store(o_base + orow + hi_col, out_hi.to(dtype), mask=mask)
     if COPY_TAIL:
-        tail = ROT + tl.arange(0, BLOCK_TAIL)
-        tmask = (heads[:, None] < n_heads) & (tail[None, :] < HEAD_DIM)
-        v = tl.load(x_base + row + tail[None, :], mask=tmask)
-        tl.store(o_base + row + tail[None, :], v, mask=tmask)
+        tail = ROT + tl.arange(0, BLOCK_TAIL)[None, None, :]
+        tail_mask = hmask & (tail < HEAD_DIM)
+        v = tl.load(x_base + row + tail, mask=tail_mask)
+        tl.store(o_base + orow + tail, v, mask=tail_mask)
 
 
 @triton.jit(do_not_specialize=["zero"])
 def _rope_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr,
     cos_ptr, sin_ptr, pos_ptr, inv_freq_ptr,
-    S,
+    S, T,
     q_sb, q_ss, q_sh, k_sb, k_ss, k_sh,
     qo_sb, qo_ss, qo_sh, ko_sb, ko_ss, ko_sh,
     c_sb, c_ss, c_srow, c_sj,
@@ -103,7 +116,9 @@ def _rope_kernel(
     HALF: tl.constexpr,
     ROT: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
     INTERLEAVED: tl.constexpr,
@@ -113,7 +128,8 @@ def _rope_kernel(
     FROM_POSITIONS: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
-    """grid = (tokens, q head blocks + k head blocks); token t = (b, s), b = t // S.
+    """grid = (token blocks of BLOCK_S, q head blocks of BLOCK_HQ + k head blocks of BLOCK_HK);
+    token t = (b, s) with b = t // S, t < T = B * S.
 
     cos / sin: FROM_POSITIONS: computed from pos[b, s] * inv_freq[j] in fp32 (accurate
     libdevice cos/sin); else read from tables at row pos[b, s] (HAS_POS: row stride c_srow) or
@@ -121,15 +137,17 @@ def _rope_kernel(
     full-width table (cos[j + HALF] for the upper half), as transformers multiplies by it."""
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
-    b = pid_t // S
-    s = pid_t % S
+    t = pid_t * BLOCK_S + tl.arange(0, BLOCK_S)
+    tmask = t < T
+    b = (t // S).to(tl.int64)
+    s = (t % S).to(tl.int64)
     pairs = tl.arange(0, BLOCK_P)
-    pmask = pairs < HALF
+    cmask = tmask[:, None] & (pairs[None, :] < HALF)
     if HAS_POS or FROM_POSITIONS:
-        pos = tl.load(pos_ptr + b * p_sb + s * p_ss)
+        pos = tl.load(pos_ptr + b * p_sb + s * p_ss, mask=tmask, other=0)
     if FROM_POSITIONS:
-        inv_freq = tl.load(inv_freq_ptr + pairs, mask=pmask, other=0.0)
-        angle = pos.to(tl.float32) * inv_freq
+        inv_freq = tl.load(inv_freq_ptr + pairs, mask=pairs < HALF, other=0.0)
+        angle = pos.to(tl.float32)[:, None] * inv_freq[None, :]
         if COMPILED:  # libdevice: accurate cos / sin (full range reduction; angles reach 1e5 rad)
             c_lo = libdevice.cos(angle)
             s_lo = libdevice.sin(angle)
@@ -140,32 +158,29 @@ def _rope_kernel(
         s_hi = s_lo
     else:
         if HAS_POS:
-            row = pos.to(tl.int64) * c_srow
+            crow = pos.to(tl.int64) * c_srow
         else:
-            row = b.to(tl.int64) * c_sb + s.to(tl.int64) * c_ss
-        c_lo = tl.load(cos_ptr + row + pairs * c_sj, mask=pmask, other=0.0).to(tl.float32)
-        s_lo = tl.load(sin_ptr + row + pairs * c_sj, mask=pmask, other=0.0).to(tl.float32)
+            crow = b * c_sb + s * c_ss
+        c_off = crow[:, None] + pairs[None, :] * c_sj
+        c_lo = tl.load(cos_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
+        s_lo = tl.load(sin_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
         if HF_ROUNDING:
-            c_hi = tl.load(cos_ptr + row + (pairs + HALF) * c_sj, mask=pmask, other=0.0).to(tl.float32)
-            s_hi = tl.load(sin_ptr + row + (pairs + HALF) * c_sj, mask=pmask, other=0.0).to(tl.float32)
+            c_hi = tl.load(cos_ptr + c_off + HALF * c_sj, mask=cmask, other=0.0).to(tl.float32)
+            s_hi = tl.load(sin_ptr + c_off + HALF * c_sj, mask=cmask, other=0.0).to(tl.float32)
         else:
             c_hi = c_lo
             s_hi = s_lo
-    b64 = b.to(tl.int64)
-    s64 = s.to(tl.int64)
     if pid_h < HQ_BLOCKS:
-        h0 = pid_h * BLOCK_H
         _rope_heads(
-            q_ptr + b64 * q_sb + s64 * q_ss, qo_ptr + b64 * qo_sb + s64 * qo_ss, q_sh, HQ, h0,
-            c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_H, BLOCK_P, BLOCK_TAIL,
-            INTERLEAVED, HF_ROUNDING, COPY_TAIL, zero,
+            q_ptr, qo_ptr, b * q_sb + s * q_ss, b * qo_sb + s * qo_ss, tmask, q_sh, qo_sh, HQ,
+            pid_h * BLOCK_HQ, c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_HQ, BLOCK_P,
+            BLOCK_TAIL, INTERLEAVED, HF_ROUNDING, COPY_TAIL, zero,
         )  # fmt: skip
     else:
-        h0 = (pid_h - HQ_BLOCKS) * BLOCK_H
         _rope_heads(
-            k_ptr + b64 * k_sb + s64 * k_ss, ko_ptr + b64 * ko_sb + s64 * ko_ss, k_sh, HK, h0,
-            c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_H, BLOCK_P, BLOCK_TAIL,
-            INTERLEAVED, HF_ROUNDING, COPY_TAIL, zero,
+            k_ptr, ko_ptr, b * k_sb + s * k_ss, b * ko_sb + s * ko_ss, tmask, k_sh, ko_sh, HK,
+            (pid_h - HQ_BLOCKS) * BLOCK_HK, c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_HK,
+            BLOCK_P, BLOCK_TAIL, INTERLEAVED, HF_ROUNDING, COPY_TAIL, zero,
         )  # fmt: skip
 
 
@@ -176,12 +191,31 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _heads_per_program(n_heads: int, block_p: int, tokens: int, total_heads: int) -> int:
-    """Heads per program: enough programs to spread over the GPU (~528 = 4 per SM of an H200)
-    at decode sizes, where the call is latency-bound (1 token: 40 one-head programs instead of
-    two 32-head ones), and up to ~4K elements per program (8 KB of bf16) at prefill sizes."""
-    spread = triton.next_power_of_2(max(1, tokens * total_heads // 528 + 1)) // 2 or 1
-    return max(1, min(triton.next_power_of_2(n_heads), 2048 // block_p, spread))
+def rope_config(tokens: int, hq: int, hk: int, block_p: int, sms: int = 132) -> dict:
+    """Tokens and heads per program (no autotuning: deterministic and cheap in the interpreter).
+
+    Prefill: ~4K elements (8 KB of bf16) per program, heads first so a program reads each
+    token's cos / sin once for all its heads; q and k get their own head blocks (8 kv heads
+    in a 32-head block would leave 3/4 of its lanes masked). Decode: split heads down until
+    there are ~4 programs per SM, since the call is latency-bound (1 token: 20 two-head
+    programs). See `benchmarks/tune_rotary.py` for the sweep behind these choices."""
+    rows = max(1, 2048 // block_p)
+    bhq = min(triton.next_power_of_2(hq), rows)
+    bhk = min(triton.next_power_of_2(hk), rows)
+    bs = max(1, rows // max(bhq, bhk))
+
+    def programs(bs, bhq, bhk):
+        return triton.cdiv(tokens, bs) * (triton.cdiv(hq, bhq) + triton.cdiv(hk, bhk))
+
+    while bs > 1 and programs(bs, bhq, bhk) < 4 * sms:
+        bs //= 2
+    while max(bhq, bhk) > 1 and programs(bs, bhq, bhk) < 4 * sms:
+        if bhq >= bhk:
+            bhq //= 2
+        else:
+            bhk //= 2
+    elements = bs * max(bhq, bhk) * block_p
+    return {"BLOCK_S": bs, "BLOCK_HQ": bhq, "BLOCK_HK": bhk, "num_warps": max(1, min(8, elements // 256))}
 
 
 def launch_rope(
@@ -197,19 +231,24 @@ def launch_rope(
     interleaved: bool,
     hf_rounding: bool,
     table_rows: str,
+    cfg: dict | None = None,
 ) -> None:
     """q, k, q_out, k_out: [B, S, H, D] views (any strides, unit last stride); cos/sin: 2-D
     [rows, width] (table_rows = "pos": row pos[b, s]; "bs": 3-D [B or 1, S, width] by (b, s));
-    pos: [B or 1, S] int; inv_freq: [rotary_dim / 2] fp32 (then cos/sin are None)."""
+    pos: [B or 1, S] int; inv_freq: [rotary_dim / 2] fp32 (then cos/sin are None). ``cfg``:
+    a `rope_config` dict, to override it (tuning, tests)."""
     B, S, HQ, D = q.shape
     HK = k.shape[2]
-    if B * S == 0:
+    T = B * S
+    if T == 0:
         return
     half = rotary_dim // 2
     block_p = triton.next_power_of_2(half)
-    block_h = _heads_per_program(max(HQ, HK), block_p, B * S, HQ + HK)
-    hq_blocks = triton.cdiv(HQ, block_h)
-    hk_blocks = triton.cdiv(HK, block_h)
+    if cfg is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132
+        cfg = rope_config(T, HQ, HK, block_p, sms)
+    hq_blocks = triton.cdiv(HQ, cfg["BLOCK_HQ"])
+    hk_blocks = triton.cdiv(HK, cfg["BLOCK_HK"])
     copy_tail = rotary_dim < D and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr())
     from_positions = inv_freq is not None
     has_pos = pos is not None and not from_positions
@@ -224,23 +263,22 @@ def launch_rope(
         c_srow = 0
     p_sb = (pos.stride(0) if pos.shape[0] > 1 else 0) if pos is not None else 0
     p_ss = pos.stride(1) if pos is not None else 0
-    grid = (B * S, hq_blocks + hk_blocks)
+    grid = (triton.cdiv(T, cfg["BLOCK_S"]), hq_blocks + hk_blocks)
     _rope_kernel[grid](
         q, k, q_out, k_out,
         cos if cos is not None else dummy, sin if sin is not None else dummy,
         pos if pos is not None else dummy, inv_freq if inv_freq is not None else dummy,
-        S,
+        S, T,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),
         c_sb, c_ss, c_srow, c_sj,
         p_sb, p_ss,
         HQ, HK, hq_blocks, 0,
-        HALF=half, ROT=rotary_dim, HEAD_DIM=D,
-        BLOCK_H=block_h, BLOCK_P=block_p,
+        HALF=half, ROT=rotary_dim, HEAD_DIM=D, BLOCK_P=block_p,
         BLOCK_TAIL=triton.next_power_of_2(max(D - rotary_dim, 1)),
         INTERLEAVED=interleaved, HF_ROUNDING=hf_rounding, COPY_TAIL=copy_tail,
         HAS_POS=has_pos, FROM_POSITIONS=from_positions, COMPILED=not _interpreting(),
-        num_warps=max(1, min(8, block_h * block_p // 256)),
+        **cfg,
     )  # fmt: skip
 
 
