@@ -51,7 +51,7 @@ def input_sets(tokens: int, layout: str, n_bytes: int) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--layout", default="bhsd", choices=("bhsd", "bshd"))
+    parser.add_argument("--layout", default="bhsd", choices=("bhsd", "bshd"), help="memory order of q / k (the call is the same)")
     parser.add_argument("--tokens", type=int, nargs="*", default=[1, 64, 128, 256, 1024, 2048, 4096])
     parser.add_argument("--top", type=int, default=4)
     args = parser.parse_args()
@@ -74,10 +74,10 @@ def main() -> None:
         expected = ref.rope_ref(*sets[0])
         kern.rope_config = default_config
         t_default = timed(rt.apply_rotary_transformers)
-        default = default_config(tokens, ref.HQ, ref.HK, 64, torch.cuda.get_device_properties(0).multi_processor_count)
+        default = default_config(tokens, ref.HQ, ref.HK, 64, tokens_inner=args.layout == "bhsd")
         rows = []
         for cfg in configs(tokens):
-            kern.rope_config = lambda *a, cfg=cfg: cfg
+            kern.rope_config = lambda *a, cfg=cfg, **kw: cfg
             try:
                 _check_rope(rt.apply_rotary_transformers(*sets[0]), expected)
                 rows.append((timed(rt.apply_rotary_transformers), cfg))
