@@ -33,11 +33,11 @@ def configs(m: int):
             yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "HEADS": 1, "BLOCK_K": bk, "SPLIT_K": split,
                    "num_warps": 4, "num_stages": 4, "USE_TMA": tma}  # fmt: skip
     else:
-        for (bm, heads, warps), stages, tma in itertools.product(
-            ((64, 2, 4), (128, 2, 8), (128, 1, 8), (128, 1, 4)), (3, 4), (False, True)
+        for (bm, heads, warps), stages, group in itertools.product(
+            ((64, 2, 4), (128, 2, 8), (128, 1, 8), (128, 1, 4)), (3, 4), (1, 8)
         ):
-            yield {"BLOCK_M": bm, "BLOCK_NH": 64, "HEADS": heads, "BLOCK_K": 64, "SPLIT_K": 1,
-                   "num_warps": warps, "num_stages": stages, "USE_TMA": tma}  # fmt: skip
+            yield {"BLOCK_M": bm, "BLOCK_NH": 64, "HEADS": heads, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": group,
+                   "num_warps": warps, "num_stages": stages, "USE_TMA": True}  # fmt: skip
 
 
 def main() -> None:

@@ -294,6 +294,7 @@ def _rms_matmul_rope_kernel(
     HEADS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_TMA: tl.constexpr,
     COMPILED: tl.constexpr,
@@ -314,6 +315,14 @@ def _rms_matmul_rope_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    if GROUP_M > 1:  # launch order -> tiles GROUP_M row blocks at a time (x and W reused in L2)
+        num_m = tl.num_programs(0)
+        per_group = GROUP_M * tl.num_programs(1)
+        pid = pid_n * num_m + pid_m
+        first_m = (pid // per_group) * GROUP_M
+        group_size = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % group_size
+        pid_n = (pid % per_group) // group_size
     BLOCK_N: tl.constexpr = HEADS * 2 * BLOCK_NH
     j_blocks: tl.constexpr = HALF // BLOCK_NH
     head0 = (pid_n // j_blocks) * HEADS
@@ -326,7 +335,9 @@ def _rms_matmul_rope_kernel(
     rows64 = rows.to(tl.int64)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    # x^2 summed elementwise in the loop and across K once after it, so no K step pays a
+    # cross-thread row reduction.
+    squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     ks = tl.arange(0, BLOCK_K)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
@@ -348,13 +359,14 @@ def _rms_matmul_rope_kernel(
             g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
             w = tl.load(w_tile + k0, mask=kmask[None, :], other=0.0)
         xf = x.to(tl.float32)
-        sumsq += tl.sum(xf * xf, axis=1)
+        squares += xf * xf
         xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
         if COMPILED:
             acc = tl.dot(xg, tl.trans(w), acc)
         else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
             acc = tl.dot(xg.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
 
+    sumsq = tl.sum(squares, axis=1)
     tile_cols = pid_n * BLOCK_N + c  # this tile's columns in the [.., n_tiles * BLOCK_N] partials
     if SPLIT_K > 1:
         n_pad = tl.num_programs(1) * BLOCK_N
@@ -444,6 +456,7 @@ def rms_matmul_rope_config(M: int, N: int, K: int, head_dim: int, sms: int = 132
         k_steps = triton.cdiv(K, cfg["BLOCK_K"])
         split = max(1, min(triton.cdiv(sms, tiles), k_steps // 2, 4))
     cfg["SPLIT_K"] = split
+    cfg.setdefault("GROUP_M", 1)
     return cfg
 
 
@@ -482,7 +495,7 @@ def launch_rms_matmul_rope(
     if cfg is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         cfg = rms_matmul_rope_config(M, N, K, head_dim, sms)
-    cfg = dict(cfg)
+    cfg = {"GROUP_M": 1, **cfg}
     split, block_k = cfg["SPLIT_K"], cfg["BLOCK_K"]
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
