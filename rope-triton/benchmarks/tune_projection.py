@@ -27,16 +27,14 @@ from fused_llm.packages import get_kernel  # noqa: E402
 def configs(m: int):
     if m <= 64:
         bm = 16 if m <= 16 else 64
-        for bnh, bk, split, tma in itertools.product((32, 64), (64, 128), (4, 8), (False, True)):
-            if tma and bnh != 64:
+        for bnh, bk, split, tma in itertools.product((32, 64), (64, 128), (2, 4, 8), (False, True)):
+            if not tma and bnh == 32:
                 continue
-            yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "HEADS": 1, "BLOCK_K": bk, "SPLIT_K": split,
+            yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "BLOCK_K": bk, "SPLIT_K": split,
                    "num_warps": 4, "num_stages": 4, "USE_TMA": tma}  # fmt: skip
     else:
-        for (bm, heads, warps), stages, group in itertools.product(
-            ((64, 2, 4), (128, 2, 8), (128, 1, 8), (128, 1, 4)), (3, 4), (1, 8)
-        ):
-            yield {"BLOCK_M": bm, "BLOCK_NH": 64, "HEADS": heads, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": group,
+        for (bm, warps), stages, group in itertools.product(((64, 4), (128, 4), (128, 8)), (3, 4), (1, 8)):
+            yield {"BLOCK_M": bm, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": group,
                    "num_warps": warps, "num_stages": stages, "USE_TMA": True}  # fmt: skip
 
 

@@ -342,14 +342,14 @@ def test_rms_norm_matmul_rope_ci():
 
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
 @pytest.mark.parametrize(
-    "block_m, block_nh, heads, block_k, split, group",
-    [(16, 16, 1, 64, 1, 1), (16, 16, 1, 64, 3, 1), (16, 32, 2, 128, 2, 1), (32, 64, 2, 64, 1, 1),
-     (64, 16, 1, 128, 8, 1), (16, 64, 1, 64, 1, 2)],
+    "block_m, block_nh, block_k, split, group",
+    [(16, 16, 64, 1, 1), (16, 16, 64, 3, 1), (16, 32, 128, 2, 1), (32, 64, 64, 1, 1),
+     (64, 16, 128, 8, 1), (16, 64, 64, 1, 2)],
 )  # fmt: skip
-def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, heads, block_k, split, group):
+def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, group):
     """Every tile shape and K split the launcher can pick (narrow half-head tiles, whole heads,
-    two heads per tile, uneven splits, grouped tile order with a partial last group), each
-    called twice: the split-K arrival counters must be left reset for the next call."""
+    uneven splits, grouped tile order with a partial last group), each called twice: the
+    split-K arrival counters must be left reset for the next call."""
     _kernels = rt._triton_kernels()  # imported only where Triton runs
 
     M, K, head_dim, n_heads = 37, 448, 128, 4
@@ -359,7 +359,7 @@ def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, heads, block_k, sp
     cos, sin = _hf_tables(1, M, head_dim, torch.bfloat16, seed=3)
     cos, sin = cos[0], sin[0]
     ref = ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
-    cfg = dict(BLOCK_M=block_m, BLOCK_NH=block_nh, HEADS=heads, BLOCK_K=block_k, SPLIT_K=split, GROUP_M=group,
+    cfg = dict(BLOCK_M=block_m, BLOCK_NH=block_nh, BLOCK_K=block_k, SPLIT_K=split, GROUP_M=group,
                num_warps=4, num_stages=2)  # fmt: skip
     for _ in range(2):
         out = torch.full((M, n_heads * head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)

@@ -191,25 +191,19 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def rope_config(tokens: int, hq: int, hk: int, block_p: int, tokens_inner: bool) -> dict:
+def rope_config(tokens: int, hq: int, hk: int, block_p: int) -> dict:
     """Tokens and heads per program (no autotuning: deterministic and cheap in the interpreter).
 
-    ~64 (token, head) rows per q program at prefill (4K rotation pairs, 16 KB of bf16 read and
-    written), taken mostly along the axis that is contiguous in memory: tokens when
-    ``tokens_inner`` (bhsd: a head's tokens are adjacent rows), else heads (bshd), so each
-    program streams long runs. kv heads get their own, smaller head block (8 kv heads in a
-    32-head block would leave 3/4 of its lanes masked). Small calls keep the same shape with
-    fewer tokens: the program count hardly matters there (1 token: 24 or 40 programs both take
-    ~1.6 us). From `benchmarks/tune_rotary.py` on an H100, bhsd, 32 q / 8 kv heads, head_dim
-    128: (32 tokens x 2 q heads / 1 kv head, 8 warps) was within 4% of the best of 190
-    configurations at every size from 64 to 4096 tokens; the previous one-token-per-program
-    shape was 1.44x slower at 64 and 128 tokens, and 10% slower at 4096."""
-    rows = max(1, 4096 // block_p)
-    if tokens_inner:
-        bhq, bhk = min(2, triton.next_power_of_2(hq)), 1
-    else:
-        bhq, bhk = min(triton.next_power_of_2(hq), rows), min(triton.next_power_of_2(hk), rows)
-    bs = min(max(1, rows // bhq), triton.next_power_of_2(tokens))
+    32 tokens x 2 q heads (or 1 kv head) per program at prefill: 4K rotation pairs, 16 KB of
+    bf16 read and written, in 8 warps. From `benchmarks/tune_rotary.py` on an H100 (32 q / 8
+    kv heads, head_dim 128, 64 .. 4096 tokens, 190 configurations per size): this shape was
+    within 4% of the best at every size, in both memory orders (bhsd and bshd); head-major
+    blocks were 2-14% slower in bshd order too, and the previous one-token-per-program shape
+    1.35x (64 tokens) to 3.5x (1024) slower. kv heads get their own block: 8 kv heads in a q
+    head block would leave lanes masked. One token: one head per program (40 programs), the
+    best there (1.6 us in graph replay)."""
+    bhq, bhk = (1, 1) if tokens == 1 else (min(2, triton.next_power_of_2(hq)), 1)
+    bs = min(max(1, 4096 // (block_p * bhq)), triton.next_power_of_2(tokens))
     pairs = bs * bhq * block_p
     return {"BLOCK_S": bs, "BLOCK_HQ": bhq, "BLOCK_HK": bhk, "num_warps": max(1, min(8, pairs // 512))}
 
@@ -241,7 +235,7 @@ def launch_rope(
     half = rotary_dim // 2
     block_p = triton.next_power_of_2(half)
     if cfg is None:
-        cfg = rope_config(T, HQ, HK, block_p, tokens_inner=q.stride(1) < q.stride(2))
+        cfg = rope_config(T, HQ, HK, block_p)
     hq_blocks = triton.cdiv(HQ, cfg["BLOCK_HQ"])
     hk_blocks = triton.cdiv(HK, cfg["BLOCK_HK"])
     copy_tail = rotary_dim < D and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr())
@@ -291,7 +285,6 @@ def _rms_matmul_rope_kernel(
     HALF: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_NH: tl.constexpr,
-    HEADS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     GROUP_M: tl.constexpr,
@@ -299,23 +292,24 @@ def _rms_matmul_rope_kernel(
     USE_TMA: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
-    """out[m, n] for a tile of BLOCK_M tokens x HEADS x (BLOCK_NH columns of a head's lower half
-    + the matching BLOCK_NH of its upper half): every rotation pair (j, j + HALF) lives in one
-    tile, and the tile is one [BLOCK_N = HEADS * 2 * BLOCK_NH, BLOCK_K] W operand, so one tl.dot
-    per K step (BLOCK_NH = HALF: whole heads, contiguous W rows).
+    """out[m, n] for a tile of BLOCK_M tokens x (columns j0 .. j0 + BLOCK_NH of one head's lower
+    half, and the same columns + HALF of its upper half). The two halves are two accumulators
+    with identical layouts, fed by the same x tile (two tl.dot per K step), so every rotation
+    pair (j, j + HALF) sits in one thread and the RoPE epilogue is elementwise.
 
     acc = (x * g) @ W^T streamed over K, with sum(x^2) accumulated from the same x tiles; the
-    RMS scale rsqrt(mean(x^2) + eps) is a per-row factor applied to the accumulator, then RoPE.
+    RMS scale rsqrt(mean(x^2) + eps) is a per-row factor applied to the accumulators, then RoPE.
 
     SPLIT_K > 1 (decode: few tokens, so few output tiles to spread W's read over the GPU):
-    program (m, n, s) covers K range s; it stores its fp32 partial acc and sum(x^2), and the
-    last of the SPLIT_K programs of a tile to arrive (an acq_rel counter) adds the partials in
-    split order (deterministic), runs the epilogue and resets the counter: still one launch.
+    program (m, n, s) covers K range s; it stores its fp32 partial accumulators and sum(x^2),
+    and the last of the SPLIT_K programs of a tile to arrive (an acq_rel counter) adds the
+    partials in split order (deterministic), runs the epilogue and resets the counter: still one
+    launch. GROUP_M > 1 orders the tiles GROUP_M row blocks at a time (x and W reused in L2).
     """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if GROUP_M > 1:  # launch order -> tiles GROUP_M row blocks at a time (x and W reused in L2)
+    if GROUP_M > 1:
         num_m = tl.num_programs(0)
         per_group = GROUP_M * tl.num_programs(1)
         pid = pid_n * num_m + pid_m
@@ -323,133 +317,126 @@ def _rms_matmul_rope_kernel(
         group_size = tl.minimum(num_m - first_m, GROUP_M)
         pid_m = first_m + (pid % per_group) % group_size
         pid_n = (pid % per_group) // group_size
-    BLOCK_N: tl.constexpr = HEADS * 2 * BLOCK_NH
     j_blocks: tl.constexpr = HALF // BLOCK_NH
-    head0 = (pid_n // j_blocks) * HEADS
     j0 = (pid_n % j_blocks) * BLOCK_NH
-    # tile column c -> W row: head (c // 2BNH), half ((c // BNH) % 2), column j0 + c % BNH
-    c = tl.arange(0, BLOCK_N)
-    cols = (head0 + c // (2 * BLOCK_NH)) * HEAD_DIM + ((c // BLOCK_NH) % 2) * HALF + j0 + c % BLOCK_NH
+    lo_row0 = (pid_n // j_blocks) * HEAD_DIM + j0  # first W row (= output column) of the lower half
+    nn = tl.arange(0, BLOCK_NH)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     rows64 = rows.to(tl.int64)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # x^2 summed elementwise in the loop and across K once after it, so no K step pays a
+    acc_lo = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
+    acc_hi = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
+    # x^2 summed elementwise in the loop and across K once after it: no K step pays a
     # cross-thread row reduction.
     squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     ks = tl.arange(0, BLOCK_K)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    # W tile [BLOCK_N, BLOCK_K], contiguous along K (nn.Linear rows), transposed for the dot.
-    w_tile = w_ptr + cols.to(tl.int64)[:, None] * s_wn + ks[None, :]
+    # W tiles [BLOCK_NH, BLOCK_K], contiguous along K (nn.Linear rows), transposed for the dot.
+    w_lo_tile = w_ptr + (lo_row0 + nn).to(tl.int64)[:, None] * s_wn + ks[None, :]
+    w_hi_tile = w_lo_tile + HALF * s_wn
     x_rows = x_ptr + rows64[:, None] * s_xm + ks[None, :]
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if USE_TMA:  # sm90, whole-head tiles (contiguous W rows): the copy engine, zero-filled
+        if USE_TMA:  # sm90: the copy engine, zero-filled past M and K
             x = x_desc.load([pid_m * BLOCK_M, k0])
             g = tl.load(g_ptr + k0 + ks, mask=(k0 + ks) < K, other=0.0)
-            w = w_desc.load([pid_n * BLOCK_N, k0])
+            w_lo = w_desc.load([lo_row0, k0])
+            w_hi = w_desc.load([lo_row0 + HALF, k0])
         elif EVEN_K:  # no K mask: keeps the loads vectorized (K % BLOCK_K == 0, the usual case)
             x = tl.load(x_rows + k0, mask=rmask[:, None], other=0.0)
             g = tl.load(g_ptr + k0 + ks)
-            w = tl.load(w_tile + k0)
+            w_lo = tl.load(w_lo_tile + k0)
+            w_hi = tl.load(w_hi_tile + k0)
         else:
             kmask = (k0 + ks) < k_hi
             x = tl.load(x_rows + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
             g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
-            w = tl.load(w_tile + k0, mask=kmask[None, :], other=0.0)
+            w_lo = tl.load(w_lo_tile + k0, mask=kmask[None, :], other=0.0)
+            w_hi = tl.load(w_hi_tile + k0, mask=kmask[None, :], other=0.0)
         xf = x.to(tl.float32)
         squares += xf * xf
         xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
         if COMPILED:
-            acc = tl.dot(xg, tl.trans(w), acc)
+            acc_lo = tl.dot(xg, tl.trans(w_lo), acc_lo)
+            acc_hi = tl.dot(xg, tl.trans(w_hi), acc_hi)
         else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
-            acc = tl.dot(xg.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
-
+            acc_lo = tl.dot(xg.to(tl.float32), tl.trans(w_lo.to(tl.float32)), acc_lo)
+            acc_hi = tl.dot(xg.to(tl.float32), tl.trans(w_hi.to(tl.float32)), acc_hi)
     sumsq = tl.sum(squares, axis=1)
-    tile_cols = pid_n * BLOCK_N + c  # this tile's columns in the [.., n_tiles * BLOCK_N] partials
+
     if SPLIT_K > 1:
-        n_pad = tl.num_programs(1) * BLOCK_N
+        # partials [SPLIT_K, m_pad, n_tiles * 2 * BLOCK_NH]: this tile's lower then upper half
+        n_pad = tl.num_programs(1) * 2 * BLOCK_NH
         m_pad = tl.num_programs(0) * BLOCK_M
-        part = part_ptr + pid_k.to(tl.int64) * m_pad * n_pad + rows64[:, None] * n_pad + tile_cols[None, :]
-        tl.store(part, acc)
+        tile_lo = pid_n * 2 * BLOCK_NH + nn
+        part = part_ptr + pid_k.to(tl.int64) * m_pad * n_pad + rows64[:, None] * n_pad + tile_lo[None, :]
+        tl.store(part, acc_lo)
+        tl.store(part + BLOCK_NH, acc_hi)
         sq = sq_ptr + (pid_k * tl.num_programs(1) + pid_n).to(tl.int64) * m_pad + rows64
         tl.store(sq, sumsq)
         tl.debug_barrier()  # every thread's partial stored before the counter releases them
         counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
         arrived = tl.atomic_add(counter, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_lo = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
+            acc_hi = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
             sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
             for s in range(SPLIT_K):  # in split order, so results do not depend on arrival order
-                part = part_ptr + s * m_pad * n_pad + rows64[:, None] * n_pad + tile_cols[None, :]
-                acc += tl.load(part, cache_modifier=".cg")
+                part = part_ptr + s * m_pad * n_pad + rows64[:, None] * n_pad + tile_lo[None, :]
+                acc_lo += tl.load(part, cache_modifier=".cg")
+                acc_hi += tl.load(part + BLOCK_NH, cache_modifier=".cg")
                 sq = sq_ptr + (s * tl.num_programs(1) + pid_n).to(tl.int64) * m_pad + rows64
                 sumsq += tl.load(sq, cache_modifier=".cg")
             tl.atomic_xchg(counter, 0)  # ready for the next call (the buffer is cached)
             _rms_rope_epilogue(
-                acc, sumsq, rows64, rmask, cols, j0, cos_ptr, sin_ptr, out_ptr, K, eps,
-                s_cm, s_cj, s_om, BLOCK_M, BLOCK_NH, HEADS, COMPILED,
+                acc_lo, acc_hi, sumsq, rows64, rmask, lo_row0, j0, cos_ptr, sin_ptr, out_ptr, K, eps,
+                s_cm, s_cj, s_om, HALF, BLOCK_NH, COMPILED,
             )  # fmt: skip
     else:
         _rms_rope_epilogue(
-            acc, sumsq, rows64, rmask, cols, j0, cos_ptr, sin_ptr, out_ptr, K, eps,
-            s_cm, s_cj, s_om, BLOCK_M, BLOCK_NH, HEADS, COMPILED,
+            acc_lo, acc_hi, sumsq, rows64, rmask, lo_row0, j0, cos_ptr, sin_ptr, out_ptr, K, eps,
+            s_cm, s_cj, s_om, HALF, BLOCK_NH, COMPILED,
         )  # fmt: skip
 
 
 @triton.jit
 def _rms_rope_epilogue(
-    acc, sumsq, rows64, rmask, cols, j0, cos_ptr, sin_ptr, out_ptr, K, eps,
+    acc_lo, acc_hi, sumsq, rows64, rmask, lo_row0, j0, cos_ptr, sin_ptr, out_ptr, K, eps,
     s_cm, s_cj, s_om,
-    BLOCK_M: tl.constexpr, BLOCK_NH: tl.constexpr, HEADS: tl.constexpr, COMPILED: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_NH: tl.constexpr, COMPILED: tl.constexpr,
 ):  # fmt: skip
-    """RMS scale per row, then each (lower, upper) column pair rotated: the [BLOCK_M, BLOCK_N]
-    tile is viewed as [BLOCK_M, HEADS, 2 (half), BLOCK_NH] and split along the half axis."""
+    """RMS scale per row, then each (lower, upper) column pair rotated: elementwise, since the
+    two halves are accumulators with the same layout."""
     if COMPILED:
         r = libdevice.rsqrt(sumsq / K + eps)
     else:
         r = 1.0 / tl.sqrt(sumsq / K + eps)
-    a = acc * r[:, None]
-    a = tl.permute(tl.reshape(a, (BLOCK_M, HEADS, 2, BLOCK_NH)), (0, 1, 3, 2))
-    a_lo, a_hi = tl.split(a)  # [BLOCK_M, HEADS, BLOCK_NH] each
-    col = tl.permute(tl.reshape(cols, (HEADS, 2, BLOCK_NH)), (0, 2, 1))
-    col_lo, col_hi = tl.split(col)  # [HEADS, BLOCK_NH]
-    j = j0 + tl.arange(0, BLOCK_NH)
-    c_off = rows64[:, None, None] * s_cm + j[None, None, :] * s_cj
-    mask = rmask[:, None, None] & (j[None, None, :] >= 0)
+    lo = acc_lo * r[:, None]
+    hi = acc_hi * r[:, None]
+    nn = tl.arange(0, BLOCK_NH)
+    mask = rmask[:, None] & (nn[None, :] >= 0)
+    c_off = rows64[:, None] * s_cm + (j0 + nn)[None, :] * s_cj
     c = tl.load(cos_ptr + c_off, mask=mask, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + c_off, mask=mask, other=0.0).to(tl.float32)
-    out_lo = a_lo * c - a_hi * s
-    out_hi = a_hi * c + a_lo * s
-    mask = rmask[:, None, None] & (col_lo[None, :, :] >= 0)
-    o_rows = out_ptr + rows64[:, None, None] * s_om
-    tl.store(o_rows + col_lo[None, :, :], out_lo.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(o_rows + col_hi[None, :, :], out_hi.to(out_ptr.dtype.element_ty), mask=mask)
+    o = out_ptr + rows64[:, None] * s_om + (lo_row0 + nn)[None, :]
+    tl.store(o, (lo * c - hi * s).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(o + HALF, (hi * c + lo * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_matmul_rope_config(M: int, N: int, K: int, head_dim: int, sms: int = 132) -> dict:
     """Tile shape and K split by token count (no autotuning: deterministic, and cheap in the
-    interpreter): the best of `benchmarks/tune_projection.py`'s sweep on an H200 (Llama-3 8B
-    [W_q; W_k], 5120 x 4096; the unfused RMSNorm + cuBLAS + RoPE takes 14.5 / 13.4 / 15.2 us at
-    M = 1 / 16 / 64). Whole-head tiles (contiguous W rows) throughout, so sm90 reads x and W
-    through TMA: M = 1: 12.3 us with a 4-way K split (8-way 12.8; 32 + 32-column tiles with
-    pointer loads 24.8); M = 16: 15.0 us; M = 64 (64-row tiles): 42 us; prefill: two heads
-    per 64-row tile, 229 / 623 us at 1024 / 4096 tokens (3x the unfused sequence: see README).
-    A variant without the in-loop rms_weight multiply (a plain matmul + sum(x^2), measured
-    once and removed) took 607 us at 4096 tokens: that multiply is not what costs the 3x."""
+    interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one head; see
+    `benchmarks/tune_projection.py` for the sweep behind these choices."""
     half = head_dim // 2
     if M <= 16:
-        cfg = {"BLOCK_M": 16, "BLOCK_NH": half, "HEADS": 1, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}
+        cfg = {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
     elif M <= 64:
-        cfg = {"BLOCK_M": 64, "BLOCK_NH": half, "HEADS": 1, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+        cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
     else:
-        cfg = {"BLOCK_M": 64, "BLOCK_NH": half, "HEADS": 2, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
-    cfg["BLOCK_NH"] = min(cfg["BLOCK_NH"], 64)  # head_dim 256: 64 + 64-column tiles
+        cfg = {"BLOCK_M": 128, "BLOCK_NH": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "GROUP_M": 8}
     while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
         cfg["BLOCK_NH"] //= 2
-    if N % (cfg["HEADS"] * head_dim):
-        cfg["HEADS"] = 1
     split = 1
     if M <= 64:
         tiles = triton.cdiv(M, cfg["BLOCK_M"]) * (N // (2 * cfg["BLOCK_NH"]))
@@ -501,25 +488,23 @@ def launch_rms_matmul_rope(
     split = triton.cdiv(K, k_split)  # no empty splits
     cfg["SPLIT_K"] = split
     cfg["EVEN_K"] = K % block_k == 0
-    block_n = cfg["HEADS"] * 2 * cfg["BLOCK_NH"]
+    block_n = 2 * cfg["BLOCK_NH"]
     tma = cfg.pop("USE_TMA", None)
-    if tma is None:  # Hopper's copy engine where the W tile is whole heads (contiguous rows)
+    if tma is None:  # Hopper's copy engine (16-byte aligned bases and row strides)
         tma = (
             x.is_cuda and torch.version.hip is None and not _interpreting()
             and torch.cuda.get_device_capability(x.device)[0] == 9
-            and cfg["BLOCK_NH"] == head_dim // 2
             and all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (x, w))
         )  # fmt: skip
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         x_desc = TensorDescriptor.from_tensor(x, [cfg["BLOCK_M"], block_k])
-        w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k])
+        w_desc = TensorDescriptor.from_tensor(w, [cfg["BLOCK_NH"], block_k])
     else:
         x_desc = w_desc = x  # not read
     cfg["USE_TMA"] = bool(tma)
-    heads = N // head_dim
-    assert heads % cfg["HEADS"] == 0 and (head_dim // 2) % cfg["BLOCK_NH"] == 0, cfg
+    assert (head_dim // 2) % cfg["BLOCK_NH"] == 0, cfg
     grid = (triton.cdiv(M, cfg["BLOCK_M"]), N // block_n, split)
     if split > 1:
         m_pad, n_pad = grid[0] * cfg["BLOCK_M"], grid[1] * block_n
