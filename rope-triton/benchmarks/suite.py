@@ -112,6 +112,12 @@ _check_projection = within_scale("projection")
 def make_fused(case: Case, seed: int) -> Fn:
     op = _ours().rms_norm_matmul_rope
     x, rms_w, w, cos, sin = ref.make_projection_inputs(case["tokens"], "cuda", seed)
+    return lambda: op(x, rms_w, w, ref.EPS, cos, sin, impl="fused")
+
+
+def make_auto(case: Case, seed: int) -> Fn:
+    op = _ours().rms_norm_matmul_rope
+    x, rms_w, w, cos, sin = ref.make_projection_inputs(case["tokens"], "cuda", seed)
     return lambda: op(x, rms_w, w, ref.EPS, cos, sin)
 
 
@@ -180,7 +186,13 @@ def build_suites() -> list[Suite]:
         cases=[Case.of(tokens=t) for t in PROJECTION_TOKENS],
         quick_cases=[Case.of(tokens=t) for t in (1, 4096)],
         providers=[
-            Provider("ours_fused", make_fused, unavailable=_ours_unavailable, note="rms_norm_matmul_rope, one kernel"),
+            Provider("ours_fused", make_fused, unavailable=_ours_unavailable, note="rms_norm_matmul_rope(impl='fused'), one kernel"),
+            Provider(
+                "ours_auto",
+                make_auto,
+                unavailable=_ours_unavailable,
+                note="rms_norm_matmul_rope default: fused up to 16 tokens, else rope-triton RMSNorm + cuBLAS + RoPE",
+            ),
             Provider(
                 "unfused_ours_cublas",
                 make_unfused_ours,

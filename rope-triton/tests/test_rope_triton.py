@@ -316,7 +316,8 @@ PROJ_M = [1, 7, 64, 100] + ([1000, 4096] if DEVICE == "cuda" else [])
 @pytest.mark.parametrize("M", PROJ_M)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_rms_norm_matmul_rope(M, head_dim, dtype):
+@pytest.mark.parametrize("impl", ["auto", "fused", "unfused"])
+def test_rms_norm_matmul_rope(M, head_dim, dtype, impl):
     K = 512 if DEVICE == "cpu" else 4096
     heads = 4 if DEVICE == "cpu" else 40  # 32 q + 8 k heads of a Llama-3 8B layer
     g = gen(M + head_dim)
@@ -325,10 +326,10 @@ def test_rms_norm_matmul_rope(M, head_dim, dtype):
     w = (torch.randn(heads * head_dim, K, device=DEVICE, generator=g) / K**0.5).to(dtype)
     cos, sin = _hf_tables(1, M, head_dim, dtype, seed=M)
     cos, sin = cos[0], sin[0]
-    got = rt.rms_norm_matmul_rope(x, rms_w, w, 1e-5, cos, sin)
+    got = rt.rms_norm_matmul_rope(x, rms_w, w, 1e-5, cos, sin, impl=impl)
     ref = ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
     assert got.shape == (M, heads * head_dim) and got.dtype == dtype
-    assert_projection_close(got, ref, "fused")
+    assert_projection_close(got, ref, impl)
     # The unfused plain-torch sequence is held to the same bound (it is the CPU variant's path).
     out = torch.empty_like(got)
     rt._reference.rms_matmul_rope(x, rms_w, w, cos, sin, out, 1e-5, head_dim)
@@ -336,8 +337,9 @@ def test_rms_norm_matmul_rope(M, head_dim, dtype):
 
 
 @pytest.mark.kernels_ci
-def test_rms_norm_matmul_rope_ci():
-    test_rms_norm_matmul_rope(7, 128, torch.bfloat16)
+@pytest.mark.parametrize("impl", ["fused", "unfused"])
+def test_rms_norm_matmul_rope_ci(impl):
+    test_rms_norm_matmul_rope(7, 128, torch.bfloat16, impl)
 
 
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
@@ -416,6 +418,7 @@ def _bad_cases():
         ("w dtype", lambda: rt.rms_norm_matmul_rope(x, g, w.half(), 1e-6, fc, fc), TypeError, "w: expected dtype"),
         ("w heads", lambda: rt.rms_norm_matmul_rope(x, g, w[:100], 1e-6, fc, fc), ValueError, "w: expected N = 100"),
         ("head_dim", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc, fc, head_dim=48), ValueError, "head_dim: expected a multiple of 32"),
+        ("impl", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc, fc, impl="cublas"), ValueError, "impl: expected one of"),
         ("cos rows fused", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc[:3], fc[:3]), ValueError, "cos: expected one row per token"),
         ("cos width fused", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc[:, :40], fc[:, :40], head_dim=64), ValueError, "cos, sin: expected equal shapes"),
     ]
@@ -447,16 +450,18 @@ def _opcheck_cases():
     k = torch.randn(2, 3, 2, 64, device=DEVICE)
     c = torch.rand(1, 3, 32, device=DEVICE)
     x = torch.randn(5, 128, dtype=torch.bfloat16, device=DEVICE)
-    return {
+    cases = {
         "rotary": (rt.ops.rotary, (q, k, torch.empty_like(q), torch.empty_like(k), c.cos(), c.sin(), None, None, 64, False, False, "bs")),
         "rotary_": (rt.ops.rotary_, (q.clone(), k.clone(), c.cos(), c.sin(), None, None, 64, True, "bs")),
-        "rms_norm_matmul_rope": (
+    }
+    for impl in ("fused", "unfused"):
+        cases[f"rms_norm_matmul_rope_{impl}"] = (
             rt.ops.rms_norm_matmul_rope,
             (torch.empty(5, 128, dtype=torch.bfloat16, device=DEVICE), x, torch.ones(128, dtype=torch.bfloat16, device=DEVICE),
              torch.randn(128, 128, dtype=torch.bfloat16, device=DEVICE) / 12, torch.ones(5, 64, device=DEVICE),
-             torch.zeros(5, 64, device=DEVICE), 1e-6, 64),
-        ),
-    }
+             torch.zeros(5, 64, device=DEVICE), 1e-6, 64, impl),
+        )  # fmt: skip
+    return cases
 
 
 @pytest.mark.kernels_ci

@@ -426,25 +426,77 @@ def _rms_rope_epilogue(
 
 def rms_matmul_rope_config(M: int, N: int, K: int, head_dim: int, sms: int = 132) -> dict:
     """Tile shape and K split by token count (no autotuning: deterministic, and cheap in the
-    interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one head; see
-    `benchmarks/tune_projection.py` for the sweep behind these choices."""
+    interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one head. The
+    best of `benchmarks/tune_projection.py`'s sweep on an H100 (Llama-3 8B [W_q; W_k], 5120 x
+    4096, bf16; the unfused RMSNorm + cuBLAS + RoPE took 19.8 / 19.4 / 21.5 / 69.5 / 295 us at
+    M = 1 / 16 / 64 / 1024 / 4096 in the same run):
+    * M <= 16: 16 x (32 + 32) tiles, 4-way K split: 16.9 / 18.1 us (64 + 64-column tiles 17.4
+      / 19.0 us);
+    * M <= 64: 64 x (32 + 32) tiles, 4-way split: 27.4 us;
+    * prefill: 64 x (64 + 64) tiles, 4 warps, 3 stages: 130 / 489 us at 1024 / 4096 tokens;
+      128-row tiles (4 or 8 warps) 26-36% slower, a grouped tile order no better.
+    Before the two-accumulator epilogue (one [BLOCK_M, 2 x 64] accumulator split into halves
+    by a reshape / permute in the epilogue) the same sweep gave 18.7 / 19.5 / 45.8 / 210 / 660
+    us. The x-side work of each K step (x * rms_weight, x^2), repeated by every column tile,
+    is what keeps prefill at ~2x cuBLAS: a plain Triton TMA GEMM of this shape took 76 us at
+    1024 tokens, 107 us with x^2 summed in the loop and 142 us with the rms_weight multiply too."""
     half = head_dim // 2
     if M <= 16:
-        cfg = {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+        cfg = {"BLOCK_M": 16, "BLOCK_NH": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
     elif M <= 64:
-        cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+        cfg = {"BLOCK_M": 64, "BLOCK_NH": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}
     else:
-        cfg = {"BLOCK_M": 128, "BLOCK_NH": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "GROUP_M": 8}
+        cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
     while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
         cfg["BLOCK_NH"] //= 2
     split = 1
-    if M <= 64:
-        tiles = triton.cdiv(M, cfg["BLOCK_M"]) * (N // (2 * cfg["BLOCK_NH"]))
-        k_steps = triton.cdiv(K, cfg["BLOCK_K"])
-        split = max(1, min(triton.cdiv(sms, tiles), k_steps // 2, 4))
+    if M <= 64:  # W's read spread over 4x the programs, unless K is too short to split
+        split = max(1, min(4, triton.cdiv(K, cfg["BLOCK_K"]) // 2))
     cfg["SPLIT_K"] = split
-    cfg.setdefault("GROUP_M", 1)
+    cfg["GROUP_M"] = 1
     return cfg
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, g_ptr, out_ptr, K, eps, s_xm, s_om, BLOCK: tl.constexpr, COMPILED: tl.constexpr):
+    """out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * g, one row per program (fp32 math, one
+    rounding): the first step of the unfused projection."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    squares = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        x = tl.load(x_ptr + row * s_xm + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+        squares += x * x
+    if COMPILED:
+        r = libdevice.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    else:
+        r = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+    for k0 in range(0, K, BLOCK):
+        mask = k0 + cols < K
+        x = tl.load(x_ptr + row * s_xm + k0 + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + k0 + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * s_om + k0 + cols, (x * r * g).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_unfused_projection(
+    x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    out: torch.Tensor, eps: float, head_dim: int,
+) -> None:  # fmt: skip
+    """The same result in three launches: RMSNorm (Triton) -> x_n @ w^T (cuBLAS, into out) ->
+    RoPE in place on out (the rotary kernel). What ``impl="auto"`` runs where the one-launch
+    kernel measured slower (see `rms_norm_matmul_rope`)."""
+    M, K = x.shape
+    if M == 0 or w.shape[0] == 0:
+        return
+    x_n = torch.empty_like(x)
+    block = min(triton.next_power_of_2(K), 4096)
+    _rms_norm_kernel[(M,)](x, g, x_n, K, eps, x.stride(0), x_n.stride(0), BLOCK=block,
+                           COMPILED=not _interpreting(), num_warps=max(1, min(8, block // 512)))  # fmt: skip
+    torch.mm(x_n, w.t(), out=out)
+    rot = out.view(1, M, w.shape[0] // head_dim, head_dim)
+    half = head_dim // 2
+    launch_rope(rot, rot[:, :, :0], rot, rot[:, :, :0], cos[None, :, :half], sin[None, :, :half], None, None,
+                head_dim, False, False, "bs")  # fmt: skip
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
