@@ -53,8 +53,7 @@ def main() -> None:
         unfused = make_unfused_ours({"tokens": m}, 0)
         t_unfused = do_bench_cudagraph(unfused) * 1e3
         t_cublas = do_bench_cudagraph(lambda: F.linear(x, w)) * 1e3
-        default = kern.rms_matmul_rope_config(m, w.shape[0], x.shape[1], ref.HEAD_DIM,
-                                              torch.cuda.get_device_properties(0).multi_processor_count)
+        default = kern.rms_matmul_rope_config(m, x.shape[1], ref.HEAD_DIM)
         rows = []
         for cfg in configs(m):
             try:

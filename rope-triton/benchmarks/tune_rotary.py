@@ -74,7 +74,7 @@ def main() -> None:
         expected = ref.rope_ref(*sets[0])
         kern.rope_config = default_config
         t_default = timed(rt.apply_rotary_transformers)
-        default = default_config(tokens, ref.HQ, ref.HK, 64)
+        default = default_config(tokens, ref.HQ, 64)
         rows = []
         for cfg in configs(tokens):
             kern.rope_config = lambda *a, cfg=cfg, **kw: cfg

@@ -191,7 +191,7 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def rope_config(tokens: int, hq: int, hk: int, block_p: int) -> dict:
+def rope_config(tokens: int, hq: int, block_p: int) -> dict:
     """Tokens and heads per program (no autotuning: deterministic and cheap in the interpreter).
 
     32 tokens x 2 q heads (or 1 kv head) per program at prefill: 4K rotation pairs, 16 KB of
@@ -235,7 +235,7 @@ def launch_rope(
     half = rotary_dim // 2
     block_p = triton.next_power_of_2(half)
     if cfg is None:
-        cfg = rope_config(T, HQ, HK, block_p)
+        cfg = rope_config(T, HQ, block_p)
     hq_blocks = triton.cdiv(HQ, cfg["BLOCK_HQ"])
     hk_blocks = triton.cdiv(HK, cfg["BLOCK_HK"])
     copy_tail = rotary_dim < D and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr())
@@ -424,7 +424,7 @@ def _rms_rope_epilogue(
     tl.store(o + HALF, (hi * c + lo * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_matmul_rope_config(M: int, N: int, K: int, head_dim: int, sms: int = 132) -> dict:
+def rms_matmul_rope_config(M: int, K: int, head_dim: int) -> dict:
     """Tile shape and K split by token count (no autotuning: deterministic, and cheap in the
     interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one head. The
     best of `benchmarks/tune_projection.py`'s sweep on an H100 (Llama-3 8B [W_q; W_k], 5120 x
@@ -532,8 +532,7 @@ def launch_rms_matmul_rope(
     if M == 0 or N == 0:
         return
     if cfg is None:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        cfg = rms_matmul_rope_config(M, N, K, head_dim, sms)
+        cfg = rms_matmul_rope_config(M, K, head_dim)
     cfg = {"GROUP_M": 1, **cfg}
     split, block_k = cfg["SPLIT_K"], cfg["BLOCK_K"]
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
