@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import shutil
 import subprocess
@@ -233,6 +234,59 @@ def test_noarch_build(tmp_path):
     assert cuda.backend.archs == ["8.0", "9.0"]
 
 
+def test_binding_only_backend():
+    """gated-mlp has no cpu [kernel.*] section: its cpu variant is an arch variant holding the
+    torch binding's .so alone (the op namespace its Python custom ops join), and no noarch
+    variant from its [torch-noarch] days is left in build/."""
+    variant = built_variant("gated-mlp")
+    meta = Metadata.read_from_file(variant / "metadata.json")
+    assert (variant / f"{meta.id}.abi3.so").is_file() and (variant / "_kernels.py").is_file()
+    if builder.torch_backend() == "cpu":
+        assert not meta.backend.archs
+    assert not [p.name for p in variant.parent.iterdir() if builder.NOARCH_VARIANT.fullmatch(p.name)]
+
+
+def test_binding_only_backend_jobs(monkeypatch, tmp_path):
+    """The cpu job of gated-mlp compiles the binding only; the cuda job adds the CuTe kernel,
+    CUTLASS's headers and sm_80 code + PTX."""
+    pkg = copy_package(tmp_path, "gated-mlp")
+    jobs, recorded = fake_cuda_toolchain(monkeypatch)
+    with pytest.raises(recorded):
+        builder.build_package(pkg, "cpu")
+    (cpu,) = jobs
+    assert [Path(s).name for s in cpu.sources] == ["torch_binding.cpp"] and not cpu.with_cuda
+    assert "-DCPU_KERNEL" in cpu.cflags
+    if not HAS_CUTLASS:
+        with pytest.raises(builder.BuildError, match="needs the nvidia-cutlass wheel"):
+            builder.build_package(pkg, "cuda")
+        return
+    with pytest.raises(recorded):
+        builder.build_package(pkg, "cuda")
+    cuda = jobs[1]
+    assert [Path(s).name for s in cuda.sources] == ["torch_binding.cpp", "gated_mlp_sm80.cu"] and cuda.with_cuda
+    assert [f for f in cuda.cuda_cflags if f.startswith("-gencode")] == builder.gencode_flags(["8.0"])[0]
+    assert str(pkg / "csrc") in cuda.include_dirs and builder.cutlass_include() in cuda.include_dirs
+
+
+def test_backend_without_kernels_needs_a_binding(tmp_path):
+    pkg = copy_package(tmp_path, "gated-mlp")
+    text = (pkg / "build.toml").read_text()
+    (pkg / "build.toml").write_text(text.replace('src = ["torch-ext/torch_binding.cpp", "torch-ext/torch_binding.h"]', 'src = ["torch-ext/torch_binding.h"]'))
+    with pytest.raises(builder.BuildError, match="backend 'cpu' has no \\[kernel.\\*\\] section and \\[torch\\] src compiles nothing"):
+        builder.build_package(pkg, "cpu")
+
+
+def test_stale_variants_of_the_other_kind_are_removed(tmp_path):
+    build = tmp_path / "build"
+    for name in ("torch-cpu", "torch-cuda", "torch-universal", "torch213-cxx11-cpu-x86_64-linux", "torch212-cxx11-cu130-x86_64-linux"):
+        (build / name).mkdir(parents=True)
+    builder._remove_stale_variants(build, keep_noarch=False)
+    assert sorted(p.name for p in build.iterdir()) == ["torch212-cxx11-cu130-x86_64-linux", "torch213-cxx11-cpu-x86_64-linux"]
+    (build / "torch-rocm").mkdir()
+    builder._remove_stale_variants(build, keep_noarch=True)
+    assert [p.name for p in build.iterdir()] == ["torch-rocm"]
+
+
 def test_shared_headers_stay_identical():
     # Each package must build alone (kernel-builder copies only its directory), so small
     # framework-free headers such as csrc/numerics.h are copied into every package; they must not
@@ -308,10 +362,28 @@ def test_cli_reports_errors_cleanly(tmp_path):
 # ---------------------------------------------------------------------------------------
 
 
+def needs_cutlass(pkg_dir: Path) -> bool:
+    return any(d.startswith("cutlass_") for k in builder.load_config(pkg_dir).kernels_for("cuda") for d in k.depends)
+
+
+HAS_CUTLASS = importlib.util.find_spec("cutlass_library") is not None
+
+
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not installed")
 def test_check_cuda_compiles_every_cuda_source():
     dirs = [packages.package_dir(n) for n in packages.kernel_packages()]
+    dirs = [d for d in dirs if HAS_CUTLASS or not needs_cutlass(d)]  # those: test_check_cuda_cutlass_packages
     checks = builder.cuda_checks(dirs)
     assert {c.capability for c in checks} >= {"8.0", "9.0"}
     failures = builder.check_cuda(dirs)
     assert not failures, "\n".join(f"{c.source} sm_{c.capability}: {e}" for c, e in failures)
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not installed")
+@pytest.mark.skipif(not HAS_CUTLASS, reason="the nvidia-cutlass wheel (CuTe headers) is not installed")
+def test_check_cuda_cutlass_packages():
+    """gated-mlp's CuTe sm80 kernel is among the checked sources (8.0, CUTLASS headers on the
+    include path)."""
+    checks = builder.cuda_checks([packages.package_dir("gated-mlp")])
+    assert [(c.source.name, c.capability) for c in checks] == [("gated_mlp_sm80.cu", "8.0")]
+    assert f"-I{builder.cutlass_include()}" in checks[0].command

@@ -2,7 +2,9 @@
 
 On CUDA the Triton kernel runs compiled (TMA + wgmma on sm90, pointer loads elsewhere); on CPU
 it runs in Triton's interpreter (conftest sets TRITON_INTERPRET=1), or the plain-torch path
-when Triton is missing. Tolerance: the kernel rounds once to the output dtype, so a result is
+when Triton is missing. The CuTe sm80 kernel (the CUDA build's compiled op, capability 8.0
+code + PTX) has its own section at the end, every test named ``*sm80*`` (``-k sm80``): on a
+Hopper GPU it runs through the PTX, forced with ``impl="sm80"``. Tolerance: the kernel rounds once to the output dtype, so a result is
 within one ulp of the fp32 reference's (the interpreter truncates instead of rounding: still
 one ulp), plus a small absolute term for the fp32 summation order over K: 1e-4 of the
 output's scale.
@@ -341,6 +343,8 @@ def _bad_cases():
         ("bias shape", lambda: rt.gated_mlp(x, w, w, bias_gate=torch.zeros(31, device=DEVICE)), ValueError, r"bias_gate: expected shape \(32,\)"),
         ("bias dtype", lambda: rt.gated_mlp(x, w, w, bias_up=torch.zeros(32, device=DEVICE).half()), TypeError, "bias_up: expected dtype"),
         ("activation", lambda: rt.gated_mlp(x, w, w, activation="relu"), ValueError, "activation: expected one of"),
+        ("impl", lambda: rt.gated_mlp(x, w, w, impl="cutlass"), ValueError, r"impl: expected one of \('auto', 'triton', 'sm80'\)"),
+        ("fused impl", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), impl=None), ValueError, "impl: expected one of"),
         ("layout", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), layout="stacked"), ValueError, "layout: expected 'concat' or 'interleaved'"),
         ("fused rows", lambda: rt.gated_mlp_fused(x, w[:31]), ValueError, "w_gate_up: expected an even number of rows"),
         ("fused bias", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), bias=torch.zeros(63, device=DEVICE)), ValueError, "bias: expected an even number"),
@@ -447,3 +451,218 @@ def test_llama_mlp_layer(hidden_act, mlp_bias):
     err_ours = (got.double() - exact).abs().max().item()
     err_eager = (expected.double() - exact).abs().max().item()
     assert err_ours <= max(2 * err_eager, 2e-2 * scale), f"layer: max error {err_ours:.3g} (eager's {err_eager:.3g})"
+
+
+# ---------------------------------------------------------------------------------------------
+# The CuTe sm80 kernel (impl="sm80"): the CUDA build's compiled op. On an H100 / H200 it runs
+# as sm_80 PTX JIT-compiled for sm_90: correctness there, not an A100 speed.
+# ---------------------------------------------------------------------------------------------
+
+SM80 = DEVICE == "cuda" and rt.sm80_available()
+needs_sm80 = pytest.mark.skipif(not SM80, reason="the CuTe sm80 kernel is in the CUDA build only (this is the cpu build or no GPU)")
+
+SM80_M = [0, 1, 7, 64, 1000]
+SM80_DU = [(1000, 1000), (72, 136), (4096, 14336)]
+
+
+@needs_sm80
+@pytest.mark.parametrize("D, U", SM80_DU, ids=lambda v: str(v))
+@pytest.mark.parametrize("M", SM80_M)
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_sm80_values(M, D, U, activation, dtype):
+    """Tails in M (7, 1000 = 7 x 128 + 104), U (1000, 136) and K (1000, 72 are not multiples of
+    the 32-wide K step), one row, no rows."""
+    x, w_gate, w_up, _ = make_inputs(M, D, U, dtype, seed=M + D + U + 1)
+    out = poison_(torch.empty(M, U, dtype=dtype, device=DEVICE))
+    rt.ops.gated_mlp_sm80(out, x, w_gate, w_up, None, None, activation)
+    assert_gated_close(out, reference(x, w_gate, w_up, activation), f"sm80 {activation} {dtype}")
+    assert torch.equal(rt.gated_mlp(x, w_gate, w_up, activation=activation, impl="sm80"), out)
+
+
+@pytest.mark.kernels_ci
+@needs_sm80
+def test_sm80_ci():
+    test_sm80_values(7, 1000, 1000, "silu", torch.bfloat16)
+
+
+@needs_sm80
+@pytest.mark.parametrize("layout", ["separate", "concat", "interleaved"])
+@pytest.mark.parametrize("bias", ["none", "x dtype", "fp32", "gate only"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_sm80_weight_layouts_and_biases(layout, bias, dtype):
+    """Separate weights, the concat and row-interleaved [2U, D] weights read as row-strided
+    views (row stride D and 2D), and biases in x's dtype or fp32, or one of the two."""
+    M, D, U = 33, 1000, 1000
+    x, w_gate, w_up, (b_gate, b_up) = make_inputs(M, D, U, dtype, seed=31, bias=True)
+    if bias == "none":
+        b_gate = b_up = None
+    elif bias == "fp32":
+        b_gate, b_up = b_gate.float() * 3, b_up.float() * 3
+    elif bias == "gate only":
+        b_up = None
+    ref = reference(x, w_gate, w_up, "gelu_tanh", b_gate, b_up)
+    if layout == "separate" or bias == "gate only":
+        got = rt.gated_mlp(x, w_gate, w_up, activation="gelu_tanh", bias_gate=b_gate, bias_up=b_up, impl="sm80")
+    elif layout == "concat":
+        fused_b = torch.cat([b_gate, b_up]) if b_gate is not None else None
+        got = rt.gated_mlp_fused(x, torch.cat([w_gate, w_up]), activation="gelu_tanh", bias=fused_b, impl="sm80")
+    else:
+        fused_b = rt.interleave_gate_up(b_gate, b_up) if b_gate is not None else None
+        got = rt.gated_mlp_fused(x, rt.interleave_gate_up(w_gate, w_up), layout="interleaved", activation="gelu_tanh",
+                                 bias=fused_b, impl="sm80")  # fmt: skip
+    assert_gated_close(got, ref, f"sm80 {layout} bias={bias}")
+
+
+@needs_sm80
+@pytest.mark.parametrize("x_pad", [8, 3], ids=["x row stride D+8", "x row stride D+3 (copied)"])
+@pytest.mark.parametrize("out_pad", [0, 5], ids=["out contiguous", "out row stride U+5"])
+def test_sm80_strided_x_and_out(x_pad, out_pad):
+    """x rows with a padded row stride (read in place when it is a multiple of 8 elements; the
+    public function copies x otherwise); a weight view with a padded row stride; an output
+    with an odd row stride (no paired 32-bit stores) written through the op directly."""
+    M, D, U = 70, 72, 136
+    g = gen(32)
+    x = torch.randn(M, D + x_pad, generator=g, device=DEVICE).bfloat16()[:, :D]
+    big = (torch.randn(2 * U, D + 24, generator=g, device=DEVICE) / D**0.5).bfloat16()
+    w_gate, w_up = big[:U, 8 : 8 + D], big[U:, 16 : 16 + D]  # row stride D + 24, 16-byte aligned starts
+    ref = reference(x, w_gate, w_up)
+    assert_gated_close(rt.gated_mlp(x, w_gate, w_up, impl="sm80"), ref, "public, strided x")
+    out_big = poison_(torch.empty(M, U + out_pad, dtype=torch.bfloat16, device=DEVICE))
+    out = out_big[:, :U]
+    x_in = x if x_pad % 8 == 0 else x.contiguous()
+    rt.ops.gated_mlp_sm80(out, x_in, w_gate, w_up, None, None, "silu")
+    assert_gated_close(out, ref, "op, strided out")
+    if out_pad:
+        assert torch.isnan(out_big[:, U:].float()).all(), "wrote past the output's columns"
+    out_odd = poison_(torch.empty(M * (U + 1) + 1, dtype=torch.bfloat16, device=DEVICE))[1:].view(M, U + 1)[:, :U]
+    rt.ops.gated_mlp_sm80(out_odd, x_in, w_gate, w_up, None, None, "silu")  # 2-byte aligned start
+    assert_gated_close(out_odd, ref, "op, odd output address")
+
+
+@needs_sm80
+def test_sm80_leading_dims_non_contiguous_x_and_empty():
+    D, U = 1024, 384
+    _, w_gate, w_up, _ = make_inputs(1, D, U, torch.bfloat16, seed=33)
+    x = torch.randn(D, 2, 3, device=DEVICE).bfloat16().permute(1, 2, 0)  # [2, 3, D], D strided
+    got = rt.gated_mlp(x, w_gate, w_up, impl="sm80")
+    assert got.shape == (2, 3, U)
+    assert_gated_close(got, reference(x, w_gate, w_up), "sm80 non-contiguous x")
+    assert rt.gated_mlp(x[:, :0], w_gate, w_up, impl="sm80").shape == (2, 0, U)
+    assert rt.gated_mlp(x, w_gate[:0], w_up[:0], impl="sm80").shape == (2, 3, 0)
+
+
+@needs_sm80
+def test_sm80_auto_dispatch(monkeypatch):
+    """impl="auto" runs the sm80 kernel on capability 8.x GPUs when its preconditions hold, the
+    Triton kernel otherwise (here the GPU's capability is faked as 8.x)."""
+    M, D, U = 9, 1000, 200
+    x, w_gate, w_up, _ = make_inputs(M, D, U, torch.bfloat16, seed=34)
+    sm80 = rt.gated_mlp(x, w_gate, w_up, impl="sm80")
+    triton = rt.gated_mlp(x, w_gate, w_up, impl="triton")
+    if torch.cuda.get_device_capability()[0] != 8:
+        assert torch.equal(rt.gated_mlp(x, w_gate, w_up), triton), "auto: Triton on this GPU"
+    monkeypatch.setattr(rt, "_is_sm8x", lambda index: True)
+    assert rt._sm80_auto(x, w_gate, w_up)
+    assert torch.equal(rt.gated_mlp(x, w_gate, w_up), sm80), "auto on 8.x: the sm80 kernel"
+    big = (torch.randn(U, 64, device=DEVICE) / 8).bfloat16()
+    x60, w60 = x[:, :60].contiguous(), big[:, :60]  # D = 60: not a multiple of 8
+    assert not rt._sm80_auto(x60, w60, w60)
+    assert torch.equal(rt.gated_mlp(x60, w60, w60), rt.gated_mlp(x60, w60, w60, impl="triton"))
+    misaligned = torch.empty(M * D + 4, dtype=torch.bfloat16, device=DEVICE)[4:].view(M, D).copy_(x)  # 8-byte aligned
+    assert not rt._sm80_auto(misaligned, w_gate, w_up)
+
+
+@needs_sm80
+@pytest.mark.parametrize("bias", [False, True])
+def test_sm80_opcheck(bias):
+    x, w_gate, w_up, b = make_inputs(5, 64, 48, torch.bfloat16, seed=35, bias=bias)
+    b_gate, b_up = b if bias else (None, None)
+    out = torch.empty(5, 48, dtype=torch.bfloat16, device=DEVICE)
+    opcheck(rt.ops.gated_mlp, (out, x, w_gate, w_up, b_gate, b_up, "silu", "sm80"))
+    opcheck(rt.ops.gated_mlp_sm80, (out, x, w_gate, w_up, b_gate, b_up, "gelu_tanh"))
+    assert_only_declared_outputs_mutate(rt.ops.gated_mlp_sm80, (out, x, w_gate, w_up, b_gate, b_up, "silu"))
+
+
+@needs_sm80
+def test_sm80_torch_compile_fullgraph():
+    x, w_gate, w_up, _ = make_inputs(6, 64, 48, torch.bfloat16, seed=36)
+    w_fused = torch.cat([w_gate, w_up])
+
+    def block(x):
+        a = rt.gated_mlp(x, w_gate, w_up, impl="sm80")
+        b = rt.gated_mlp_fused(x * 2, w_fused, activation="gelu_tanh", impl="sm80")
+        out = torch.empty(6, 48, dtype=x.dtype, device=x.device)
+        rt.ops.gated_mlp_sm80(out, x, w_gate, w_up, None, None, "silu")
+        return a + 1, b, out
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    for got, expected in zip(compiled(x), block(x)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def _sm80_bad_cases():
+    x = torch.randn(4, 64, device=DEVICE).bfloat16()
+    w = torch.randn(32, 64, device=DEVICE).bfloat16()
+    out = torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE)
+    x60 = torch.randn(4, 60, device=DEVICE).bfloat16()
+    w60 = torch.randn(32, 64, device=DEVICE).bfloat16()[:, :60]  # 16-byte row stride, D = 60
+    x_rows = torch.randn(4, 68, device=DEVICE).bfloat16()[:, :64]  # row stride 68: not a multiple of 8
+    x_start = torch.randn(4 * 64 + 4, device=DEVICE).bfloat16()[4:].view(4, 64)  # 8-byte aligned
+    op = rt.ops.gated_mlp_sm80 if SM80 else None
+    return [
+        ("public D % 8", lambda: rt.gated_mlp(x60, w60, w60, impl="sm80"), ValueError, r"x: impl='sm80' needs D = x.shape\[-1\] to be a positive multiple of 8 \(16-byte vectors\), got 60"),
+        ("op D % 8", lambda: op(out, x60, w60, w60, None, None, "silu"), RuntimeError, r"x: the sm80 kernel needs D \(x.size\(1\)\) to be a positive multiple of 8, got 60"),
+        ("op x row stride", lambda: op(out, x_rows, w, w, None, None, "silu"), RuntimeError, "x: expected a row stride that is a multiple of 8 elements"),
+        ("op x start", lambda: op(out, x_start, w, w, None, None, "silu"), RuntimeError, "x: expected a 16-byte aligned start"),
+        ("op w_up rows", lambda: op(out, x, w, w[:16], None, None, "silu"), RuntimeError, r"w_up: expected shape \[U, D\] \(w_gate's\) = \[32, 64\], got \[16, 64\]"),
+        ("op w_gate dtype", lambda: op(out, x, w.half(), w, None, None, "silu"), RuntimeError, "w_gate: expected dtype BFloat16"),
+        ("op out shape", lambda: op(out[:, :16], x, w, w, None, None, "silu"), RuntimeError, r"out: expected shape \[M, U\] = \[4, 32\]"),
+        ("op out overlaps x", lambda: op(x[:, :32], x, w, w, None, None, "silu"), RuntimeError, "out: overlaps x"),
+        ("op bias dtype", lambda: op(out, x, w, w, torch.zeros(32, device=DEVICE).half(), None, "silu"), RuntimeError, "bias_gate: expected dtype BFloat16 \\(x's\\) or float32"),
+        ("op bias shape", lambda: op(out, x, w, w, None, torch.zeros(31, device=DEVICE), "silu"), RuntimeError, r"bias_up: expected shape \[32\]"),
+        ("op activation", lambda: op(out, x, w, w, None, None, "relu"), RuntimeError, "activation: expected \"silu\" or \"gelu_tanh\""),
+        ("op x dtype", lambda: op(out.float(), x.float(), w.float(), w.float(), None, None, "silu"), RuntimeError, "x: expected dtype bfloat16 or float16"),
+    ]  # fmt: skip
+
+
+@needs_sm80
+@pytest.mark.parametrize("case", _sm80_bad_cases(), ids=lambda c: c[0])
+def test_sm80_bad_input(case):
+    _, call, exc, match = case
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.skipif(SM80, reason="this build has the sm80 kernel")
+def test_sm80_unavailable_raises():
+    """Builds without the CuTe kernel (cpu, rocm): impl="sm80" names the argument; "auto" and
+    "triton" run the default path."""
+    x, w_gate, w_up, _ = make_inputs(3, 64, 32, torch.bfloat16, seed=37)
+    with pytest.raises(ValueError, match="impl: 'sm80' needs the compiled CuTe sm80 kernel|impl: 'sm80' runs on CUDA GPUs only"):
+        rt.gated_mlp(x, w_gate, w_up, impl="sm80")
+    out = torch.empty(3, 32, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="impl: 'sm80'"):
+        rt.ops.gated_mlp(out, x, w_gate, w_up, None, None, "silu", "sm80")
+    assert torch.equal(rt.gated_mlp(x, w_gate, w_up, impl="triton"), rt.gated_mlp(x, w_gate, w_up))
+
+
+@pytest.mark.kernels_ci
+def test_sm80_build_variant_loads():
+    """gated-mlp is a [torch] package: every backend's variant is an arch variant with the
+    binding's .so, whose TORCH_LIBRARY namespace the Python custom ops share (fragments). Only
+    the CUDA build registers gated_mlp_sm80, with capability 8.0 + PTX in its metadata."""
+    import json
+    from pathlib import Path
+
+    variant = Path(rt.__file__).parent
+    assert not variant.name.startswith("torch-"), f"{variant.name}: a noarch variant"
+    meta = json.loads((variant / "metadata.json").read_text())
+    assert rt.__name__ == meta["id"] and (variant / f"{meta['id']}.abi3.so").is_file()
+    assert rt.add_op_namespace_prefix("gated_mlp") == f"{meta['id']}::gated_mlp"
+    for name in ("gated_mlp", "gated_mlp_fp8"):
+        assert hasattr(rt.ops, name), f"the Python custom op {name} is missing from {meta['id']}"
+    assert rt.sm80_available() == (meta["backend"]["type"] == "cuda")
+    if meta["backend"]["type"] == "cuda":
+        assert meta["backend"]["archs"] == ["8.0+PTX"]

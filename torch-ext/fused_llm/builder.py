@@ -601,9 +601,17 @@ def cuda_capabilities_for(config: BuildConfig, sections: Iterable[KernelSection]
 
 
 def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] | None, on_progress) -> BuildResult:
+    # A backend listed in [general] backends with no [kernel.*] section builds the [torch]
+    # sources alone, as kernel-builder's generated CMake does (the binding is compiled for every
+    # backend, each kernel section only for its own). gated-mlp relies on it: its compiled
+    # kernel is CUDA-only, while its cpu and rocm builds still need the binding's .so for the
+    # op namespace its Python custom ops (plain torch / Triton) are registered in.
     sections = config.kernels_for(backend)
-    if not sections:
-        raise BuildError(f"{config.path / 'build.toml'}: no [kernel.*] section has backend = {backend!r}")
+    if not sections and not any(s.endswith((".cpp", ".cc", ".cu")) for s in config.torch_src):
+        raise BuildError(
+            f"{config.path / 'build.toml'}: backend {backend!r} has no [kernel.*] section and [torch] src "
+            f"compiles nothing: list the torch binding there, or use [torch-noarch] for a Python-only package"
+        )
     variant = arch_variant_name(backend)
     build_root = config.path / "build"
     cache_root = config.path / CACHE_DIR
@@ -659,10 +667,28 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
         staging.rename(variant_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    _remove_stale_variants(build_root, keep_noarch=False)
     return BuildResult(config.name, variant_dir, kernel_id, archs)
 
 
+NOARCH_VARIANT = re.compile(r"torch-(universal|cpu|cuda|rocm|xpu|metal|npu|neuron|tpu)")
+
+
+def _remove_stale_variants(build_root: Path, keep_noarch: bool) -> None:
+    """Drop the variant directories of the other framework kind: a package that moved between
+    ``[torch-noarch]`` and ``[torch]`` would otherwise keep its old variants in build/, where
+    the loader may still choose them (it prefers arch over noarch) and an upload would take
+    them. Arch variants of other torch / toolkit versions are kept (a Hub upload gathers
+    several)."""
+    if not build_root.is_dir():
+        return
+    for entry in build_root.iterdir():
+        if entry.is_dir() and bool(NOARCH_VARIANT.fullmatch(entry.name)) != keep_noarch:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def _build_noarch(config: BuildConfig) -> list[BuildResult]:
+    _remove_stale_variants(config.path / "build", keep_noarch=True)
     results = []
     for backend in config.backends:
         kernel_id = unique_id(config, backend)

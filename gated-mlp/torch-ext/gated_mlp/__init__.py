@@ -7,6 +7,14 @@ op runs a plain-torch implementation with the same semantics, unless ``TRITON_IN
 set before the first call, in which case CPU tensors go through the Triton kernel in Triton's
 interpreter (how CI tests the kernel code without a GPU).
 
+The CUDA build also carries a compiled CuTe kernel for sm80 (mma.sync, cp.async, ldmatrix;
+``csrc/gated_mlp_sm80.cu``, op ``gated_mlp_sm80``), built for capability 8.0 (sm_80 code + PTX).
+``impl`` picks the kernel: ``"auto"`` (default) runs it on capability 8.x GPUs (A100 / A10 /
+L4 class) when the inputs meet its preconditions (D a multiple of 8, 16-byte aligned rows) and
+the Triton kernel everywhere else (it is the tuned sm90 path); ``"triton"`` never runs it;
+``"sm80"`` always does (also on newer GPUs, through the PTX: how it is tested on Hopper) and
+raises when it cannot. FP8 is Triton-only.
+
 * :func:`gated_mlp` — separate ``w_gate`` / ``w_up`` ([U, D], nn.Linear layout; any row
   stride, so views into one fused tensor work without a copy).
 * :func:`gated_mlp_fused` — one ``[2U, D]`` weight, ``"concat"`` (gate rows then up rows, as
@@ -30,16 +38,19 @@ from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
     "ACTIVATIONS",
+    "IMPLS",
     "gated_mlp",
     "gated_mlp_fp8",
     "gated_mlp_fused",
     "interleave_gate_up",
     "layers",
+    "sm80_available",
     "triton_enabled_for",
 ]
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYOUTS = ("concat", "interleaved")
+IMPLS = ("auto", "triton", "sm80")
 _DTYPES = (torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
@@ -72,6 +83,57 @@ def _triton_kernels():
     return _kernels
 
 
+# The CuTe sm80 kernel's op, registered by the .so of the CUDA build only (torch_binding.cpp).
+_HAS_SM80 = hasattr(ops, "gated_mlp_sm80")
+
+
+def sm80_available() -> bool:
+    """True when this build has the compiled CuTe sm80 kernel (the CUDA variant)."""
+    return _HAS_SM80
+
+
+if _HAS_SM80:
+
+    @torch.library.register_fake(add_op_namespace_prefix("gated_mlp_sm80"))
+    def _gated_mlp_sm80_fake(out, x, w_gate, w_up, bias_gate, bias_up, activation) -> None:
+        return None
+
+
+@functools.cache
+def _is_sm8x(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 8
+
+
+def _vector_rows(t: torch.Tensor) -> bool:
+    """Rows the sm80 kernel can read as 16-byte cp.async vectors: unit-stride rows, a 16-byte
+    aligned start and a row stride that is a multiple of 8 elements."""
+    return (
+        (t.shape[1] <= 1 or t.stride(1) == 1)
+        and t.data_ptr() % 16 == 0
+        and (t.shape[0] <= 1 or t.stride(0) % 8 == 0)
+    )
+
+
+def _sm80_auto(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> bool:
+    """impl="auto": the sm80 kernel on capability 8.x CUDA GPUs when its preconditions hold
+    (else the Triton kernel, which takes any 16-byte multiple row stride and any D)."""
+    if not (_HAS_SM80 and x.is_cuda and torch.version.hip is None and _is_sm8x(x.device.index)):
+        return False
+    D = x.shape[1]
+    return D % 8 == 0 and D > 0 and all(_vector_rows(t) for t in (x, w_gate, w_up))
+
+
+def _require_sm80(x: torch.Tensor) -> None:
+    """impl="sm80": the errors that do not depend on shapes (those are in gated_mlp)."""
+    if not _HAS_SM80:
+        raise ValueError(
+            "impl: 'sm80' needs the compiled CuTe sm80 kernel, which only the CUDA build of this package "
+            "has (this build has none); use impl='auto' or 'triton'"
+        )
+    if not x.is_cuda or torch.version.hip is not None:
+        raise ValueError(f"impl: 'sm80' runs on CUDA GPUs only (capability >= 8.0), got x on {x.device}")
+
+
 @torch.library.custom_op(add_op_namespace_prefix("gated_mlp"), mutates_args=("out",))
 def _gated_mlp_op(
     out: torch.Tensor,
@@ -81,16 +143,23 @@ def _gated_mlp_op(
     bias_gate: Optional[torch.Tensor],
     bias_up: Optional[torch.Tensor],
     activation: str,
+    impl: str = "auto",
 ) -> None:
-    """x [M, D], w_gate / w_up [U, D], biases [U] or None; writes out [M, U]."""
-    if triton_enabled_for(x):
+    """x [M, D], w_gate / w_up [U, D], biases [U] or None; writes out [M, U]. ``impl``: see
+    :data:`IMPLS` (the choice is made here, on real tensors: pointer alignment is known)."""
+    if impl == "sm80" or (impl == "auto" and _sm80_auto(x, w_gate, w_up)):
+        _require_sm80(x)
+        ops.gated_mlp_sm80(out, x, w_gate, w_up, bias_gate, bias_up, activation)
+    elif impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    elif triton_enabled_for(x):
         _triton_kernels().launch_gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation)
     else:
         _reference.gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("gated_mlp"))
-def _gated_mlp_fake(out, x, w_gate, w_up, bias_gate, bias_up, activation) -> None:
+def _gated_mlp_fake(out, x, w_gate, w_up, bias_gate, bias_up, activation, impl="auto") -> None:
     return None
 
 
@@ -190,6 +259,7 @@ def gated_mlp(
     activation: str = "silu",
     bias_gate: torch.Tensor | None = None,
     bias_up: torch.Tensor | None = None,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """``act(x @ w_gate.T + bias_gate) * (x @ w_up.T + bias_up)`` in one kernel.
 
@@ -197,6 +267,9 @@ def gated_mlp(
     any 16-byte multiple row stride (views into one fused weight work); biases ``[U]`` (x's
     dtype or float32) or None. ``activation``: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU,
     tanh approximation). fp32 accumulation, activation and product; one rounding to x's dtype.
+    ``impl``: ``"auto"`` (the CuTe sm80 kernel on capability 8.x GPUs when its preconditions
+    hold, else Triton), ``"triton"``, or ``"sm80"`` (the CuTe kernel on any CUDA GPU >= 8.0;
+    needs D % 8 == 0, and copies x when its rows are not 16-byte aligned).
     Returns ``[..., U]``."""
     _check_tensor(x, "x")
     if x.dim() < 1:
@@ -210,12 +283,35 @@ def gated_mlp(
     _check_bias(bias_up, "bias_up", x, U)
     bias_gate, bias_up = _both_or_neither(bias_gate, bias_up)
     D = x.shape[-1]
+    _check_impl(impl, x, D)
     x2 = x.reshape(-1, D)
     if x2.stride(-1) != 1 and D > 1:
         x2 = x2.contiguous()
+    if impl == "sm80" and not _sm80_rows_ready(x2):
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
     out = torch.empty((x2.shape[0], U), dtype=x.dtype, device=x.device)
-    ops.gated_mlp(out, x2, w_gate, w_up, bias_gate, bias_up, activation)
+    ops.gated_mlp(out, x2, w_gate, w_up, bias_gate, bias_up, activation, impl)
     return out.view(*x.shape[:-1], U)
+
+
+def _check_impl(impl, x: torch.Tensor, D: int) -> None:
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    if impl == "sm80":
+        _require_sm80(x)
+        if D % 8 or D == 0:
+            raise ValueError(
+                f"x: impl='sm80' needs D = x.shape[-1] to be a positive multiple of 8 (16-byte vectors), got {D}"
+            )
+
+
+def _sm80_rows_ready(x2: torch.Tensor) -> bool:
+    """x rows as the sm80 kernel reads them (a row stride that is a multiple of 8 elements, a
+    16-byte aligned start). The start is unknown while torch.compile traces (see _check_weight):
+    the kernel's own check then refuses a misaligned x."""
+    if x2.shape[0] > 1 and x2.stride(0) % 8:
+        return False
+    return torch.compiler.is_compiling() or (x2.storage_offset() * x2.element_size()) % 16 == 0
 
 
 def _both_or_neither(bias_gate, bias_up):
@@ -316,17 +412,18 @@ def gated_mlp_fused(
     layout: str = "concat",
     activation: str = "silu",
     bias: torch.Tensor | None = None,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """:func:`gated_mlp` with one ``[2U, D]`` weight (and optional ``[2U]`` bias) holding the gate
     and up projections: ``"concat"`` = gate rows then up rows (Phi-3's ``gate_up_proj``),
     ``"interleaved"`` = rows alternate gate, up (see :func:`interleave_gate_up`). No copy: the
-    kernel reads the two halves as row-strided views."""
+    kernel reads the two halves as row-strided views. ``impl``: as in :func:`gated_mlp`."""
     w_gate, w_up = _split_fused(w_gate_up, "w_gate_up", layout)
     b_gate = b_up = None
     if bias is not None:
         b_gate, b_up = _split_fused(bias, "bias", layout)
         b_gate, b_up = b_gate.contiguous(), b_up.contiguous()  # [U]: negligible
-    return gated_mlp(x, w_gate, w_up, activation=activation, bias_gate=b_gate, bias_up=b_up)
+    return gated_mlp(x, w_gate, w_up, activation=activation, bias_gate=b_gate, bias_up=b_up, impl=impl)
 
 
 def interleave_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:

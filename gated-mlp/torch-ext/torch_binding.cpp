@@ -1,0 +1,184 @@
+// Torch binding of gated-mlp. The package's default kernels are Python custom ops (the Triton
+// kernel on CUDA / ROCm, plain torch on CPU: torch-ext/gated_mlp/__init__.py), registered in
+// this build's op namespace as torch.library fragments. This file defines that namespace
+// (TORCH_LIBRARY) and, in CUDA builds only, the CuTe sm80 kernel's op:
+//   gated_mlp_sm80(Tensor! out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? bias_gate,
+//                  Tensor? bias_up, str activation) -> ()
+// CPU and ROCm builds compile this file too and register no op: the .so then only carries the
+// namespace, so `_ops.py` loads the same way on every variant.
+//
+// The Python layer checks arguments first, with friendlier messages; the checks here keep
+// direct torch.ops callers safe.
+#include "torch_binding.h"
+
+#include <torch/library.h>
+
+#include "registration.h"
+
+#if defined(CUDA_KERNEL)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "gated_mlp_sm80.h"
+
+namespace gm = fused_llm::gated_mlp;
+
+namespace {
+
+// Error messages are built here as one std::string. TORCH_CHECK's own formatting streams each
+// argument into a std::ostringstream instantiated in this .so, and with the GPU image's build
+// (torch 2.11 + cu130 through cpp_extension) every check whose message streamed an integer
+// (or a shape through c10's operator<<) died with SIGSEGV (seen in rmsnorm-fp8). msg() only
+// concatenates strings, so no stream is used.
+std::string msg_part(const char* s) { return s; }
+std::string msg_part(const std::string& s) { return s; }
+std::string msg_part(std::string_view s) { return std::string(s); }
+std::string msg_part(c10::ScalarType t) { return c10::toString(t); }
+template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
+std::string msg_part(I v) {
+  return std::to_string(v);
+}
+template <class... A>
+std::string msg(const A&... parts) {
+  std::string s;
+  (s += ... += msg_part(parts));
+  return s;
+}
+
+// Shapes and devices as strings, for msg(): c10's operator<< would stream them.
+std::string shape_str(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+std::string device_str(const at::Tensor& t) {
+  std::string s = c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
+  return t.device().has_index() ? s + ":" + std::to_string(t.device().index()) : s;
+}
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// A 2-D [rows, cols] operand on x's device with x's dtype and a unit-stride last dimension.
+void check_matrix(const at::Tensor& t, const char* name, const at::Tensor& x, int64_t rows, int64_t cols,
+                  const char* shape_hint) {
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols,
+              msg(name, ": expected shape ", shape_hint, " = [", rows, ", ", cols, "], got ", shape_str(t)));
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(),
+              msg(name, ": expected dtype ", x.scalar_type(), " (x's), got ", t.scalar_type()));
+  TORCH_CHECK(t.device() == x.device(), msg(name, ": expected device ", device_str(x), ", got ", device_str(t)));
+  TORCH_CHECK(cols <= 1 || t.stride(1) == 1,
+              msg(name, ": the last dimension must be contiguous (stride 1), got stride ", t.stride(1)));
+}
+
+// An input read with 16-byte cp.async vectors: aligned start, row stride a multiple of 8.
+void check_vector_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(aligned16(t), msg(name, ": expected a 16-byte aligned start (the sm80 kernel reads 16-byte vectors)"));
+  TORCH_CHECK(t.size(0) <= 1 || t.stride(0) % 8 == 0,
+              msg(name, ": expected a row stride that is a multiple of 8 elements (16 bytes), got ", t.stride(0)));
+}
+
+std::optional<at::Tensor> bias_fp32(const std::optional<at::Tensor>& b, const char* name, const at::Tensor& x,
+                                    int64_t U) {
+  if (!b.has_value()) return std::nullopt;
+  TORCH_CHECK(b->dim() == 1 && b->size(0) == U, msg(name, ": expected shape [", U, "], got ", shape_str(*b)));
+  TORCH_CHECK(b->scalar_type() == x.scalar_type() || b->scalar_type() == at::kFloat,
+              msg(name, ": expected dtype ", x.scalar_type(), " (x's) or float32, got ", b->scalar_type()));
+  TORCH_CHECK(b->device() == x.device(), msg(name, ": expected device ", device_str(x), ", got ", device_str(*b)));
+  return b->to(at::kFloat).contiguous();  // [U]: negligible, and the kernel reads one format
+}
+
+// Byte ranges [first, last] of a strided tensor's elements; disjoint ranges cannot alias.
+bool ranges_overlap(const at::Tensor& a, const at::Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto span = [](const at::Tensor& t) {
+    int64_t last = 0;
+    for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
+    return (last + 1) * static_cast<int64_t>(t.element_size());
+  };
+  const auto pa = reinterpret_cast<intptr_t>(a.data_ptr()), pb = reinterpret_cast<intptr_t>(b.data_ptr());
+  return !(pa + span(a) <= pb || pb + span(b) <= pa);
+}
+
+}  // namespace
+
+void gated_mlp_sm80(at::Tensor& out, const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                    const std::optional<at::Tensor>& bias_gate, const std::optional<at::Tensor>& bias_up,
+                    std::string_view activation) {
+  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, D] tensor, got ", x.dim(), "-D"));
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
+  TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
+  const int64_t M = x.size(0), D = x.size(1);
+  TORCH_CHECK(D >= 8 && D % 8 == 0,
+              msg("x: the sm80 kernel needs D (x.size(1)) to be a positive multiple of 8, got ", D));
+  TORCH_CHECK(w_gate.dim() == 2, msg("w_gate: expected a 2-D [U, D] tensor, got ", w_gate.dim(), "-D"));
+  const int64_t U = w_gate.size(0);
+  check_matrix(x, "x", x, M, D, "[M, D]");
+  check_matrix(w_gate, "w_gate", x, U, D, "[U, D]");
+  check_matrix(w_up, "w_up", x, U, D, "[U, D] (w_gate's)");
+  check_matrix(out, "out", x, M, U, "[M, U]");
+  TORCH_CHECK(activation == "silu" || activation == "gelu_tanh",
+              msg("activation: expected \"silu\" or \"gelu_tanh\", got \"", activation, "\""));
+  const auto bg = bias_fp32(bias_gate, "bias_gate", x, U);
+  const auto bu = bias_fp32(bias_up, "bias_up", x, U);
+  TORCH_CHECK(M <= 1 || out.stride(0) >= U,
+              msg("out: expected rows that do not overlap (row stride >= ", U, "), got row stride ", out.stride(0)));
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&x, "x"}, {&w_gate, "w_gate"},
+                                {&w_up, "w_up"}, {bias_gate ? &*bias_gate : nullptr, "bias_gate"},
+                                {bias_up ? &*bias_up : nullptr, "bias_up"}}) {
+    TORCH_CHECK(t == nullptr || !ranges_overlap(out, *t),
+                msg("out: overlaps ", name, " in memory (the output must be separate)"));
+  }
+  if (M == 0 || U == 0) return;
+  check_vector_rows(x, "x");
+  check_vector_rows(w_gate, "w_gate");
+  check_vector_rows(w_up, "w_up");
+
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(prop->major >= 8, msg("x: the sm80 kernel needs a GPU of capability >= 8.0, got ", prop->major, ".",
+                                    prop->minor));
+  TORCH_CHECK(prop->sharedMemPerBlockOptin >= static_cast<size_t>(gm::gated_mlp_sm80_smem_bytes()),
+              msg("x: the sm80 kernel needs ", gm::gated_mlp_sm80_smem_bytes(), " bytes of shared memory per block, ",
+                  "this GPU allows ", static_cast<int64_t>(prop->sharedMemPerBlockOptin)));
+
+  gm::GatedMlpSm80Params p;
+  p.m = M;
+  p.d = D;
+  p.u = U;
+  p.dtype = x.scalar_type() == at::kBFloat16 ? gm::DType::kBFloat16 : gm::DType::kFloat16;
+  p.activation = activation == "silu" ? gm::Activation::kSilu : gm::Activation::kGeluTanh;
+  p.x = x.data_ptr();
+  p.x_row_stride = x.stride(0);
+  p.w_gate = w_gate.data_ptr();
+  p.w_gate_row_stride = w_gate.stride(0);
+  p.w_up = w_up.data_ptr();
+  p.w_up_row_stride = w_up.stride(0);
+  p.bias_gate = bg.has_value() ? bg->data_ptr<float>() : nullptr;
+  p.bias_up = bu.has_value() ? bu->data_ptr<float>() : nullptr;
+  p.out = out.data_ptr();
+  p.out_row_stride = out.stride(0);
+  const char* reason = gm::gated_mlp_sm80_check(p);
+  TORCH_CHECK(reason == nullptr, msg("gated_mlp_sm80: ", reason == nullptr ? "" : reason));
+  const cudaError_t err = gm::gated_mlp_sm80_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, msg("gated_mlp_sm80: kernel launch failed: ", cudaGetErrorString(err)));
+}
+#endif  // CUDA_KERNEL
+
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+#if defined(CUDA_KERNEL)
+  ops.def(
+      "gated_mlp_sm80(Tensor! out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? bias_gate, Tensor? bias_up, "
+      "str activation) -> ()");
+  ops.impl("gated_mlp_sm80", c10::kCUDA, &gated_mlp_sm80);
+#else
+  (void)ops;  // CPU / ROCm: the namespace only (see the top of this file)
+#endif
+}
+
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)
