@@ -33,7 +33,7 @@ from fused_llm.bench import (
 
 ref = load_sibling(__file__)
 TOKENS = tuple(2**i for i in range(13))  # 1 .. 4096
-PROJECTION_TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
+PROJECTION_TOKENS = (1, 4, 16, 32, 64, 256, 1024, 4096)
 
 _ours, _ours_unavailable = package_loader("rope-triton", "apply_rotary_transformers")
 _rms, _rms_unavailable = package_loader("rmsnorm-fp8", "rms_norm")
@@ -121,6 +121,25 @@ def make_auto(case: Case, seed: int) -> Fn:
     return lambda: op(x, rms_w, w, ref.EPS, cos, sin)
 
 
+def _folded_inputs(case: Case, seed: int):
+    """The inputs with the RMSNorm weight folded into W once, at setup (as a model would at
+    load): the timed call passes rms_weight=None."""
+    x, rms_w, w, cos, sin = ref.make_projection_inputs(case["tokens"], "cuda", seed)
+    return x, _ours().fold_rms_weight(w, rms_w), cos, sin
+
+
+def make_fused_folded(case: Case, seed: int) -> Fn:
+    op = _ours().rms_norm_matmul_rope
+    x, w_folded, cos, sin = _folded_inputs(case, seed)
+    return lambda: op(x, None, w_folded, ref.EPS, cos, sin, impl="fused")
+
+
+def make_auto_folded(case: Case, seed: int) -> Fn:
+    op = _ours().rms_norm_matmul_rope
+    x, w_folded, cos, sin = _folded_inputs(case, seed)
+    return lambda: op(x, None, w_folded, ref.EPS, cos, sin)
+
+
 def make_unfused_ours(case: Case, seed: int) -> Fn:
     rms_norm = _rms().rms_norm
     apply_rotary = _ours().apply_rotary
@@ -191,7 +210,19 @@ def build_suites() -> list[Suite]:
                 "ours_auto",
                 make_auto,
                 unavailable=_ours_unavailable,
-                note="rms_norm_matmul_rope default: fused up to 16 tokens, else rope-triton RMSNorm + cuBLAS + RoPE",
+                note="rms_norm_matmul_rope default: fused up to 32 tokens, else rope-triton RMSNorm + cuBLAS + RoPE",
+            ),
+            Provider(
+                "ours_fused_folded",
+                make_fused_folded,
+                unavailable=_ours_unavailable,
+                note="impl='fused' with rms_weight=None and fold_rms_weight(w, rms_weight) as w (folded at setup)",
+            ),
+            Provider(
+                "ours_auto_folded",
+                make_auto_folded,
+                unavailable=_ours_unavailable,
+                note="default impl with the folded weight: fused up to 64 tokens, else the unfused sequence",
             ),
             Provider(
                 "unfused_ours_cublas",

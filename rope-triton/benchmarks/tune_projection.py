@@ -2,8 +2,11 @@
 `rms_matmul_rope_config`): `python rope-triton/benchmarks/tune_projection.py [--out DIR]`.
 
 For each token count of the benchmark (Llama-3 8B [W_q; W_k], 5120 x 4096, bf16) it times every
-configuration in CUDA-graph replay, checks its result against the unfused torch sequence, and
-prints the best ones next to the unfused sequence (our RMSNorm + cuBLAS + our RoPE).
+configuration with the shared harness's timer (`fused_llm.bench.time_calls`: one CUDA graph of
+calls on independent input sets that together exceed 4x the L2 cache; W alone is 42 MB, so
+one set would be timed largely from an H100's 50 MB L2), checks its result against the unfused
+torch sequence, and prints the best ones next to the unfused sequence (our RMSNorm + cuBLAS +
+our RoPE) and cuBLAS alone, timed the same way.
 """
 
 from __future__ import annotations
@@ -16,22 +19,39 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench_cudagraph
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import _check_projection, make_unfused_ours, ref  # noqa: E402
 
+from fused_llm.bench import Method, calls_to_flush_l2, l2_bytes, time_calls  # noqa: E402
 from fused_llm.packages import get_kernel  # noqa: E402
 
 
-def configs(m: int):
+VARIANTS = {  # how the RMSNorm weight and sum(x^2) are handled (see the kernel's HAS_G / SQUARES_MMA)
+    "plain": {"FOLD": False, "SQUARES_MMA": False},  # x * g and x^2 in registers every K step
+    "mma": {"FOLD": False, "SQUARES_MMA": True},  # x * g in registers, x^2 as diag(x x^T) on the MMA
+    "fold": {"FOLD": True, "SQUARES_MMA": False},  # g folded into W (fold_rms_weight), x^2 in registers
+    "fold_mma": {"FOLD": True, "SQUARES_MMA": True},  # g folded, x tiles feed only MMAs
+}
+
+
+def configs(m: int, variants=("plain",), splits=(2, 4, 8)):
+    for cfg in _tiles(m, splits):
+        for v in variants:
+            yield {**cfg, **VARIANTS[v]}
+
+
+def _tiles(m: int, splits):
     if m <= 64:
-        bm = 16 if m <= 16 else 64
-        for bnh, bk, split, tma in itertools.product((32, 64), (64, 128), (2, 4, 8), (False, True)):
-            if not tma and bnh == 32:
+        # Row tiles of 16 / 32 at 32 - 64 tokens too: the row blocks of one column tile run
+        # side by side (program_id 0 is the row block), so W is read from DRAM about once.
+        # TMA operands only: the pointer-load variants were never the best in the earlier sweep.
+        for bm, bnh, bk, split in itertools.product((16, 32, 64), (32, 64), (64, 128), splits):
+            if bm > max(16, triton.next_power_of_2(m)):
                 continue
             yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "BLOCK_K": bk, "SPLIT_K": split,
-                   "num_warps": 4, "num_stages": 4, "USE_TMA": tma}  # fmt: skip
+                   "num_warps": 4, "num_stages": 4, "USE_TMA": True}  # fmt: skip
     else:
         for (bm, warps), stages, group in itertools.product(((64, 4), (128, 4), (128, 8)), (3, 4), (1, 8)):
             yield {"BLOCK_M": bm, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": group,
@@ -41,33 +61,51 @@ def configs(m: int):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--tokens", type=int, nargs="*", default=[1, 16, 64, 256, 1024, 4096])
+    parser.add_argument("--tokens", type=int, nargs="*", default=[1, 16, 32, 64, 256, 1024, 4096])
+    parser.add_argument("--variants", nargs="*", default=["plain"], choices=sorted(VARIANTS))
+    parser.add_argument("--splits", type=int, nargs="*", default=[2, 4, 8])
+    parser.add_argument("--prefill-tiles", type=int, default=12, help="the first N prefill tile shapes only")
     args = parser.parse_args()
     rt = get_kernel("rope-triton")
     kern = rt._triton_kernels()
     results = []
+    method = Method()
     for m in args.tokens:
         x, rms_w, w, cos, sin = ref.make_projection_inputs(m, "cuda", 0)
+        n_bytes = (x.numel() + w.numel() + cos.numel() + sin.numel() + m * w.shape[0]) * x.element_size()
+        sets = [ref.make_projection_inputs(m, "cuda", seed) for seed in range(calls_to_flush_l2(n_bytes, l2_bytes(), method.l2_factor))]
+        outs = [torch.empty(m, w.shape[0], dtype=x.dtype, device="cuda") for _ in sets]
         expected = ref.projection_ref(x, rms_w, w, cos, sin)
-        out = torch.empty(m, w.shape[0], dtype=x.dtype, device="cuda")
-        unfused = make_unfused_ours({"tokens": m}, 0)
-        t_unfused = do_bench_cudagraph(unfused) * 1e3
-        t_cublas = do_bench_cudagraph(lambda: F.linear(x, w)) * 1e3
+
+        def timed(fn) -> float:  # fn(set index)
+            return time_calls([lambda i=i: fn(i) for i in range(len(sets))], method).median_us
+
+        unfused = [make_unfused_ours({"tokens": m}, seed) for seed in range(len(sets))]
+        t_unfused = timed(lambda i: unfused[i]())
+        unfused.clear()  # its own input sets: free them before the sweep
+        t_cublas = timed(lambda i: F.linear(sets[i][0], sets[i][2]))
         default = kern.rms_matmul_rope_config(m, x.shape[1], ref.HEAD_DIM)
         rows = []
-        for cfg in configs(m):
+        folded = [rt.fold_rms_weight(ws, gs) for _, gs, ws, _, _ in sets] if any(VARIANTS[v]["FOLD"] for v in args.variants) else []
+        for n, cfg in enumerate(configs(m, args.variants, args.splits)):
+            if m > 64 and n >= args.prefill_tiles * len(args.variants):
+                break
             try:
-                def call(cfg=cfg):
-                    kern.launch_rms_matmul_rope(x, rms_w, w, cos, sin, out, ref.EPS, ref.HEAD_DIM, cfg=cfg)
-                out.fill_(float("nan"))
-                call()
-                _check_projection(out, expected)
-                rows.append((do_bench_cudagraph(call) * 1e3, cfg))
+                def call(i, cfg=cfg):
+                    xs, gs, ws, cs, ss = sets[i]
+                    launch_cfg = {k: v for k, v in cfg.items() if k != "FOLD"}
+                    if cfg["FOLD"]:
+                        gs, ws = None, folded[i]
+                    kern.launch_rms_matmul_rope(xs, gs, ws, cs, ss, outs[i], ref.EPS, ref.HEAD_DIM, cfg=launch_cfg)
+                outs[0].fill_(float("nan"))
+                call(0)
+                _check_projection(outs[0], expected)
+                rows.append((timed(call), cfg))
             except Exception as exc:  # a shape Triton cannot compile (shared memory) is skipped
                 print(f"  M={m} {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
         rows.sort(key=lambda r: r[0])
-        t_default = do_bench_cudagraph(lambda: rt.rms_norm_matmul_rope(x, rms_w, w, ref.EPS, cos, sin)) * 1e3
-        print(f"M={m}: unfused {t_unfused:.2f} us, cuBLAS alone {t_cublas:.2f} us; "
+        t_default = timed(lambda i: rt.rms_norm_matmul_rope(*sets[i][:3], ref.EPS, *sets[i][3:]))
+        print(f"M={m} ({len(sets)} input sets): unfused {t_unfused:.2f} us, cuBLAS alone {t_cublas:.2f} us; "
               f"default {t_default:.2f} us {default}")
         for t, cfg in rows[:5]:
             print(f"   {t:8.2f} us  {t_unfused / t:5.2f}x unfused  {cfg}")

@@ -342,16 +342,44 @@ def test_rms_norm_matmul_rope_ci(impl):
     test_rms_norm_matmul_rope(7, 128, torch.bfloat16, impl)
 
 
+@pytest.mark.parametrize("M", PROJ_M)
+@pytest.mark.parametrize("impl", ["auto", "fused", "unfused"])
+def test_rms_norm_matmul_rope_folded_weight(M, impl):
+    """rms_weight=None with fold_rms_weight(w, rms_weight) as w: the same projection (held to
+    the fp64 result of the unfolded weights), through the folded kernel configurations."""
+    K = 512 if DEVICE == "cpu" else 4096
+    heads, head_dim, dtype = (4 if DEVICE == "cpu" else 40), 128, torch.bfloat16
+    g = gen(M + 7)
+    x = torch.randn(M, K, dtype=dtype, device=DEVICE, generator=g)
+    rms_w = (1 + 0.1 * torch.randn(K, device=DEVICE, generator=g)).to(dtype)
+    w = (torch.randn(heads * head_dim, K, device=DEVICE, generator=g) / K**0.5).to(dtype)
+    cos, sin = _hf_tables(1, M, head_dim, dtype, seed=M + 1)
+    cos, sin = cos[0], sin[0]
+    w_folded = rt.fold_rms_weight(w, rms_w)
+    assert w_folded.dtype == dtype and w_folded.shape == w.shape
+    torch.testing.assert_close(w_folded.double(), w.double() * rms_w.double(), rtol=2**-8, atol=0)
+    got = rt.rms_norm_matmul_rope(x, None, w_folded, 1e-5, cos, sin, impl=impl)
+    assert_projection_close(got, ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim), f"folded {impl}")
+
+
+@pytest.mark.kernels_ci
+def test_rms_norm_matmul_rope_folded_ci():
+    test_rms_norm_matmul_rope_folded_weight(7, "fused")
+
+
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
 @pytest.mark.parametrize(
-    "block_m, block_nh, block_k, split, group",
-    [(16, 16, 64, 1, 1), (16, 16, 64, 3, 1), (16, 32, 128, 2, 1), (32, 64, 64, 1, 1),
-     (64, 16, 128, 8, 1), (16, 64, 64, 1, 2)],
+    "block_m, block_nh, block_k, split, group, folded, squares_mma",
+    [(16, 16, 64, 1, 1, False, False), (16, 16, 64, 3, 1, False, False), (16, 32, 128, 2, 1, False, False),
+     (32, 64, 64, 1, 1, False, False), (64, 16, 128, 8, 1, False, False), (16, 64, 64, 1, 2, False, False),
+     (16, 16, 64, 3, 1, True, False), (64, 64, 128, 2, 1, True, True), (32, 32, 64, 1, 2, True, True),
+     (16, 32, 64, 2, 1, False, True)],
 )  # fmt: skip
-def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, group):
+def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, group, folded, squares_mma):
     """Every tile shape and K split the launcher can pick (narrow half-head tiles, whole heads,
-    uneven splits, grouped tile order with a partial last group), each called twice: the
-    split-K arrival counters must be left reset for the next call."""
+    uneven splits, grouped tile order with a partial last group; the RMSNorm weight folded
+    into W or not; x^2 summed in registers or on the MMA as diag(x x^T)), each called twice:
+    the split-K arrival counters must be left reset for the next call."""
     _kernels = rt._triton_kernels()  # imported only where Triton runs
 
     M, K, head_dim, n_heads = 37, 448, 128, 4
@@ -362,10 +390,11 @@ def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, gr
     cos, sin = cos[0], sin[0]
     ref = ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
     cfg = dict(BLOCK_M=block_m, BLOCK_NH=block_nh, BLOCK_K=block_k, SPLIT_K=split, GROUP_M=group,
-               num_warps=4, num_stages=2)  # fmt: skip
+               SQUARES_MMA=squares_mma, num_warps=4, num_stages=2)  # fmt: skip
+    g_arg, w_arg = (None, rt.fold_rms_weight(w, rms_w)) if folded else (rms_w, w)
     for _ in range(2):
         out = torch.full((M, n_heads * head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-        _kernels.launch_rms_matmul_rope(x, rms_w, w, cos, sin, out, 1e-5, head_dim, cfg=cfg)
+        _kernels.launch_rms_matmul_rope(x, g_arg, w_arg, cos, sin, out, 1e-5, head_dim, cfg=cfg)
         assert_projection_close(out, ref, f"config {cfg}")
     counters = _kernels._COUNTERS.get(x.device)
     assert counters is None or int(counters.abs().sum()) == 0
@@ -421,6 +450,10 @@ def _bad_cases():
         ("impl", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc, fc, impl="cublas"), ValueError, "impl: expected one of"),
         ("cos rows fused", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc[:3], fc[:3]), ValueError, "cos: expected one row per token"),
         ("cos width fused", lambda: rt.rms_norm_matmul_rope(x, g, w, 1e-6, fc[:, :40], fc[:, :40], head_dim=64), ValueError, "cos, sin: expected equal shapes"),
+        ("w dtype folded", lambda: rt.rms_norm_matmul_rope(x, None, w.half(), 1e-6, fc, fc), TypeError, "w: expected dtype"),
+        ("fold w dims", lambda: rt.fold_rms_weight(w[0], g), ValueError, "w: expected shape"),
+        ("fold rms_weight shape", lambda: rt.fold_rms_weight(w, g[:100]), ValueError, r"rms_weight: expected shape \(256,\)"),
+        ("fold rms_weight dtype", lambda: rt.fold_rms_weight(w, g.int()), TypeError, "rms_weight: expected dtype"),
     ]
 
 
@@ -455,12 +488,14 @@ def _opcheck_cases():
         "rotary_": (rt.ops.rotary_, (q.clone(), k.clone(), c.cos(), c.sin(), None, None, 64, True, "bs")),
     }
     for impl in ("fused", "unfused"):
-        cases[f"rms_norm_matmul_rope_{impl}"] = (
-            rt.ops.rms_norm_matmul_rope,
-            (torch.empty(5, 128, dtype=torch.bfloat16, device=DEVICE), x, torch.ones(128, dtype=torch.bfloat16, device=DEVICE),
-             torch.randn(128, 128, dtype=torch.bfloat16, device=DEVICE) / 12, torch.ones(5, 64, device=DEVICE),
-             torch.zeros(5, 64, device=DEVICE), 1e-6, 64, impl),
-        )  # fmt: skip
+        for folded in (False, True):
+            rms_w = None if folded else torch.ones(128, dtype=torch.bfloat16, device=DEVICE)
+            cases[f"rms_norm_matmul_rope_{impl}{'_folded' if folded else ''}"] = (
+                rt.ops.rms_norm_matmul_rope,
+                (torch.empty(5, 128, dtype=torch.bfloat16, device=DEVICE), x, rms_w,
+                 torch.randn(128, 128, dtype=torch.bfloat16, device=DEVICE) / 12, torch.ones(5, 64, device=DEVICE),
+                 torch.zeros(5, 64, device=DEVICE), 1e-6, 64, impl),
+            )  # fmt: skip
     return cases
 
 
@@ -487,3 +522,24 @@ def test_torch_compile_fullgraph():
     # compiled graph allocates (alignment), and an fp32 multiply-add may then contract: 1 ulp.
     for got, expected in zip(compiled(q, k, cos, sin, positions), block(q, k, cos, sin, positions)):
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.kernels_ci
+def test_torch_compile_fullgraph_projection():
+    """The fused projection, with the RMSNorm weight passed and folded, traced without breaks."""
+    M, K, head_dim = 6, 256, 64
+    x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
+    rms_w = (1 + 0.1 * torch.randn(K, device=DEVICE)).bfloat16()
+    w = (torch.randn(2 * head_dim, K, device=DEVICE) / 16).bfloat16()
+    w_folded = rt.fold_rms_weight(w, rms_w)
+    cos, sin = _hf_tables(1, M, head_dim, torch.bfloat16, seed=21)
+    cos, sin = cos[0], sin[0]
+
+    def block(x, cos, sin):
+        a = rt.rms_norm_matmul_rope(x, rms_w, w, 1e-6, cos, sin)
+        b = rt.rms_norm_matmul_rope(x, None, w_folded, 1e-6, cos, sin, impl="fused")
+        return a * 2, b + 1
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    for got, expected in zip(compiled(x, cos, sin), block(x, cos, sin)):
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=1e-2)

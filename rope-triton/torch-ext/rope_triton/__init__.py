@@ -34,6 +34,7 @@ __all__ = [
     "inv_frequencies",
     "layers",
     "rms_norm_matmul_rope",
+    "fold_rms_weight",
     "triton_enabled_for",
 ]
 
@@ -129,7 +130,7 @@ def _rotary_inplace_fake(q, k, cos, sin, pos, inv_freq, rotary_dim, interleaved,
 def _rms_norm_matmul_rope(
     out: torch.Tensor,
     x: torch.Tensor,
-    rms_weight: torch.Tensor,
+    rms_weight: torch.Tensor | None,
     w: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -137,7 +138,7 @@ def _rms_norm_matmul_rope(
     head_dim: int,
     impl: str,
 ) -> None:
-    """x [M, K], rms_weight [K], w [N, K], cos/sin [M, >= head_dim / 2]; writes out [M, N].
+    """x [M, K], rms_weight [K] (None: folded into w), w [N, K], cos/sin [M, >= head_dim / 2]; writes out [M, N].
     impl: "fused" (one launch) or "unfused" (RMSNorm, cuBLAS, RoPE)."""
     if not triton_enabled_for(x):
         _reference.rms_matmul_rope(x, rms_weight, w, cos, sin, out, eps, head_dim)
@@ -152,10 +153,12 @@ def _rms_norm_matmul_rope_fake(out, x, rms_weight, w, cos, sin, eps, head_dim, i
     return None
 
 
-# The one-launch kernel wins up to this many tokens (H100, Llama-3 8B [W_q; W_k]: 1.18x / 1.07x
-# the unfused sequence at 1 / 16 tokens, 0.79x at 64, 0.53-0.60x at 1024-4096; see
-# `rms_matmul_rope_config`); above it, impl="auto" runs the unfused sequence.
-FUSED_PROJECTION_MAX_TOKENS = 16
+# The one-launch kernel wins up to this many tokens; above it, impl="auto" runs the unfused
+# sequence. H100, Llama-3 8B [W_q; W_k], against the unfused sequence (`rms_matmul_rope_config`):
+# with rms_weight passed 1.07x at 16 tokens, 1.04x at 32, 0.89x at 64; with it folded into W
+# (rms_weight=None) 1.12x / 1.10x / 1.01x at 16 / 32 / 64, 0.73x at 1024.
+FUSED_PROJECTION_MAX_TOKENS = 32
+FUSED_PROJECTION_MAX_TOKENS_FOLDED = 64
 _PROJECTION_IMPLS = ("auto", "fused", "unfused")
 
 
@@ -423,9 +426,26 @@ def apply_rotary_transformers(
     return q_out, k_out
 
 
+def fold_rms_weight(w: torch.Tensor, rms_weight: torch.Tensor) -> torch.Tensor:
+    """``w * rms_weight`` column by column (``[N, K]``, w's dtype, computed in fp32 and rounded
+    once): the RMSNorm weight folded into the projection that follows it, since
+    ``linear(rms_norm(x) * g, w) == linear(rms_norm(x), w * g)``. Pass the result to
+    `rms_norm_matmul_rope` with ``rms_weight=None``: the fused kernel then feeds x tiles to
+    the tensor cores unmodified. Both are parameters, so fold once (at load) and keep it."""
+    _check_tensor(w, "w")
+    _check_tensor(rms_weight, "rms_weight")
+    if w.dim() != 2:
+        raise ValueError(f"w: expected shape [N, K] (nn.Linear layout), got {tuple(w.shape)}")
+    if rms_weight.shape != (w.shape[1],):
+        raise ValueError(f"rms_weight: expected shape ({w.shape[1]},) (w's K), got {tuple(rms_weight.shape)}")
+    if rms_weight.device != w.device:
+        raise ValueError(f"rms_weight: expected device {w.device} (w's), got {rms_weight.device}")
+    return (w.float() * rms_weight.float()[None, :]).to(w.dtype)
+
+
 def rms_norm_matmul_rope(
     x: torch.Tensor,
-    rms_weight: torch.Tensor,
+    rms_weight: torch.Tensor | None,
     w: torch.Tensor,
     eps: float,
     cos: torch.Tensor,
@@ -440,28 +460,34 @@ def rms_norm_matmul_rope(
     ``[..., head_dim]`` (transformers' tables, first half used) or ``[..., head_dim / 2]``;
     ``head_dim`` defaults to the table width. Returns ``[..., N]`` in x's dtype.
 
+    ``rms_weight=None``: no RMSNorm weight, or one already folded into w by
+    `fold_rms_weight(w, rms_weight)` (do that once, at load: both are parameters). The fused
+    kernel is faster that way (its x tiles feed the tensor cores unmodified); the result
+    differs from the unfolded one by w * rms_weight's rounding to w's dtype.
+
     ``impl``: ``"fused"`` is one kernel: the RMS statistics accumulated while x streams through
     the matmul, the RMS scale applied to the fp32 accumulator, RoPE in the epilogue.
     ``"unfused"`` is RMSNorm (rounded to x's dtype) -> cuBLAS -> RoPE in place, three launches.
-    ``"auto"`` (default) picks fused up to ``FUSED_PROJECTION_MAX_TOKENS`` tokens, where it
-    measured faster, and unfused above. Off the GPU (no Triton) both run the torch reference."""
+    ``"auto"`` (default) picks fused up to ``FUSED_PROJECTION_MAX_TOKENS`` tokens
+    (``FUSED_PROJECTION_MAX_TOKENS_FOLDED`` with rms_weight=None), where it measured faster,
+    and unfused above. Off the GPU (no Triton) both run the torch reference."""
     _check_tensor(x, "x", (torch.float16, torch.bfloat16))
     if impl not in _PROJECTION_IMPLS:
         raise ValueError(f"impl: expected one of {_PROJECTION_IMPLS}, got {impl!r}")
     if x.dim() < 1 or x.shape[-1] < 1:
         raise ValueError(f"x: expected shape [..., K] with K >= 1, got {tuple(x.shape)}")
     K = x.shape[-1]
-    _check_tensor(rms_weight, "rms_weight")
-    _check_tensor(w, "w")
-    _check_tensor(cos, "cos")
-    _check_tensor(sin, "sin")
-    for t, name in ((rms_weight, "rms_weight"), (w, "w"), (cos, "cos"), (sin, "sin")):
+    named = [(w, "w"), (cos, "cos"), (sin, "sin")]
+    if rms_weight is not None:
+        named.insert(0, (rms_weight, "rms_weight"))
+    for t, name in named:
+        _check_tensor(t, name)
         if t.device != x.device:
             raise ValueError(f"{name}: expected device {x.device} (x's), got {t.device}")
-    if rms_weight.dtype != x.dtype or w.dtype != x.dtype:
-        bad, name = (rms_weight, "rms_weight") if rms_weight.dtype != x.dtype else (w, "w")
-        raise TypeError(f"{name}: expected dtype {x.dtype} (x's), got {bad.dtype}")
-    if rms_weight.shape != (K,):
+    for t, name in named[:-2]:
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name}: expected dtype {x.dtype} (x's), got {t.dtype}")
+    if rms_weight is not None and rms_weight.shape != (K,):
         raise ValueError(f"rms_weight: expected shape ({K},), got {tuple(rms_weight.shape)}")
     if w.dim() != 2 or w.shape[1] != K:
         raise ValueError(f"w: expected shape [N, {K}] (nn.Linear layout), got {tuple(w.shape)}")
@@ -487,6 +513,7 @@ def rms_norm_matmul_rope(
     s2 = sin.reshape(M, sin.shape[-1])
     out = torch.empty((M, w.shape[0]), dtype=x.dtype, device=x.device)
     if impl == "auto":
-        impl = "fused" if M <= FUSED_PROJECTION_MAX_TOKENS else "unfused"
+        limit = FUSED_PROJECTION_MAX_TOKENS if rms_weight is not None else FUSED_PROJECTION_MAX_TOKENS_FOLDED
+        impl = "fused" if M <= limit else "unfused"
     ops.rms_norm_matmul_rope(out, x2, rms_weight, w, c2, s2, float(eps), head_dim, impl)
     return out.view(*x.shape[:-1], w.shape[0])

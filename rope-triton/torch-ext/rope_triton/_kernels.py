@@ -290,6 +290,8 @@ def _rms_matmul_rope_kernel(
     GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_TMA: tl.constexpr,
+    HAS_G: tl.constexpr,
+    SQUARES_MMA: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
     """out[m, n] for a tile of BLOCK_M tokens x (columns j0 .. j0 + BLOCK_NH of one head's lower
@@ -297,8 +299,9 @@ def _rms_matmul_rope_kernel(
     with identical layouts, fed by the same x tile (two tl.dot per K step), so every rotation
     pair (j, j + HALF) sits in one thread and the RoPE epilogue is elementwise.
 
-    acc = (x * g) @ W^T streamed over K, with sum(x^2) accumulated from the same x tiles; the
-    RMS scale rsqrt(mean(x^2) + eps) is a per-row factor applied to the accumulators, then RoPE.
+    acc = (x * g) @ W^T streamed over K (HAS_G False: x @ W^T, g already folded into W), with
+    sum(x^2) accumulated from the same x tiles; the RMS scale rsqrt(mean(x^2) + eps) is a
+    per-row factor applied to the accumulators, then RoPE.
 
     SPLIT_K > 1 (decode: few tokens, so few output tiles to spread W's read over the GPU):
     program (m, n, s) covers K range s; it stores its fp32 partial accumulators and sum(x^2),
@@ -328,8 +331,13 @@ def _rms_matmul_rope_kernel(
     acc_lo = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
     acc_hi = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
     # x^2 summed elementwise in the loop and across K once after it: no K step pays a
-    # cross-thread row reduction.
-    squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    # cross-thread row reduction. SQUARES_MMA: on the tensor cores instead, as the diagonal of
+    # x x^T (bf16 / fp16 squares are exact in fp32), so the x tile feeds the MMAs unmodified
+    # when HAS_G is False (the RMSNorm weight folded into W by `fold_rms_weight`).
+    if SQUARES_MMA:
+        squares = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+    else:
+        squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     ks = tl.arange(0, BLOCK_K)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
@@ -340,30 +348,46 @@ def _rms_matmul_rope_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if USE_TMA:  # sm90: the copy engine, zero-filled past M and K
             x = x_desc.load([pid_m * BLOCK_M, k0])
-            g = tl.load(g_ptr + k0 + ks, mask=(k0 + ks) < K, other=0.0)
+            if HAS_G:
+                g = tl.load(g_ptr + k0 + ks, mask=(k0 + ks) < K, other=0.0)
             w_lo = w_desc.load([lo_row0, k0])
             w_hi = w_desc.load([lo_row0 + HALF, k0])
         elif EVEN_K:  # no K mask: keeps the loads vectorized (K % BLOCK_K == 0, the usual case)
             x = tl.load(x_rows + k0, mask=rmask[:, None], other=0.0)
-            g = tl.load(g_ptr + k0 + ks)
+            if HAS_G:
+                g = tl.load(g_ptr + k0 + ks)
             w_lo = tl.load(w_lo_tile + k0)
             w_hi = tl.load(w_hi_tile + k0)
         else:
             kmask = (k0 + ks) < k_hi
             x = tl.load(x_rows + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
-            g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
+            if HAS_G:
+                g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
             w_lo = tl.load(w_lo_tile + k0, mask=kmask[None, :], other=0.0)
             w_hi = tl.load(w_hi_tile + k0, mask=kmask[None, :], other=0.0)
-        xf = x.to(tl.float32)
-        squares += xf * xf
-        xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
+        if SQUARES_MMA and COMPILED:
+            squares = tl.dot(x, tl.trans(x), squares)
+        else:
+            xf = x.to(tl.float32)
+            if SQUARES_MMA:  # the interpreter (bf16 tl.dot): fp32 operands, exact squares
+                squares = tl.dot(xf, tl.trans(xf), squares)
+            else:
+                squares += xf * xf
+        if HAS_G:
+            xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype)
+        else:
+            xg = x
         if COMPILED:
             acc_lo = tl.dot(xg, tl.trans(w_lo), acc_lo)
             acc_hi = tl.dot(xg, tl.trans(w_hi), acc_hi)
         else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
             acc_lo = tl.dot(xg.to(tl.float32), tl.trans(w_lo.to(tl.float32)), acc_lo)
             acc_hi = tl.dot(xg.to(tl.float32), tl.trans(w_hi.to(tl.float32)), acc_hi)
-    sumsq = tl.sum(squares, axis=1)
+    if SQUARES_MMA:
+        diag = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
+        sumsq = tl.sum(tl.where(diag, squares, 0.0), axis=1)
+    else:
+        sumsq = tl.sum(squares, axis=1)
 
     if SPLIT_K > 1:
         # partials [SPLIT_K, m_pad, n_tiles * 2 * BLOCK_NH]: this tile's lower then upper half
@@ -424,43 +448,52 @@ def _rms_rope_epilogue(
     tl.store(o + HALF, (hi * c + lo * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_matmul_rope_config(M: int, K: int, head_dim: int) -> dict:
-    """Tile shape and K split by token count (no autotuning: deterministic, and cheap in the
-    interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one head. The
-    best of `benchmarks/tune_projection.py`'s sweep on an H100 (Llama-3 8B [W_q; W_k], 5120 x
-    4096, bf16; the unfused RMSNorm + cuBLAS + RoPE took 19.8 / 19.4 / 21.5 / 69.5 / 295 us at
-    M = 1 / 16 / 64 / 1024 / 4096 in the same run):
-    * M <= 16: 16 x (32 + 32) tiles, 4-way K split: 16.9 / 18.1 us (64 + 64-column tiles 17.4
-      / 19.0 us);
-    * M <= 64: 64 x (32 + 32) tiles, 4-way split: 27.4 us;
-    * prefill: 64 x (64 + 64) tiles, 4 warps, 3 stages: 130 / 489 us at 1024 / 4096 tokens;
-      128-row tiles (4 or 8 warps) 26-36% slower, a grouped tile order no better.
-    Before the two-accumulator epilogue (one [BLOCK_M, 2 x 64] accumulator split into halves
-    by a reshape / permute in the epilogue) the same sweep gave 18.7 / 19.5 / 45.8 / 210 / 660
-    us. The x-side work of each K step (x * rms_weight, x^2), repeated by every column tile,
-    is what keeps prefill at ~2x cuBLAS: a plain Triton TMA GEMM of this shape took 76 us at
-    1024 tokens, 107 us with x^2 summed in the loop and 142 us with the rms_weight multiply too."""
+def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False) -> dict:
+    """Tile shape, K split and x-side variant by token count (no autotuning: deterministic, and
+    cheap in the interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one
+    head. ``folded``: the RMSNorm weight is folded into W (`fold_rms_weight`), so the x tiles
+    feed the MMAs unmodified. The best of `benchmarks/tune_projection.py` on an H100 (Llama-3
+    8B [W_q; W_k], 5120 x 4096, bf16; harness timing, inputs past L2; results/tune_projection_*):
+
+    | tokens | unfused (RMSNorm + cuBLAS + RoPE) | weight passed | weight folded |
+    |---|---|---|---|
+    | 16 | 22.3 us | 20.8 (16 x (32 + 32), K 128, split 4) | 19.9 (16 x (64 + 64), K 128, split 2) |
+    | 32 | 22.7-23.0 | 22.0 (16 x (32 + 32), K 64, split 4) | 20.6 (16 x (32 + 32), K 128, split 2) |
+    | 64 | 23.2-23.3 | 26.2 (best of 72; 64-row tiles 27.7) | 22.9 (64 x (64 + 64), K 128, split 2, x^2 on the MMA) |
+    | 1024 | 68.6 | 125 (64 x (64 + 64), K 64) | 94 (same, grouped order, x^2 on the MMA) |
+
+    Per K step, with the weight passed, every x tile goes through registers (x * g rounded
+    back to bf16) before the MMA, in every column tile; that costs most where the x tiles are
+    largest (64 rows, prefill). Folded, x^2 can also go to the tensor cores as the diagonal of
+    x x^T (SQUARES_MMA; exact: bf16 squares fit fp32), which won at 64 tokens and prefill."""
     half = head_dim // 2
     if M <= 16:
-        cfg = {"BLOCK_M": 16, "BLOCK_NH": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+        cfg = {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 128, "SPLIT_K": 2} if folded else \
+              {"BLOCK_M": 16, "BLOCK_NH": 32, "BLOCK_K": 128, "SPLIT_K": 4}  # fmt: skip
+    elif M <= 32:
+        cfg = {"BLOCK_M": 16, "BLOCK_NH": 32, "BLOCK_K": 128, "SPLIT_K": 2} if folded else \
+              {"BLOCK_M": 16, "BLOCK_NH": 32, "BLOCK_K": 64, "SPLIT_K": 4}  # fmt: skip
     elif M <= 64:
-        cfg = {"BLOCK_M": 64, "BLOCK_NH": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}
+        cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SQUARES_MMA": True} if folded else \
+              {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 2}  # fmt: skip
     else:
-        cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+        cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "num_stages": 3}
+        if folded:
+            cfg.update(SQUARES_MMA=True, GROUP_M=8)
+    cfg = {"num_warps": 4, "num_stages": 4, "GROUP_M": 1, "SQUARES_MMA": False, **cfg}
     while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
         cfg["BLOCK_NH"] //= 2
-    split = 1
-    if M <= 64:  # W's read spread over 4x the programs, unless K is too short to split
-        split = max(1, min(4, triton.cdiv(K, cfg["BLOCK_K"]) // 2))
-    cfg["SPLIT_K"] = split
-    cfg["GROUP_M"] = 1
+    if cfg["SPLIT_K"] > 1:  # no more splits than half the K steps (short K)
+        cfg["SPLIT_K"] = max(1, min(cfg["SPLIT_K"], triton.cdiv(K, cfg["BLOCK_K"]) // 2))
     return cfg
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, g_ptr, out_ptr, K, eps, s_xm, s_om, BLOCK: tl.constexpr, COMPILED: tl.constexpr):
-    """out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * g, one row per program (fp32 math, one
-    rounding): the first step of the unfused projection."""
+def _rms_norm_kernel(
+    x_ptr, g_ptr, out_ptr, K, eps, s_xm, s_om, BLOCK: tl.constexpr, HAS_G: tl.constexpr, COMPILED: tl.constexpr
+):  # fmt: skip
+    """out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * g (no g when HAS_G is False: folded into
+    W), one row per program (fp32 math, one rounding): the first step of the unfused projection."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     squares = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -474,12 +507,14 @@ def _rms_norm_kernel(x_ptr, g_ptr, out_ptr, K, eps, s_xm, s_om, BLOCK: tl.conste
     for k0 in range(0, K, BLOCK):
         mask = k0 + cols < K
         x = tl.load(x_ptr + row * s_xm + k0 + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + k0 + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * s_om + k0 + cols, (x * r * g).to(out_ptr.dtype.element_ty), mask=mask)
+        y = x * r
+        if HAS_G:
+            y = y * tl.load(g_ptr + k0 + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * s_om + k0 + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def launch_unfused_projection(
-    x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    x: torch.Tensor, g: torch.Tensor | None, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     out: torch.Tensor, eps: float, head_dim: int,
 ) -> None:  # fmt: skip
     """The same result in three launches: RMSNorm (Triton) -> x_n @ w^T (cuBLAS, into out) ->
@@ -490,8 +525,8 @@ def launch_unfused_projection(
         return
     x_n = torch.empty_like(x)
     block = min(triton.next_power_of_2(K), 4096)
-    _rms_norm_kernel[(M,)](x, g, x_n, K, eps, x.stride(0), x_n.stride(0), BLOCK=block,
-                           COMPILED=not _interpreting(), num_warps=max(1, min(8, block // 512)))  # fmt: skip
+    _rms_norm_kernel[(M,)](x, g if g is not None else x, x_n, K, eps, x.stride(0), x_n.stride(0), BLOCK=block,
+                           HAS_G=g is not None, COMPILED=not _interpreting(), num_warps=max(1, min(8, block // 512)))  # fmt: skip
     torch.mm(x_n, w.t(), out=out)
     rot = out.view(1, M, w.shape[0] // head_dim, head_dim)
     half = head_dim // 2
@@ -515,7 +550,7 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
 
 def launch_rms_matmul_rope(
     x: torch.Tensor,
-    g: torch.Tensor,
+    g: torch.Tensor | None,
     w: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -524,7 +559,7 @@ def launch_rms_matmul_rope(
     head_dim: int,
     cfg: dict | None = None,
 ) -> None:
-    """x [M, K] (unit last stride), g [K], w [N, K] (unit last stride), cos/sin [M, >= head_dim/2]
+    """x [M, K] (unit last stride), g [K] or None (folded into w), w [N, K] (unit last stride), cos/sin [M, >= head_dim/2]
     (column j of the first half is used), out [M, N]. ``cfg``: a configuration of
     `rms_matmul_rope_config`'s form, to override it (tuning, tests)."""
     M, K = x.shape
@@ -532,8 +567,8 @@ def launch_rms_matmul_rope(
     if M == 0 or N == 0:
         return
     if cfg is None:
-        cfg = rms_matmul_rope_config(M, K, head_dim)
-    cfg = {"GROUP_M": 1, **cfg}
+        cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None)
+    cfg = {"GROUP_M": 1, "SQUARES_MMA": False, **cfg}
     split, block_k = cfg["SPLIT_K"], cfg["BLOCK_K"]
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
@@ -565,8 +600,8 @@ def launch_rms_matmul_rope(
     else:
         part = sq = counters = out  # not read
     _rms_matmul_rope_kernel[grid](
-        x, g, w, x_desc, w_desc, cos, sin, out, part, sq, counters,
+        x, g if g is not None else x, w, x_desc, w_desc, cos, sin, out, part, sq, counters,
         M, N, K, k_split, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
-        HEAD_DIM=head_dim, HALF=head_dim // 2, COMPILED=not _interpreting(), **cfg,
+        HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_G=g is not None, COMPILED=not _interpreting(), **cfg,
     )  # fmt: skip

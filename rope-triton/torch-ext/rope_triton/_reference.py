@@ -72,7 +72,7 @@ def rope(
 
 def rms_matmul_rope(
     x: torch.Tensor,
-    g: torch.Tensor,
+    g: torch.Tensor | None,
     w: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -80,12 +80,15 @@ def rms_matmul_rope(
     eps: float,
     head_dim: int,
 ) -> None:
-    """The unfused sequence in plain torch: RMSNorm (transformers' rounding), linear, RoPE."""
+    """The unfused sequence in plain torch: RMSNorm (transformers' rounding; g None: no
+    weight, it is folded into w), linear, RoPE."""
     M = x.shape[0]
     if M == 0 or w.shape[0] == 0:
         return
     xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * g
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    if g is not None:
+        normed = normed * g
     y = torch.nn.functional.linear(normed, w).float().view(M, -1, head_dim)
     half = head_dim // 2
     c = cos[:, None, :half].float()
