@@ -36,18 +36,18 @@ VARIANTS = {  # how the RMSNorm weight and sum(x^2) are handled (see the kernel'
 }
 
 
-def configs(m: int, variants=("plain",), splits=(2, 4, 8)):
-    for cfg in _tiles(m, splits):
-        for v in variants:
-            yield {**cfg, **VARIANTS[v]}
+def configs(m: int, variants=("plain",), splits=(2, 4, 8), warps=(4,), stages=(4,), block_m=(16, 32, 64)):
+    for cfg in _tiles(m, splits, block_m):
+        for v, w, st in itertools.product(variants, warps, stages):
+            yield {**cfg, **VARIANTS[v], **({"num_warps": w, "num_stages": st} if m <= 64 else {})}
 
 
-def _tiles(m: int, splits):
+def _tiles(m: int, splits, block_m=(16, 32, 64)):
     if m <= 64:
         # Row tiles of 16 / 32 at 32 - 64 tokens too: the row blocks of one column tile run
         # side by side (program_id 0 is the row block), so W is read from DRAM about once.
         # TMA operands only: the pointer-load variants were never the best in the earlier sweep.
-        for bm, bnh, bk, split in itertools.product((16, 32, 64), (32, 64), (64, 128), splits):
+        for bm, bnh, bk, split in itertools.product(block_m, (32, 64), (64, 128), splits):
             if bm > max(16, triton.next_power_of_2(m)):
                 continue
             yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "BLOCK_K": bk, "SPLIT_K": split,
@@ -64,6 +64,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="*", default=[1, 16, 32, 64, 256, 1024, 4096])
     parser.add_argument("--variants", nargs="*", default=["plain"], choices=sorted(VARIANTS))
     parser.add_argument("--splits", type=int, nargs="*", default=[2, 4, 8])
+    parser.add_argument("--warps", type=int, nargs="*", default=[4], help="decode tiles")
+    parser.add_argument("--stages", type=int, nargs="*", default=[4], help="decode tiles")
+    parser.add_argument("--block-m", type=int, nargs="*", default=[16, 32, 64], help="decode tiles")
     parser.add_argument("--prefill-tiles", type=int, default=12, help="the first N prefill tile shapes only")
     args = parser.parse_args()
     rt = get_kernel("rope-triton")
@@ -87,7 +90,7 @@ def main() -> None:
         default = kern.rms_matmul_rope_config(m, x.shape[1], ref.HEAD_DIM)
         rows = []
         folded = [rt.fold_rms_weight(ws, gs) for _, gs, ws, _, _ in sets] if any(VARIANTS[v]["FOLD"] for v in args.variants) else []
-        for n, cfg in enumerate(configs(m, args.variants, args.splits)):
+        for n, cfg in enumerate(configs(m, args.variants, args.splits, args.warps, args.stages, args.block_m)):
             if m > 64 and n >= args.prefill_tiles * len(args.variants):
                 break
             try:
