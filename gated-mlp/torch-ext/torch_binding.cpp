@@ -34,6 +34,8 @@ namespace {
 // (torch 2.11 + cu130 through cpp_extension) every check whose message streamed an integer
 // (or a shape through c10's operator<<) died with SIGSEGV (seen in rmsnorm-fp8). msg() only
 // concatenates strings, so no stream is used.
+// The same helpers (msg, shape_str, device_str) are in each CUDA package's binding on purpose:
+// a package builds and loads alone (kernel-builder / the Hub see only its own directory).
 std::string msg_part(const char* s) { return s; }
 std::string msg_part(const std::string& s) { return s; }
 std::string msg_part(std::string_view s) { return std::string(s); }

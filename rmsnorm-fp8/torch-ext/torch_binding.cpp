@@ -31,6 +31,8 @@ namespace {
 // (torch 2.11 + cu130 through cpp_extension) every check whose message streamed an integer
 // (or a shape through c10's operator<<) died with SIGSEGV, while messages made only of strings
 // and ScalarType names raised normally. msg() only concatenates strings, so no stream is used.
+// The same helpers (msg, shape_str, device_str) are in each CUDA package's binding on purpose:
+// a package builds and loads alone (kernel-builder / the Hub see only its own directory).
 std::string msg_part(const char* s) { return s; }
 std::string msg_part(const std::string& s) { return s; }
 std::string msg_part(c10::ScalarType t) { return c10::toString(t); }
