@@ -24,7 +24,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import _check_projection, make_unfused_ours, ref  # noqa: E402
 
-from fused_llm.bench import Method, calls_to_flush_l2, l2_bytes, time_calls  # noqa: E402
+from fused_llm.bench import Method, calls_to_flush_l2, l2_bytes, time_calls, time_us  # noqa: E402
 from fused_llm.packages import get_kernel  # noqa: E402
 
 
@@ -83,9 +83,7 @@ def main() -> None:
         def timed(fn) -> float:  # fn(set index)
             return time_calls([lambda i=i: fn(i) for i in range(len(sets))], method).median_us
 
-        unfused = [make_unfused_ours({"tokens": m}, seed) for seed in range(len(sets))]
-        t_unfused = timed(lambda i: unfused[i]())
-        unfused.clear()  # its own input sets: free them before the sweep
+        t_unfused = time_us(lambda seed: make_unfused_ours({"tokens": m}, seed), n_bytes, method).median_us
         t_cublas = timed(lambda i: F.linear(sets[i][0], sets[i][2]))
         default = kern.rms_matmul_rope_config(m, x.shape[1], ref.HEAD_DIM)
         rows = []

@@ -365,18 +365,13 @@ def _rms_matmul_rope_kernel(
                 g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
             w_lo = tl.load(w_lo_tile + k0, mask=kmask[None, :], other=0.0)
             w_hi = tl.load(w_hi_tile + k0, mask=kmask[None, :], other=0.0)
-        if SQUARES_MMA and COMPILED:
-            squares = tl.dot(x, tl.trans(x), squares)
+        if SQUARES_MMA:  # the interpreter (bf16 tl.dot) takes fp32 operands: the squares stay exact
+            xs = x if COMPILED else x.to(tl.float32)
+            squares = tl.dot(xs, tl.trans(xs), squares)
         else:
             xf = x.to(tl.float32)
-            if SQUARES_MMA:  # the interpreter (bf16 tl.dot): fp32 operands, exact squares
-                squares = tl.dot(xf, tl.trans(xf), squares)
-            else:
-                squares += xf * xf
-        if HAS_G:
-            xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype)
-        else:
-            xg = x
+            squares += xf * xf
+        xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype) if HAS_G else x
         if COMPILED:
             acc_lo = tl.dot(xg, tl.trans(w_lo), acc_lo)
             acc_hi = tl.dot(xg, tl.trans(w_hi), acc_hi)
@@ -480,7 +475,7 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False) 
         cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "num_stages": 3}
         if folded:
             cfg.update(SQUARES_MMA=True, GROUP_M=8)
-    cfg = {"num_warps": 4, "num_stages": 4, "GROUP_M": 1, "SQUARES_MMA": False, **cfg}
+    cfg = {"num_warps": 4, "num_stages": 4, **cfg}  # GROUP_M / SQUARES_MMA: the launcher's defaults
     while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
         cfg["BLOCK_NH"] //= 2
     if cfg["SPLIT_K"] > 1:  # no more splits than half the K steps (short K)
