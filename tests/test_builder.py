@@ -382,8 +382,9 @@ def test_check_cuda_compiles_every_cuda_source():
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not installed")
 @pytest.mark.skipif(not HAS_CUTLASS, reason="the nvidia-cutlass wheel (CuTe headers) is not installed")
 def test_check_cuda_cutlass_packages():
-    """gated-mlp's CuTe sm80 kernel is among the checked sources (8.0, CUTLASS headers on the
-    include path)."""
+    """gated-mlp's CuTe kernels are among the checked sources, each for its own capability
+    (sm80: 8.0; sm90: 9.0a, the wgmma target), with CUTLASS headers on the include path."""
     checks = builder.cuda_checks([packages.package_dir("gated-mlp")])
-    assert [(c.source.name, c.capability) for c in checks] == [("gated_mlp_sm80.cu", "8.0")]
-    assert f"-I{builder.cutlass_include()}" in checks[0].command
+    assert [(c.source.name, c.capability) for c in checks] == [("gated_mlp_sm80.cu", "8.0"), ("gated_mlp_sm90.cu", "9.0a")]
+    assert all(f"-I{builder.cutlass_include()}" in c.command for c in checks)
+    assert "-gencode=arch=compute_90a,code=sm_90a" in checks[1].command

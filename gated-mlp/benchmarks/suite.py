@@ -2,6 +2,7 @@
 
 The up half of a Llama MLP, ``silu(x W_gate^T) * (x W_up^T)``, for Llama 3 8B / 70B / 405B at
 1..16384 tokens, bf16, with one fused [2U, D] weight. TFLOP/s = 2 M D 2U (both projections).
+``ours`` is impl="auto" (what users get); ``ours_triton`` / ``ours_sm90`` force one kernel.
 Peers in the same run:
 * ``cublas_gemm``: the GEMM alone, ``F.linear(x, W)`` -> [M, 2U] (no activation at all);
 * ``cublas_liger``: the unfused path of Liger's SwiGLU MLP: cuBLAS (one strided-batched GEMM
@@ -48,10 +49,25 @@ def _flops(case: Case) -> int:
 _check = within_scale("gated mlp")
 
 
-def make_ours(case: Case, seed: int) -> Fn:
-    op = _ours().gated_mlp_fused
-    x, w = ref.make_inputs(*_shape(case), "cuda", seed)
-    return lambda: op(x, w, layout="concat")
+def _make_ours_impl(impl: str):
+    def make(case: Case, seed: int) -> Fn:
+        op = _ours().gated_mlp_fused
+        x, w = ref.make_inputs(*_shape(case), "cuda", seed)
+        return lambda: op(x, w, layout="concat", impl=impl)
+
+    return make
+
+
+make_ours = _make_ours_impl("auto")
+
+
+def _sm90_unavailable() -> str | None:
+    why = _ours_unavailable()
+    if why is None and not _ours().sm90_available():
+        why = "this build of gated-mlp has no CuTe sm90 kernel"
+    if why is None and torch.cuda.get_device_capability() != (9, 0):
+        why = "the CuTe sm90 kernel runs on capability 9.0 GPUs only"
+    return why
 
 
 def make_cublas(case: Case, seed: int) -> Fn:
@@ -174,6 +190,8 @@ def build_suites() -> list[Suite]:
             quick_cases=[Case.of(hidden=4096, inter=14336, tokens=t) for t in (16, 4096)],
             providers=[
                 Provider("ours", make_ours, unavailable=_ours_unavailable, note="gated_mlp_fused, one kernel, [M, U] out"),
+                Provider("ours_triton", _make_ours_impl("triton"), unavailable=_ours_unavailable, note="impl='triton'"),
+                Provider("ours_sm90", _make_ours_impl("sm90"), unavailable=_sm90_unavailable, note="impl='sm90' (CuTe TMA + wgmma)"),
                 Provider("cublas_gemm", make_cublas, check=lambda out, expected: None, note="F.linear -> [M, 2U], no activation"),
                 Provider("cublas_liger", make_cublas_liger, unavailable=_liger_unavailable, note="cuBLAS bmm + Liger swiglu_forward"),
                 Provider("torch_compile", make_compile, note="torch.compile(dynamic=False) of silu(x Wg^T) * (x Wu^T)"),

@@ -44,6 +44,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "gated_mlp_epilogue.cuh"
+
 namespace fused_llm {
 namespace gated_mlp {
 namespace {
@@ -96,27 +98,8 @@ struct SharedStorage {
   cute::array_aligned<T, cute::cosize_v<typename Cfg::SmemLayoutB>, 128> b_up;
 };
 
-// act(g) in fp32. silu(g) = g * sigmoid(g); gelu_tanh(g) = 0.5 g (1 + tanh(z)) = g * sigmoid(2 z),
-// z = sqrt(2 / pi) (g + 0.044715 g^3): one exponential either way. Large |g| saturate cleanly
-// (exp -> inf gives g / inf = -0, exp -> 0 gives g).
-template <int kAct>
-__device__ __forceinline__ float gate_act(float g) {
-  if constexpr (kAct == static_cast<int>(Activation::kSilu)) {
-    return g / (1.0f + __expf(-g));
-  } else {
-    const float z2 = 1.5957691216057308f * (g + 0.044715f * g * g * g);
-    return g / (1.0f + __expf(-z2));
-  }
-}
-
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  const T lo(a), hi(b);  // cutlass's float -> half_t / bfloat16_t conversions round to nearest even
-  return static_cast<uint32_t>(lo.raw()) | (static_cast<uint32_t>(hi.raw()) << 16);
-}
-
 template <class Cfg, int kAct>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) gated_mlp_sm80_kernel(const GatedMlpSm80Params p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) gated_mlp_sm80_kernel(const GatedMlpParams p) {
   using T = typename Cfg::Element;
   using BlockM = typename Cfg::BlockM;
   using BlockN = typename Cfg::BlockN;
@@ -277,7 +260,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) gated_mlp_sm80_kernel(const 
   auto value = [&](int i, int col) {
     const float g = acc_g(i) + (bias_g != nullptr ? bias_g[col] : 0.0f);
     const float u = acc_u(i) + (bias_u != nullptr ? bias_u[col] : 0.0f);
-    return gate_act<kAct>(g) * u;
+    return detail::gate_act<kAct>(g) * u;
   };
   CUTE_UNROLL
   for (int i = 0; i < size(acc_g); i += 2) {
@@ -289,7 +272,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) gated_mlp_sm80_kernel(const 
     const bool ok1 = r1 < m_left && c1 < n_left;
     if (ok0 && ok1 && pair_stores && r1 == r0 && c1 == c0 + 1 && c0 % 2 == 0) {
       *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(r0) * p.out_row_stride + c0) =
-          pack2<T>(value(i, c0), value(i + 1, c1));
+          detail::pack2<T>(value(i, c0), value(i + 1, c1));
     } else {
       if (ok0) out[static_cast<int64_t>(r0) * p.out_row_stride + c0] = T(value(i, c0));
       if (ok1) out[static_cast<int64_t>(r1) * p.out_row_stride + c1] = T(value(i + 1, c1));
@@ -298,7 +281,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) gated_mlp_sm80_kernel(const 
 }
 
 template <class Cfg, int kAct>
-cudaError_t launch_typed(const GatedMlpSm80Params& p, cudaStream_t stream) {
+cudaError_t launch_typed(const GatedMlpParams& p, cudaStream_t stream) {
   auto kernel = gated_mlp_sm80_kernel<Cfg, kAct>;
   constexpr int kSmem = static_cast<int>(sizeof(SharedStorage<Cfg>));
   // More than the 48 KiB default of dynamic shared memory: opt in once per device and kernel
@@ -329,7 +312,7 @@ int gated_mlp_sm80_smem_bytes() {
   return static_cast<int>(sizeof(SharedStorage<Sm80Config<cute::bfloat16_t>>));
 }
 
-const char* gated_mlp_sm80_check(const GatedMlpSm80Params& p) {
+const char* gated_mlp_sm80_check(const GatedMlpParams& p) {
   if (p.m < 0 || p.m > INT_MAX) return "m (rows of x): expected 0 <= m < 2^31";
   if (p.u < 1 || p.u > int64_t{65535} * kSm80BlockN) return "u (rows of w_gate / w_up): expected 1 <= u <= 65535 * 128";
   if (p.d < 8 || p.d % 8 != 0 || p.d > INT_MAX) return "d (x.size(1)): expected a positive multiple of 8 (16-byte vectors)";
@@ -347,7 +330,7 @@ const char* gated_mlp_sm80_check(const GatedMlpSm80Params& p) {
   return nullptr;
 }
 
-cudaError_t gated_mlp_sm80_launch(const GatedMlpSm80Params& p, cudaStream_t stream) {
+cudaError_t gated_mlp_sm80_launch(const GatedMlpParams& p, cudaStream_t stream) {
   if (gated_mlp_sm80_check(p) != nullptr) return cudaErrorInvalidValue;
   if (p.m == 0) return cudaSuccess;
   const bool silu = p.activation == Activation::kSilu;

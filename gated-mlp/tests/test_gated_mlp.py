@@ -2,9 +2,9 @@
 
 On CUDA the Triton kernel runs compiled (TMA + wgmma on sm90, pointer loads elsewhere); on CPU
 it runs in Triton's interpreter (conftest sets TRITON_INTERPRET=1), or the plain-torch path
-when Triton is missing. The CuTe sm80 kernel (the CUDA build's compiled op, capability 8.0
-code + PTX) has its own section at the end, every test named ``*sm80*`` (``-k sm80``): on a
-Hopper GPU it runs through the PTX, forced with ``impl="sm80"``. Tolerance: the kernel rounds once to the output dtype, so a result is
+when Triton is missing. The compiled CuTe kernels (the CUDA build's ops: sm80, capability 8.0
+code + PTX, and sm90, 9.0a) have their own section at the end, every test parametrized by
+kernel (``-k sm80`` / ``-k sm90``): on a Hopper GPU both run, forced with ``impl=``. Tolerance: the kernel rounds once to the output dtype, so a result is
 within one ulp of the fp32 reference's (the interpreter truncates instead of rounding: still
 one ulp), plus a small absolute term for the fp32 summation order over K: 1e-4 of the
 output's scale.
@@ -343,7 +343,7 @@ def _bad_cases():
         ("bias shape", lambda: rt.gated_mlp(x, w, w, bias_gate=torch.zeros(31, device=DEVICE)), ValueError, r"bias_gate: expected shape \(32,\)"),
         ("bias dtype", lambda: rt.gated_mlp(x, w, w, bias_up=torch.zeros(32, device=DEVICE).half()), TypeError, "bias_up: expected dtype"),
         ("activation", lambda: rt.gated_mlp(x, w, w, activation="relu"), ValueError, "activation: expected one of"),
-        ("impl", lambda: rt.gated_mlp(x, w, w, impl="cutlass"), ValueError, r"impl: expected one of \('auto', 'triton', 'sm80'\)"),
+        ("impl", lambda: rt.gated_mlp(x, w, w, impl="cutlass"), ValueError, r"impl: expected one of \('auto', 'triton', 'sm80', 'sm90'\)"),
         ("fused impl", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), impl=None), ValueError, "impl: expected one of"),
         ("layout", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), layout="stacked"), ValueError, "layout: expected 'concat' or 'interleaved'"),
         ("fused rows", lambda: rt.gated_mlp_fused(x, w[:31]), ValueError, "w_gate_up: expected an even number of rows"),
@@ -454,43 +454,67 @@ def test_llama_mlp_layer(hidden_act, mlp_bias):
 
 
 # ---------------------------------------------------------------------------------------------
-# The CuTe sm80 kernel (impl="sm80"): the CUDA build's compiled op. On an H100 / H200 it runs
-# as sm_80 PTX JIT-compiled for sm_90: correctness there, not an A100 speed.
+# The compiled CuTe kernels (impl="sm80" / "sm90"): the CUDA build's ops. Each test runs once per
+# kernel (ids "sm80" / "sm90", so ``-k sm90`` selects one). sm80: on an H100 / H200 it runs as
+# mma.sync code built for sm_90a (correctness there, not an A100 speed). sm90: TMA + wgmma,
+# capability 9.0 only.
 # ---------------------------------------------------------------------------------------------
 
 SM80 = DEVICE == "cuda" and rt.sm80_available()
+SM90 = DEVICE == "cuda" and rt.sm90_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_sm80 = pytest.mark.skipif(not SM80, reason="the CuTe sm80 kernel is in the CUDA build only (this is the cpu build or no GPU)")
+KERNELS = [
+    pytest.param("sm80", marks=needs_sm80, id="sm80"),
+    pytest.param("sm90", marks=pytest.mark.skipif(not SM90, reason="the CuTe sm90 kernel: CUDA build and a capability 9.0 GPU"), id="sm90"),
+]  # fmt: skip
 
-SM80_M = [0, 1, 7, 64, 1000]
-SM80_DU = [(1000, 1000), (72, 136), (4096, 14336)]
+
+def compiled_op(kernel: str):
+    return getattr(rt.ops, f"gated_mlp_{kernel}")
 
 
-@needs_sm80
-@pytest.mark.parametrize("D, U", SM80_DU, ids=lambda v: str(v))
-@pytest.mark.parametrize("M", SM80_M)
+COMPILED_M = [0, 1, 7, 64, 1000]
+COMPILED_DU = [(1000, 1000), (72, 136), (4096, 14336)]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("D, U", COMPILED_DU, ids=lambda v: str(v))
+@pytest.mark.parametrize("M", COMPILED_M)
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_sm80_values(M, D, U, activation, dtype):
+def test_compiled_values(kernel, M, D, U, activation, dtype):
     """Tails in M (7, 1000 = 7 x 128 + 104), U (1000, 136) and K (1000, 72 are not multiples of
-    the 32-wide K step), one row, no rows."""
+    the 32 / 64-wide K steps), one row, no rows."""
     x, w_gate, w_up, _ = make_inputs(M, D, U, dtype, seed=M + D + U + 1)
     out = poison_(torch.empty(M, U, dtype=dtype, device=DEVICE))
-    rt.ops.gated_mlp_sm80(out, x, w_gate, w_up, None, None, activation)
-    assert_gated_close(out, reference(x, w_gate, w_up, activation), f"sm80 {activation} {dtype}")
-    assert torch.equal(rt.gated_mlp(x, w_gate, w_up, activation=activation, impl="sm80"), out)
+    compiled_op(kernel)(out, x, w_gate, w_up, None, None, activation)
+    assert_gated_close(out, reference(x, w_gate, w_up, activation), f"{kernel} {activation} {dtype}")
+    assert torch.equal(rt.gated_mlp(x, w_gate, w_up, activation=activation, impl=kernel), out)
 
 
 @pytest.mark.kernels_ci
-@needs_sm80
-def test_sm80_ci():
-    test_sm80_values(7, 1000, 1000, "silu", torch.bfloat16)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_compiled_ci(kernel):
+    test_compiled_values(kernel, 7, 1000, 1000, "silu", torch.bfloat16)
 
 
-@needs_sm80
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("M", [129, 4096])
+def test_compiled_persistent_tiles(kernel, M):
+    """More output tiles than SMs (4096 x 2000: 32 x 16 tiles on 132 SMs, several per
+    persistent CTA) and a second row tile of one row (M = 129)."""
+    D, U = 256, 2000
+    x, w_gate, w_up, _ = make_inputs(M, D, U, torch.bfloat16, seed=M + 3)
+    got = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
+    compiled_op(kernel)(got, x, w_gate, w_up, None, None, "silu")
+    assert_gated_close(got, reference(x, w_gate, w_up), f"{kernel} M={M}")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("layout", ["separate", "concat", "interleaved"])
 @pytest.mark.parametrize("bias", ["none", "x dtype", "fp32", "gate only"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_sm80_weight_layouts_and_biases(layout, bias, dtype):
+def test_compiled_weight_layouts_and_biases(kernel, layout, bias, dtype):
     """Separate weights, the concat and row-interleaved [2U, D] weights read as row-strided
     views (row stride D and 2D), and biases in x's dtype or fp32, or one of the two."""
     M, D, U = 33, 1000, 1000
@@ -503,21 +527,21 @@ def test_sm80_weight_layouts_and_biases(layout, bias, dtype):
         b_up = None
     ref = reference(x, w_gate, w_up, "gelu_tanh", b_gate, b_up)
     if layout == "separate" or bias == "gate only":
-        got = rt.gated_mlp(x, w_gate, w_up, activation="gelu_tanh", bias_gate=b_gate, bias_up=b_up, impl="sm80")
+        got = rt.gated_mlp(x, w_gate, w_up, activation="gelu_tanh", bias_gate=b_gate, bias_up=b_up, impl=kernel)
     elif layout == "concat":
         fused_b = torch.cat([b_gate, b_up]) if b_gate is not None else None
-        got = rt.gated_mlp_fused(x, torch.cat([w_gate, w_up]), activation="gelu_tanh", bias=fused_b, impl="sm80")
+        got = rt.gated_mlp_fused(x, torch.cat([w_gate, w_up]), activation="gelu_tanh", bias=fused_b, impl=kernel)
     else:
         fused_b = rt.interleave_gate_up(b_gate, b_up) if b_gate is not None else None
         got = rt.gated_mlp_fused(x, rt.interleave_gate_up(w_gate, w_up), layout="interleaved", activation="gelu_tanh",
-                                 bias=fused_b, impl="sm80")  # fmt: skip
-    assert_gated_close(got, ref, f"sm80 {layout} bias={bias}")
+                                 bias=fused_b, impl=kernel)  # fmt: skip
+    assert_gated_close(got, ref, f"{kernel} {layout} bias={bias}")
 
 
-@needs_sm80
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("x_pad", [8, 3], ids=["x row stride D+8", "x row stride D+3 (copied)"])
 @pytest.mark.parametrize("out_pad", [0, 5], ids=["out contiguous", "out row stride U+5"])
-def test_sm80_strided_x_and_out(x_pad, out_pad):
+def test_compiled_strided_x_and_out(kernel, x_pad, out_pad):
     """x rows with a padded row stride (read in place when it is a multiple of 8 elements; the
     public function copies x otherwise); a weight view with a padded row stride; an output
     with an odd row stride (no paired 32-bit stores) written through the op directly."""
@@ -527,29 +551,45 @@ def test_sm80_strided_x_and_out(x_pad, out_pad):
     big = (torch.randn(2 * U, D + 24, generator=g, device=DEVICE) / D**0.5).bfloat16()
     w_gate, w_up = big[:U, 8 : 8 + D], big[U:, 16 : 16 + D]  # row stride D + 24, 16-byte aligned starts
     ref = reference(x, w_gate, w_up)
-    assert_gated_close(rt.gated_mlp(x, w_gate, w_up, impl="sm80"), ref, "public, strided x")
+    assert_gated_close(rt.gated_mlp(x, w_gate, w_up, impl=kernel), ref, "public, strided x")
     out_big = poison_(torch.empty(M, U + out_pad, dtype=torch.bfloat16, device=DEVICE))
     out = out_big[:, :U]
     x_in = x if x_pad % 8 == 0 else x.contiguous()
-    rt.ops.gated_mlp_sm80(out, x_in, w_gate, w_up, None, None, "silu")
+    compiled_op(kernel)(out, x_in, w_gate, w_up, None, None, "silu")
     assert_gated_close(out, ref, "op, strided out")
     if out_pad:
         assert torch.isnan(out_big[:, U:].float()).all(), "wrote past the output's columns"
     out_odd = poison_(torch.empty(M * (U + 1) + 1, dtype=torch.bfloat16, device=DEVICE))[1:].view(M, U + 1)[:, :U]
-    rt.ops.gated_mlp_sm80(out_odd, x_in, w_gate, w_up, None, None, "silu")  # 2-byte aligned start
+    compiled_op(kernel)(out_odd, x_in, w_gate, w_up, None, None, "silu")  # 2-byte aligned start
     assert_gated_close(out_odd, ref, "op, odd output address")
 
 
-@needs_sm80
-def test_sm80_leading_dims_non_contiguous_x_and_empty():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_compiled_leading_dims_non_contiguous_x_and_empty(kernel):
     D, U = 1024, 384
     _, w_gate, w_up, _ = make_inputs(1, D, U, torch.bfloat16, seed=33)
     x = torch.randn(D, 2, 3, device=DEVICE).bfloat16().permute(1, 2, 0)  # [2, 3, D], D strided
-    got = rt.gated_mlp(x, w_gate, w_up, impl="sm80")
+    got = rt.gated_mlp(x, w_gate, w_up, impl=kernel)
     assert got.shape == (2, 3, U)
-    assert_gated_close(got, reference(x, w_gate, w_up), "sm80 non-contiguous x")
-    assert rt.gated_mlp(x[:, :0], w_gate, w_up, impl="sm80").shape == (2, 0, U)
-    assert rt.gated_mlp(x, w_gate[:0], w_up[:0], impl="sm80").shape == (2, 3, 0)
+    assert_gated_close(got, reference(x, w_gate, w_up), f"{kernel} non-contiguous x")
+    assert rt.gated_mlp(x[:, :0], w_gate, w_up, impl=kernel).shape == (2, 0, U)
+    assert rt.gated_mlp(x, w_gate[:0], w_up[:0], impl=kernel).shape == (2, 3, 0)
+
+
+@pytest.mark.parametrize("kernel", KERNELS[1:])
+@pytest.mark.parametrize("D", [1, 60, 200])
+def test_compiled_sm90_any_d(kernel, D):
+    """The sm90 kernel takes any D (the copy engine zero-fills the K tail) as long as the row
+    strides are multiples of 8 elements: D = 1, 60 and 200 through padded views."""
+    M, U = 130, 136
+    g = gen(38 + D)
+    stride = (D + 7) // 8 * 8 + 8
+    x = torch.randn(M, stride, generator=g, device=DEVICE).bfloat16()[:, :D]
+    w = (torch.randn(2 * U, stride, generator=g, device=DEVICE) / D**0.5).bfloat16()
+    w_gate, w_up = w[:U, :D], w[U:, :D]
+    out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
+    compiled_op(kernel)(out, x, w_gate, w_up, None, None, "silu")
+    assert_gated_close(out, reference(x, w_gate, w_up), f"sm90 D={D}")
 
 
 @needs_sm80
@@ -561,39 +601,56 @@ def test_sm80_auto_dispatch(monkeypatch):
     sm80 = rt.gated_mlp(x, w_gate, w_up, impl="sm80")
     triton = rt.gated_mlp(x, w_gate, w_up, impl="triton")
     if torch.cuda.get_device_capability()[0] != 8:
-        assert torch.equal(rt.gated_mlp(x, w_gate, w_up), triton), "auto: Triton on this GPU"
+        assert torch.equal(rt.gated_mlp(x, w_gate, w_up), triton), "auto: Triton on this GPU at 9 tokens"
     monkeypatch.setattr(rt, "_is_sm8x", lambda index: True)
-    assert rt._sm80_auto(x, w_gate, w_up)
+    monkeypatch.setattr(rt, "_is_sm90", lambda index: False)
+    assert rt._auto_impl(x, w_gate, w_up) == "sm80"
     assert torch.equal(rt.gated_mlp(x, w_gate, w_up), sm80), "auto on 8.x: the sm80 kernel"
     big = (torch.randn(U, 64, device=DEVICE) / 8).bfloat16()
     x60, w60 = x[:, :60].contiguous(), big[:, :60]  # D = 60: not a multiple of 8
-    assert not rt._sm80_auto(x60, w60, w60)
+    assert rt._auto_impl(x60, w60, w60) == "triton"
     assert torch.equal(rt.gated_mlp(x60, w60, w60), rt.gated_mlp(x60, w60, w60, impl="triton"))
     misaligned = torch.empty(M * D + 4, dtype=torch.bfloat16, device=DEVICE)[4:].view(M, D).copy_(x)  # 8-byte aligned
-    assert not rt._sm80_auto(misaligned, w_gate, w_up)
+    assert rt._auto_impl(misaligned, w_gate, w_up) == "triton"
 
 
-@needs_sm80
+@pytest.mark.skipif(not SM90, reason="the CuTe sm90 kernel: CUDA build and a capability 9.0 GPU")
+def test_sm90_auto_dispatch():
+    """impl="auto" on a capability 9.0 GPU: the sm90 kernel above SM90_MIN_TOKENS rows when its
+    preconditions hold, the Triton kernel at decode sizes and for misaligned rows."""
+    D, U = 1000, 200
+    few, w_gate, w_up, _ = make_inputs(rt.SM90_MIN_TOKENS, D, U, torch.bfloat16, seed=39)
+    many, _, _, _ = make_inputs(rt.SM90_MIN_TOKENS + 1, D, U, torch.bfloat16, seed=40)
+    assert rt._auto_impl(few, w_gate, w_up) == "triton"
+    assert torch.equal(rt.gated_mlp(few, w_gate, w_up), rt.gated_mlp(few, w_gate, w_up, impl="triton"))
+    assert rt._auto_impl(many, w_gate, w_up) == "sm90"
+    assert torch.equal(rt.gated_mlp(many, w_gate, w_up), rt.gated_mlp(many, w_gate, w_up, impl="sm90"))
+    M = many.shape[0]
+    misaligned = torch.empty(M * D + 4, dtype=torch.bfloat16, device=DEVICE)[4:].view(M, D).copy_(many)
+    assert rt._auto_impl(misaligned, w_gate, w_up) == "triton"
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("bias", [False, True])
-def test_sm80_opcheck(bias):
+def test_compiled_opcheck(kernel, bias):
     x, w_gate, w_up, b = make_inputs(5, 64, 48, torch.bfloat16, seed=35, bias=bias)
     b_gate, b_up = b if bias else (None, None)
     out = torch.empty(5, 48, dtype=torch.bfloat16, device=DEVICE)
-    opcheck(rt.ops.gated_mlp, (out, x, w_gate, w_up, b_gate, b_up, "silu", "sm80"))
-    opcheck(rt.ops.gated_mlp_sm80, (out, x, w_gate, w_up, b_gate, b_up, "gelu_tanh"))
-    assert_only_declared_outputs_mutate(rt.ops.gated_mlp_sm80, (out, x, w_gate, w_up, b_gate, b_up, "silu"))
+    opcheck(rt.ops.gated_mlp, (out, x, w_gate, w_up, b_gate, b_up, "silu", kernel))
+    opcheck(compiled_op(kernel), (out, x, w_gate, w_up, b_gate, b_up, "gelu_tanh"))
+    assert_only_declared_outputs_mutate(compiled_op(kernel), (out, x, w_gate, w_up, b_gate, b_up, "silu"))
 
 
-@needs_sm80
-def test_sm80_torch_compile_fullgraph():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_compiled_torch_compile_fullgraph(kernel):
     x, w_gate, w_up, _ = make_inputs(6, 64, 48, torch.bfloat16, seed=36)
     w_fused = torch.cat([w_gate, w_up])
 
     def block(x):
-        a = rt.gated_mlp(x, w_gate, w_up, impl="sm80")
-        b = rt.gated_mlp_fused(x * 2, w_fused, activation="gelu_tanh", impl="sm80")
+        a = rt.gated_mlp(x, w_gate, w_up, impl=kernel)
+        b = rt.gated_mlp_fused(x * 2, w_fused, activation="gelu_tanh", impl=kernel)
         out = torch.empty(6, 48, dtype=x.dtype, device=x.device)
-        rt.ops.gated_mlp_sm80(out, x, w_gate, w_up, None, None, "silu")
+        compiled_op(kernel)(out, x, w_gate, w_up, None, None, "silu")
         return a + 1, b, out
 
     compiled = torch.compile(block, fullgraph=True, dynamic=False)
@@ -601,7 +658,7 @@ def test_sm80_torch_compile_fullgraph():
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-def _sm80_bad_cases():
+def _compiled_bad_cases(kernel: str):
     x = torch.randn(4, 64, device=DEVICE).bfloat16()
     w = torch.randn(32, 64, device=DEVICE).bfloat16()
     out = torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE)
@@ -609,10 +666,9 @@ def _sm80_bad_cases():
     w60 = torch.randn(32, 64, device=DEVICE).bfloat16()[:, :60]  # 16-byte row stride, D = 60
     x_rows = torch.randn(4, 68, device=DEVICE).bfloat16()[:, :64]  # row stride 68: not a multiple of 8
     x_start = torch.randn(4 * 64 + 4, device=DEVICE).bfloat16()[4:].view(4, 64)  # 8-byte aligned
-    op = rt.ops.gated_mlp_sm80 if SM80 else None
-    return [
-        ("public D % 8", lambda: rt.gated_mlp(x60, w60, w60, impl="sm80"), ValueError, r"x: impl='sm80' needs D = x.shape\[-1\] to be a positive multiple of 8 \(16-byte vectors\), got 60"),
-        ("op D % 8", lambda: op(out, x60, w60, w60, None, None, "silu"), RuntimeError, r"x: the sm80 kernel needs D \(x.size\(1\)\) to be a positive multiple of 8, got 60"),
+    ok = SM80 if kernel == "sm80" else SM90
+    op = compiled_op(kernel) if ok else None
+    cases = [
         ("op x row stride", lambda: op(out, x_rows, w, w, None, None, "silu"), RuntimeError, "x: expected a row stride that is a multiple of 8 elements"),
         ("op x start", lambda: op(out, x_start, w, w, None, None, "silu"), RuntimeError, "x: expected a 16-byte aligned start"),
         ("op w_up rows", lambda: op(out, x, w, w[:16], None, None, "silu"), RuntimeError, r"w_up: expected shape \[U, D\] \(w_gate's\) = \[32, 64\], got \[16, 64\]"),
@@ -623,33 +679,45 @@ def _sm80_bad_cases():
         ("op bias shape", lambda: op(out, x, w, w, None, torch.zeros(31, device=DEVICE), "silu"), RuntimeError, r"bias_up: expected shape \[32\]"),
         ("op activation", lambda: op(out, x, w, w, None, None, "relu"), RuntimeError, "activation: expected \"silu\" or \"gelu_tanh\""),
         ("op x dtype", lambda: op(out.float(), x.float(), w.float(), w.float(), None, None, "silu"), RuntimeError, "x: expected dtype bfloat16 or float16"),
-    ]  # fmt: skip
+    ]
+    if kernel == "sm80":
+        cases += [
+            ("public D % 8", lambda: rt.gated_mlp(x60, w60, w60, impl="sm80"), ValueError, r"x: impl='sm80' needs D = x.shape\[-1\] to be a positive multiple of 8 \(16-byte vectors\), got 60"),
+            ("op D % 8", lambda: op(out, x60, w60, w60, None, None, "silu"), RuntimeError, r"x: the sm80 kernel needs D \(x.size\(1\)\) to be a positive multiple of 8, got 60"),
+        ]
+    else:  # D = 60 is fine for sm90, but a contiguous [4, 60] x has a row stride of 60
+        cases += [("op D = 60 x rows", lambda: op(out, x60, w60, w60, None, None, "silu"), RuntimeError, "x: expected a row stride that is a multiple of 8 elements")]
+    return [(kernel, *c) for c in cases]  # fmt: skip
 
 
-@needs_sm80
-@pytest.mark.parametrize("case", _sm80_bad_cases(), ids=lambda c: c[0])
-def test_sm80_bad_input(case):
-    _, call, exc, match = case
+@pytest.mark.parametrize("case", _compiled_bad_cases("sm80") + _compiled_bad_cases("sm90"), ids=lambda c: f"{c[0]}-{c[1]}")
+def test_compiled_bad_input(case):
+    kernel, _, call, exc, match = case
+    if not (SM80 if kernel == "sm80" else SM90):
+        pytest.skip(f"the CuTe {kernel} kernel does not run here")
     with pytest.raises(exc, match=match):
         call()
 
 
 @pytest.mark.kernels_ci
-@pytest.mark.skipif(SM80, reason="this build has the sm80 kernel")
-def test_sm80_unavailable_raises():
-    """Builds without the CuTe kernel (cpu, rocm): impl="sm80" names the argument; "auto" and
-    "triton" run the default path."""
+@pytest.mark.parametrize("kernel", ["sm80", "sm90"])
+def test_compiled_unavailable_raises(kernel):
+    """Where a CuTe kernel cannot run (cpu / rocm builds, or sm90 off Hopper): impl="sm80" /
+    "sm90" names the argument; "auto" and "triton" run the default path."""
+    if SM80 if kernel == "sm80" else SM90:
+        pytest.skip(f"the {kernel} kernel runs here")
     x, w_gate, w_up, _ = make_inputs(3, 64, 32, torch.bfloat16, seed=37)
-    with pytest.raises(ValueError, match="impl: 'sm80' needs the compiled CuTe sm80 kernel|impl: 'sm80' runs on CUDA GPUs only"):
-        rt.gated_mlp(x, w_gate, w_up, impl="sm80")
+    want = f"impl: '{kernel}' (needs the compiled CuTe {kernel} kernel|runs on CUDA GPUs only|needs a GPU of capability 9.0)"
+    with pytest.raises(ValueError, match=want):
+        rt.gated_mlp(x, w_gate, w_up, impl=kernel)
     out = torch.empty(3, 32, dtype=torch.bfloat16, device=DEVICE)
-    with pytest.raises(ValueError, match="impl: 'sm80'"):
-        rt.ops.gated_mlp(out, x, w_gate, w_up, None, None, "silu", "sm80")
+    with pytest.raises(ValueError, match=f"impl: '{kernel}'"):
+        rt.ops.gated_mlp(out, x, w_gate, w_up, None, None, "silu", kernel)
     assert torch.equal(rt.gated_mlp(x, w_gate, w_up, impl="triton"), rt.gated_mlp(x, w_gate, w_up))
 
 
 @pytest.mark.kernels_ci
-def test_sm80_build_variant_loads():
+def test_compiled_build_variant_loads():
     """gated-mlp is a [torch] package: every backend's variant is an arch variant with the
     binding's .so, whose TORCH_LIBRARY namespace the Python custom ops share (fragments). Only
     the CUDA build registers gated_mlp_sm80, with capability 8.0 + PTX in its metadata."""
@@ -663,6 +731,6 @@ def test_sm80_build_variant_loads():
     assert rt.add_op_namespace_prefix("gated_mlp") == f"{meta['id']}::gated_mlp"
     for name in ("gated_mlp", "gated_mlp_fp8"):
         assert hasattr(rt.ops, name), f"the Python custom op {name} is missing from {meta['id']}"
-    assert rt.sm80_available() == (meta["backend"]["type"] == "cuda")
+    assert rt.sm80_available() == rt.sm90_available() == (meta["backend"]["type"] == "cuda")
     if meta["backend"]["type"] == "cuda":
-        assert meta["backend"]["archs"] == ["8.0+PTX"]
+        assert meta["backend"]["archs"] == ["8.0+PTX", "9.0a"]

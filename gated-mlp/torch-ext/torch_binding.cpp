@@ -1,9 +1,9 @@
 // Torch binding of gated-mlp. The package's default kernels are Python custom ops (the Triton
 // kernel on CUDA / ROCm, plain torch on CPU: torch-ext/gated_mlp/__init__.py), registered in
 // this build's op namespace as torch.library fragments. This file defines that namespace
-// (TORCH_LIBRARY) and, in CUDA builds only, the CuTe sm80 kernel's op:
-//   gated_mlp_sm80(Tensor! out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? bias_gate,
-//                  Tensor? bias_up, str activation) -> ()
+// (TORCH_LIBRARY) and, in CUDA builds only, the compiled CuTe kernels' ops (one schema):
+//   gated_mlp_sm80 / gated_mlp_sm90(Tensor! out, Tensor x, Tensor w_gate, Tensor w_up,
+//                                   Tensor? bias_gate, Tensor? bias_up, str activation) -> ()
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "gated_mlp_sm80.h"
+#include "gated_mlp_sm90.h"
 
 namespace gm = fused_llm::gated_mlp;
 
@@ -77,9 +78,10 @@ void check_matrix(const at::Tensor& t, const char* name, const at::Tensor& x, in
               msg(name, ": the last dimension must be contiguous (stride 1), got stride ", t.stride(1)));
 }
 
-// An input read with 16-byte cp.async vectors: aligned start, row stride a multiple of 8.
-void check_vector_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(aligned16(t), msg(name, ": expected a 16-byte aligned start (the sm80 kernel reads 16-byte vectors)"));
+// An input read in 16-byte units (sm80: cp.async vectors; sm90: TMA rows): aligned start, row
+// stride a multiple of 8 elements.
+void check_vector_rows(const at::Tensor& t, const char* name, const char* kernel) {
+  TORCH_CHECK(aligned16(t), msg(name, ": expected a 16-byte aligned start (the ", kernel, " kernel reads 16-byte units)"));
   TORCH_CHECK(t.size(0) <= 1 || t.stride(0) % 8 == 0,
               msg(name, ": expected a row stride that is a multiple of 8 elements (16 bytes), got ", t.stride(0)));
 }
@@ -106,18 +108,27 @@ bool ranges_overlap(const at::Tensor& a, const at::Tensor& b) {
   return !(pa + span(a) <= pb || pb + span(b) <= pa);
 }
 
-}  // namespace
+// The compiled kernels: what each needs beyond the shared checks.
+enum class Kernel { kSm80, kSm90 };
 
-void gated_mlp_sm80(at::Tensor& out, const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-                    const std::optional<at::Tensor>& bias_gate, const std::optional<at::Tensor>& bias_up,
-                    std::string_view activation) {
+const char* kernel_name(Kernel k) { return k == Kernel::kSm80 ? "sm80" : "sm90"; }
+
+// Checks shared by both kernels, then the kernel's own (alignment, D, device), then the launch.
+void run_kernel(Kernel kernel, at::Tensor& out, const at::Tensor& x, const at::Tensor& w_gate,
+                const at::Tensor& w_up, const std::optional<at::Tensor>& bias_gate,
+                const std::optional<at::Tensor>& bias_up, std::string_view activation) {
+  const char* name = kernel_name(kernel);
   TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, D] tensor, got ", x.dim(), "-D"));
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
               msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
   TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
   const int64_t M = x.size(0), D = x.size(1);
-  TORCH_CHECK(D >= 8 && D % 8 == 0,
-              msg("x: the sm80 kernel needs D (x.size(1)) to be a positive multiple of 8, got ", D));
+  if (kernel == Kernel::kSm80) {
+    TORCH_CHECK(D >= 8 && D % 8 == 0,
+                msg("x: the sm80 kernel needs D (x.size(1)) to be a positive multiple of 8, got ", D));
+  } else {
+    TORCH_CHECK(D >= 1, msg("x: the sm90 kernel needs D (x.size(1)) >= 1, got ", D));
+  }
   TORCH_CHECK(w_gate.dim() == 2, msg("w_gate: expected a 2-D [U, D] tensor, got ", w_gate.dim(), "-D"));
   const int64_t U = w_gate.size(0);
   check_matrix(x, "x", x, M, D, "[M, D]");
@@ -130,26 +141,33 @@ void gated_mlp_sm80(at::Tensor& out, const at::Tensor& x, const at::Tensor& w_ga
   const auto bu = bias_fp32(bias_up, "bias_up", x, U);
   TORCH_CHECK(M <= 1 || out.stride(0) >= U,
               msg("out: expected rows that do not overlap (row stride >= ", U, "), got row stride ", out.stride(0)));
-  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&x, "x"}, {&w_gate, "w_gate"},
-                                {&w_up, "w_up"}, {bias_gate ? &*bias_gate : nullptr, "bias_gate"},
-                                {bias_up ? &*bias_up : nullptr, "bias_up"}}) {
+  for (const auto& [t, arg] : {std::pair<const at::Tensor*, const char*>{&x, "x"}, {&w_gate, "w_gate"},
+                               {&w_up, "w_up"}, {bias_gate ? &*bias_gate : nullptr, "bias_gate"},
+                               {bias_up ? &*bias_up : nullptr, "bias_up"}}) {
     TORCH_CHECK(t == nullptr || !ranges_overlap(out, *t),
-                msg("out: overlaps ", name, " in memory (the output must be separate)"));
+                msg("out: overlaps ", arg, " in memory (the output must be separate)"));
   }
   if (M == 0 || U == 0) return;
-  check_vector_rows(x, "x");
-  check_vector_rows(w_gate, "w_gate");
-  check_vector_rows(w_up, "w_up");
+  check_vector_rows(x, "x", name);
+  check_vector_rows(w_gate, "w_gate", name);
+  check_vector_rows(w_up, "w_up", name);
 
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(prop->major >= 8, msg("x: the sm80 kernel needs a GPU of capability >= 8.0, got ", prop->major, ".",
-                                    prop->minor));
-  TORCH_CHECK(prop->sharedMemPerBlockOptin >= static_cast<size_t>(gm::gated_mlp_sm80_smem_bytes()),
-              msg("x: the sm80 kernel needs ", gm::gated_mlp_sm80_smem_bytes(), " bytes of shared memory per block, ",
-                  "this GPU allows ", static_cast<int64_t>(prop->sharedMemPerBlockOptin)));
+  const int smem = kernel == Kernel::kSm80 ? gm::gated_mlp_sm80_smem_bytes() : gm::gated_mlp_sm90_smem_bytes();
+  if (kernel == Kernel::kSm80) {
+    TORCH_CHECK(prop->major >= 8, msg("x: the sm80 kernel needs a GPU of capability >= 8.0, got ", prop->major, ".",
+                                      prop->minor));
+  } else {
+    TORCH_CHECK(prop->major == 9 && prop->minor == 0,
+                msg("x: the sm90 kernel needs a GPU of capability 9.0 (Hopper; it is built for sm_90a), got ",
+                    prop->major, ".", prop->minor));
+  }
+  TORCH_CHECK(prop->sharedMemPerBlockOptin >= static_cast<size_t>(smem),
+              msg("x: the ", name, " kernel needs ", smem, " bytes of shared memory per block, this GPU allows ",
+                  static_cast<int64_t>(prop->sharedMemPerBlockOptin)));
 
-  gm::GatedMlpSm80Params p;
+  gm::GatedMlpParams p;
   p.m = M;
   p.d = D;
   p.u = U;
@@ -165,10 +183,26 @@ void gated_mlp_sm80(at::Tensor& out, const at::Tensor& x, const at::Tensor& w_ga
   p.bias_up = bu.has_value() ? bu->data_ptr<float>() : nullptr;
   p.out = out.data_ptr();
   p.out_row_stride = out.stride(0);
-  const char* reason = gm::gated_mlp_sm80_check(p);
-  TORCH_CHECK(reason == nullptr, msg("gated_mlp_sm80: ", reason == nullptr ? "" : reason));
-  const cudaError_t err = gm::gated_mlp_sm80_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
-  TORCH_CHECK(err == cudaSuccess, msg("gated_mlp_sm80: kernel launch failed: ", cudaGetErrorString(err)));
+  const char* reason = kernel == Kernel::kSm80 ? gm::gated_mlp_sm80_check(p) : gm::gated_mlp_sm90_check(p);
+  TORCH_CHECK(reason == nullptr, msg("gated_mlp_", name, ": ", reason == nullptr ? "" : reason));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  const cudaError_t err = kernel == Kernel::kSm80 ? gm::gated_mlp_sm80_launch(p, stream)
+                                                  : gm::gated_mlp_sm90_launch(p, prop->multiProcessorCount, stream);
+  TORCH_CHECK(err == cudaSuccess, msg("gated_mlp_", name, ": kernel launch failed: ", cudaGetErrorString(err)));
+}
+
+}  // namespace
+
+void gated_mlp_sm80(at::Tensor& out, const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                    const std::optional<at::Tensor>& bias_gate, const std::optional<at::Tensor>& bias_up,
+                    std::string_view activation) {
+  run_kernel(Kernel::kSm80, out, x, w_gate, w_up, bias_gate, bias_up, activation);
+}
+
+void gated_mlp_sm90(at::Tensor& out, const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                    const std::optional<at::Tensor>& bias_gate, const std::optional<at::Tensor>& bias_up,
+                    std::string_view activation) {
+  run_kernel(Kernel::kSm90, out, x, w_gate, w_up, bias_gate, bias_up, activation);
 }
 #endif  // CUDA_KERNEL
 
@@ -178,6 +212,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "gated_mlp_sm80(Tensor! out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? bias_gate, Tensor? bias_up, "
       "str activation) -> ()");
   ops.impl("gated_mlp_sm80", c10::kCUDA, &gated_mlp_sm80);
+  ops.def(
+      "gated_mlp_sm90(Tensor! out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? bias_gate, Tensor? bias_up, "
+      "str activation) -> ()");
+  ops.impl("gated_mlp_sm90", c10::kCUDA, &gated_mlp_sm90);
 #else
   (void)ops;  // CPU / ROCm: the namespace only (see the top of this file)
 #endif

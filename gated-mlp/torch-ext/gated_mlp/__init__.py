@@ -7,13 +7,15 @@ op runs a plain-torch implementation with the same semantics, unless ``TRITON_IN
 set before the first call, in which case CPU tensors go through the Triton kernel in Triton's
 interpreter (how CI tests the kernel code without a GPU).
 
-The CUDA build also carries a compiled CuTe kernel for sm80 (mma.sync, cp.async, ldmatrix;
-``csrc/gated_mlp_sm80.cu``, op ``gated_mlp_sm80``), built for capability 8.0 (sm_80 code + PTX).
-``impl`` picks the kernel: ``"auto"`` (default) runs it on capability 8.x GPUs (A100 / A10 /
-L4 class) when the inputs meet its preconditions (D a multiple of 8, 16-byte aligned rows) and
-the Triton kernel everywhere else (it is the tuned sm90 path); ``"triton"`` never runs it;
-``"sm80"`` always does (also on newer GPUs, through the PTX: how it is tested on Hopper) and
-raises when it cannot. FP8 is Triton-only.
+The CUDA build also carries two compiled CuTe kernels (``csrc/``, ops ``gated_mlp_sm80`` and
+``gated_mlp_sm90``): sm80 (mma.sync, cp.async, ldmatrix; built for capability 8.0 + PTX) and
+sm90 (TMA + wgmma, warp-specialized and persistent; built for 9.0a). ``impl`` picks the
+kernel: ``"auto"`` (default) runs sm90 on capability 9.0 GPUs above :data:`SM90_MIN_TOKENS`
+tokens (decode sizes keep the Triton kernel's split-K), sm80 on capability 8.x GPUs (A100 /
+A10 / L4 class), each when the inputs meet its preconditions (16-byte aligned rows; sm80
+also D a multiple of 8), and the Triton kernel everywhere else; ``"triton"`` never runs
+them; ``"sm80"`` / ``"sm90"`` always do (sm80 also on newer GPUs: how it is tested on
+Hopper) and raise when they cannot. FP8 is Triton-only.
 
 * :func:`gated_mlp` — separate ``w_gate`` / ``w_up`` ([U, D], nn.Linear layout; any row
   stride, so views into one fused tensor work without a copy).
@@ -45,12 +47,17 @@ __all__ = [
     "interleave_gate_up",
     "layers",
     "sm80_available",
+    "sm90_available",
     "triton_enabled_for",
 ]
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYOUTS = ("concat", "interleaved")
-IMPLS = ("auto", "triton", "sm80")
+IMPLS = ("auto", "triton", "sm80", "sm90")
+COMPILED_IMPLS = ("sm80", "sm90")
+# impl="auto" on Hopper: the sm90 kernel above this many tokens (rows of x). At or below it
+# the Triton kernel's 64-row tiles and split-K stream W faster than 128-row tiles can.
+SM90_MIN_TOKENS = 64
 _DTYPES = (torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
@@ -83,8 +90,9 @@ def _triton_kernels():
     return _kernels
 
 
-# The CuTe sm80 kernel's op, registered by the .so of the CUDA build only (torch_binding.cpp).
+# The CuTe kernels' ops, registered by the .so of the CUDA build only (torch_binding.cpp).
 _HAS_SM80 = hasattr(ops, "gated_mlp_sm80")
+_HAS_SM90 = hasattr(ops, "gated_mlp_sm90")
 
 
 def sm80_available() -> bool:
@@ -92,21 +100,33 @@ def sm80_available() -> bool:
     return _HAS_SM80
 
 
-if _HAS_SM80:
+def sm90_available() -> bool:
+    """True when this build has the compiled CuTe sm90 kernel (the CUDA variant; it runs on
+    capability 9.0 GPUs only)."""
+    return _HAS_SM90
 
-    @torch.library.register_fake(add_op_namespace_prefix("gated_mlp_sm80"))
-    def _gated_mlp_sm80_fake(out, x, w_gate, w_up, bias_gate, bias_up, activation) -> None:
-        return None
+
+for _name in ("gated_mlp_sm80", "gated_mlp_sm90"):
+    if hasattr(ops, _name):
+        torch.library.register_fake(add_op_namespace_prefix(_name))(lambda out, x, w_gate, w_up, bias_gate, bias_up, activation: None)
 
 
 @functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
 def _is_sm8x(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] == 8
+    return _capability(device_index)[0] == 8
+
+
+def _is_sm90(device_index: int) -> bool:
+    return _capability(device_index) == (9, 0)
 
 
 def _vector_rows(t: torch.Tensor) -> bool:
-    """Rows the sm80 kernel can read as 16-byte cp.async vectors: unit-stride rows, a 16-byte
-    aligned start and a row stride that is a multiple of 8 elements."""
+    """Rows the compiled kernels read in 16-byte units (cp.async vectors, TMA rows): unit-stride
+    rows, a 16-byte aligned start and a row stride that is a multiple of 8 elements."""
     return (
         (t.shape[1] <= 1 or t.stride(1) == 1)
         and t.data_ptr() % 16 == 0
@@ -114,24 +134,33 @@ def _vector_rows(t: torch.Tensor) -> bool:
     )
 
 
-def _sm80_auto(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> bool:
-    """impl="auto": the sm80 kernel on capability 8.x CUDA GPUs when its preconditions hold
-    (else the Triton kernel, which takes any 16-byte multiple row stride and any D)."""
-    if not (_HAS_SM80 and x.is_cuda and torch.version.hip is None and _is_sm8x(x.device.index)):
-        return False
+def _auto_impl(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> str:
+    """impl="auto" on real tensors: "sm90" / "sm80" when the GPU and the inputs suit a compiled
+    kernel (else the Triton kernel, which takes any 16-byte multiple row stride and any D)."""
+    if not (x.is_cuda and torch.version.hip is None) or x.shape[0] == 0:
+        return "triton"
     D = x.shape[1]
-    return D % 8 == 0 and D > 0 and all(_vector_rows(t) for t in (x, w_gate, w_up))
+    rows_ok = D > 0 and all(_vector_rows(t) for t in (x, w_gate, w_up))
+    if _HAS_SM90 and _is_sm90(x.device.index) and x.shape[0] > SM90_MIN_TOKENS and rows_ok:
+        return "sm90"
+    if _HAS_SM80 and _is_sm8x(x.device.index) and D % 8 == 0 and rows_ok:
+        return "sm80"
+    return "triton"
 
 
-def _require_sm80(x: torch.Tensor) -> None:
-    """impl="sm80": the errors that do not depend on shapes (those are in gated_mlp)."""
-    if not _HAS_SM80:
+def _require_compiled(impl: str, x: torch.Tensor) -> None:
+    """impl="sm80" / "sm90": the errors that do not depend on shapes (those are in gated_mlp)."""
+    if not (_HAS_SM80 if impl == "sm80" else _HAS_SM90):
         raise ValueError(
-            "impl: 'sm80' needs the compiled CuTe sm80 kernel, which only the CUDA build of this package "
+            f"impl: {impl!r} needs the compiled CuTe {impl} kernel, which only the CUDA build of this package "
             "has (this build has none); use impl='auto' or 'triton'"
         )
     if not x.is_cuda or torch.version.hip is not None:
-        raise ValueError(f"impl: 'sm80' runs on CUDA GPUs only (capability >= 8.0), got x on {x.device}")
+        need = "capability >= 8.0" if impl == "sm80" else "capability 9.0"
+        raise ValueError(f"impl: {impl!r} runs on CUDA GPUs only ({need}), got x on {x.device}")
+    if impl == "sm90" and not _is_sm90(x.device.index):
+        major, minor = _capability(x.device.index)
+        raise ValueError(f"impl: 'sm90' needs a GPU of capability 9.0 (Hopper; built for sm_90a), got {major}.{minor}")
 
 
 @torch.library.custom_op(add_op_namespace_prefix("gated_mlp"), mutates_args=("out",))
@@ -147,9 +176,11 @@ def _gated_mlp_op(
 ) -> None:
     """x [M, D], w_gate / w_up [U, D], biases [U] or None; writes out [M, U]. ``impl``: see
     :data:`IMPLS` (the choice is made here, on real tensors: pointer alignment is known)."""
-    if impl == "sm80" or (impl == "auto" and _sm80_auto(x, w_gate, w_up)):
-        _require_sm80(x)
-        ops.gated_mlp_sm80(out, x, w_gate, w_up, bias_gate, bias_up, activation)
+    if impl == "auto":
+        impl = _auto_impl(x, w_gate, w_up)
+    if impl in COMPILED_IMPLS:
+        _require_compiled(impl, x)
+        getattr(ops, f"gated_mlp_{impl}")(out, x, w_gate, w_up, bias_gate, bias_up, activation)
     elif impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     elif triton_enabled_for(x):
@@ -267,9 +298,11 @@ def gated_mlp(
     any 16-byte multiple row stride (views into one fused weight work); biases ``[U]`` (x's
     dtype or float32) or None. ``activation``: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU,
     tanh approximation). fp32 accumulation, activation and product; one rounding to x's dtype.
-    ``impl``: ``"auto"`` (the CuTe sm80 kernel on capability 8.x GPUs when its preconditions
-    hold, else Triton), ``"triton"``, or ``"sm80"`` (the CuTe kernel on any CUDA GPU >= 8.0;
-    needs D % 8 == 0, and copies x when its rows are not 16-byte aligned).
+    ``impl``: ``"auto"`` (the CuTe sm90 kernel on capability 9.0 GPUs above SM90_MIN_TOKENS
+    rows, the CuTe sm80 kernel on 8.x GPUs, when their preconditions hold; else Triton),
+    ``"triton"``, ``"sm80"`` (the CuTe kernel on any CUDA GPU >= 8.0; needs D % 8 == 0) or
+    ``"sm90"`` (capability 9.0 only). The compiled kernels copy x when its rows are not
+    16-byte aligned.
     Returns ``[..., U]``."""
     _check_tensor(x, "x")
     if x.dim() < 1:
@@ -287,7 +320,7 @@ def gated_mlp(
     x2 = x.reshape(-1, D)
     if x2.stride(-1) != 1 and D > 1:
         x2 = x2.contiguous()
-    if impl == "sm80" and not _sm80_rows_ready(x2):
+    if impl in COMPILED_IMPLS and not _rows_ready(x2):
         x2 = x2.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
     out = torch.empty((x2.shape[0], U), dtype=x.dtype, device=x.device)
     ops.gated_mlp(out, x2, w_gate, w_up, bias_gate, bias_up, activation, impl)
@@ -297,16 +330,17 @@ def gated_mlp(
 def _check_impl(impl, x: torch.Tensor, D: int) -> None:
     if not isinstance(impl, str) or impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    if impl in COMPILED_IMPLS:
+        _require_compiled(impl, x)
     if impl == "sm80":
-        _require_sm80(x)
         if D % 8 or D == 0:
             raise ValueError(
                 f"x: impl='sm80' needs D = x.shape[-1] to be a positive multiple of 8 (16-byte vectors), got {D}"
             )
 
 
-def _sm80_rows_ready(x2: torch.Tensor) -> bool:
-    """x rows as the sm80 kernel reads them (a row stride that is a multiple of 8 elements, a
+def _rows_ready(x2: torch.Tensor) -> bool:
+    """x rows as the compiled kernels read them (a row stride that is a multiple of 8 elements, a
     16-byte aligned start). The start is unknown while torch.compile traces (see _check_weight):
     the kernel's own check then refuses a misaligned x."""
     if x2.shape[0] > 1 and x2.stride(0) % 8:
