@@ -638,7 +638,9 @@ def test_compiled_opcheck(kernel, bias):
     out = torch.empty(5, 48, dtype=torch.bfloat16, device=DEVICE)
     opcheck(rt.ops.gated_mlp, (out, x, w_gate, w_up, b_gate, b_up, "silu", kernel))
     opcheck(compiled_op(kernel), (out, x, w_gate, w_up, b_gate, b_up, "gelu_tanh"))
+    poison_(out)  # opcheck may leave this very result in out: "written" must show as a change
     assert_only_declared_outputs_mutate(compiled_op(kernel), (out, x, w_gate, w_up, b_gate, b_up, "silu"))
+    assert_gated_close(out, reference(x, w_gate, w_up, "silu", b_gate, b_up), f"{kernel} after opcheck")
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
