@@ -22,9 +22,18 @@
 //     between producer and consumers by CUTLASS's PipelineTmaAsync (mbarriers with transaction
 //     counts). The consumers keep one K step of wgmma in flight and free a stage as soon as
 //     the wgmma reading it has retired.
-//   * Persistent: min(tiles, SMs) CTAs take tiles t, t + grid, ... in grouped order (16 row
-//     tiles per column sweep, so W tiles are shared through L2), and the producer runs ahead
-//     into the next tile while the consumers finish the epilogue of this one.
+//   * Clusters of 2 CTAs along M share their W stages: each CTA's copy engine loads half of the
+//     gate box and half of the up box and multicasts it into both CTAs' shared memory, so W
+//     crosses L2 -> SM once per two row tiles (a stage reads 16 KiB of x + 16 KiB of W per CTA
+//     instead of 16 + 32: at ~700 TFLOP/s the unshared version pulls ~11 TB/s out of L2).
+//     A stage is refilled only when the consumers of both CTAs have released it
+//     (PipelineTmaAsync counts their arrivals across the cluster).
+//   * Persistent: one cluster per pair of SMs (as many as can be resident) takes cluster
+//     tiles (2 row tiles x 1 column tile) c, c + clusters, ... in grouped order (8 row-tile
+//     pairs per column sweep, so x and W tiles are reused from L2), and the producer runs
+//     ahead into the next tile while the consumers finish the epilogue of this one. With an
+//     odd number of row tiles the last pair's second CTA loads a zero-filled x box and stores
+//     nothing.
 //   * Tails: TMA zero-fills rows past M / U and columns past D (any D >= 1); the epilogue
 //     stores only rows < M and columns < U. Stores go straight from registers, two adjacent
 //     columns per 32-bit store when aligned.
@@ -36,6 +45,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
@@ -49,8 +59,10 @@ namespace {
 
 using namespace cute;
 
-// Row tiles per column sweep of the grouped tile order.
-constexpr int kGroupM = 16;
+// CTAs per cluster (along M: they share W), and cluster tiles per column sweep of the grouped
+// tile order (8 x 2 = 16 row tiles).
+constexpr int kClusterM = 2;
+constexpr int kGroupM = 8;
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;  // 2 x 128 x 232 + 128 x 40 = 64512 of the SM's 65536
 
@@ -104,21 +116,30 @@ struct Sm90Storage {
 // the buffers start 1024-byte aligned: the kernel rounds the dynamic shared memory base up.
 constexpr int kSmemAlign = 1024;
 
-// A [rows, cols] row-major operand as one TMA descriptor with a 128 x 64 box.
-template <class T>
-auto make_box_tma(const T* ptr, int rows, int cols, int64_t row_stride) {
+// A [rows, cols] row-major operand as one TMA descriptor with a 128 x 64 box; multicast: each
+// of the cluster's kClusterM CTAs loads 1 / kClusterM of the box into all of them.
+template <class T, class Op>
+auto make_box_tma(Op op, const T* ptr, int rows, int cols, int64_t row_stride) {
   Tensor g = make_tensor(make_gmem_ptr(ptr), make_layout(make_shape(rows, cols), make_stride(row_stride, _1{})));
-  return make_tma_atom(SM90_TMA_LOAD{}, g, typename Sm90Config<T>::SmemLayoutBox{},
-                       Shape<Int<kSm90BlockM>, Int<kSm90BlockK>>{});
+  using Box = Shape<Int<kSm90BlockM>, Int<kSm90BlockK>>;
+  if constexpr (std::is_same_v<Op, SM90_TMA_LOAD_MULTICAST>) {
+    return make_tma_atom(op, g, typename Sm90Config<T>::SmemLayoutBox{}, Box{}, Int<kClusterM>{});
+  } else {
+    return make_tma_atom(op, g, typename Sm90Config<T>::SmemLayoutBox{}, Box{});
+  }
 }
 template <class T>
-using BoxTma = decltype(make_box_tma<T>(nullptr, 1, 1, 8));
+using BoxTma = decltype(make_box_tma<T>(SM90_TMA_LOAD{}, nullptr, 1, 1, 8));
+template <class T>
+using SharedBoxTma = decltype(make_box_tma<T>(SM90_TMA_LOAD_MULTICAST{}, nullptr, 1, 1, 8));
 
 template <class T>
 struct Sm90Args {
-  BoxTma<T> tma_x, tma_gate, tma_up;
+  BoxTma<T> tma_x;
+  SharedBoxTma<T> tma_gate, tma_up;
   int m, u, d;
   int tiles_m, tiles_n;
+  int pairs_m;  // row-tile pairs: cluster tiles = pairs_m * tiles_n
   const float* bias_gate;
   const float* bias_up;
   T* out;
@@ -135,13 +156,22 @@ __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, 
   tn = r / group_m;
 }
 
-// One 128 x 64 box from the (BLK, BLK_K) global tile `g` into the box buffer at `s`.
+// One 128 x 64 box from the (BLK, BLK_K) global tile `g` into the box buffer at `s`: the whole
+// box into this CTA, or (shared) this CTA's slice of it into every CTA of the cluster.
 template <class Cfg, class Tma, class GTensor>
 __device__ __forceinline__ void copy_box(const Tma& tma, uint64_t& barrier, const GTensor& g,
                                          typename Cfg::Element* s) {
   Tensor sbox = make_tensor(make_smem_ptr(s), typename Cfg::SmemLayoutBox{});
   auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sbox), group_modes<0, 2>(g));
   copy(tma.with(barrier), tg, ts);
+}
+template <class Cfg, class Tma, class GTensor>
+__device__ __forceinline__ void copy_shared_box(const Tma& tma, uint64_t& barrier, const GTensor& g,
+                                                typename Cfg::Element* s, int cta_rank) {
+  constexpr uint16_t kAllCtas = (1u << kClusterM) - 1;
+  Tensor sbox = make_tensor(make_smem_ptr(s), typename Cfg::SmemLayoutBox{});
+  auto [tg, ts] = tma_partition(tma, cta_rank, Layout<Int<kClusterM>>{}, group_modes<0, 2>(sbox), group_modes<0, 2>(g));
+  copy(tma.with(barrier, kAllCtas), tg, ts);
 }
 
 template <class Cfg, int kAct>
@@ -167,10 +197,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   pipe_params.role = warp_group == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
   pipe_params.is_leader = threadIdx.x == 0;
   pipe_params.num_consumers = Cfg::kConsumerThreads;
-  Pipeline pipeline(smem.pipeline, pipe_params, Shape<_1, _1, _1>{});
-  __syncthreads();  // the barriers warp 0 initialized are visible to every thread
+  Pipeline pipeline(smem.pipeline, pipe_params, Shape<Int<kClusterM>, _1, _1>{});
+  // The barriers warp 0 initialized are visible to every thread of the cluster (the peer CTA
+  // multicasts into them and its consumers arrive on them).
+  cute::cluster_arrive_relaxed();
+  cute::cluster_wait();
 
-  const int tiles = args.tiles_m * args.tiles_n;
+  const int cta_rank = static_cast<int>(cute::block_rank_in_cluster());
+  const int cluster = static_cast<int>(blockIdx.x) / kClusterM;
+  const int clusters = static_cast<int>(gridDim.x) / kClusterM;
+  const int tiles = args.pairs_m * args.tiles_n;  // cluster tiles
   const int k_tiles = (args.d + BlockK::value - 1) / BlockK::value;
 
   if (warp_group == 0) {
@@ -181,9 +217,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       Tensor mG = args.tma_gate.get_tma_tensor(make_shape(args.u, args.d));
       Tensor mU = args.tma_up.get_tma_tensor(make_shape(args.u, args.d));
       PipelineState write = cutlass::make_producer_start_state<Pipeline>();
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      for (int tile = cluster; tile < tiles; tile += clusters) {
         int tm, tn;
-        tile_coords(tile, args.tiles_m, args.tiles_n, tm, tn);
+        tile_coords(tile, args.pairs_m, args.tiles_n, tm, tn);
+        tm = tm * kClusterM + cta_rank;
         Tensor gX = local_tile(mX, Shape<BlockM, BlockK>{}, make_coord(tm, _));  // (BLK_M, BLK_K, k)
         Tensor gG = local_tile(mG, Shape<BlockN, BlockK>{}, make_coord(tn, _));  // (BLK_N, BLK_K, k)
         Tensor gU = local_tile(mU, Shape<BlockN, BlockK>{}, make_coord(tn, _));
@@ -193,12 +230,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int s = static_cast<int>(write.index());
           T* b_stage = smem.b.begin() + s * 2 * kBox;
           copy_box<Cfg>(args.tma_x, barrier, gX(_, _, kt), smem.a.begin() + s * kBox);
-          copy_box<Cfg>(args.tma_gate, barrier, gG(_, _, kt), b_stage);
-          copy_box<Cfg>(args.tma_up, barrier, gU(_, _, kt), b_stage + kBox);
+          copy_shared_box<Cfg>(args.tma_gate, barrier, gG(_, _, kt), b_stage, cta_rank);
+          copy_shared_box<Cfg>(args.tma_up, barrier, gU(_, _, kt), b_stage + kBox, cta_rank);
           ++write;
         }
       }
-      pipeline.producer_tail(write);  // every stage consumed before the CTA may retire
+      // Every stage consumed (here and in the peer, whose consumers arrive on these barriers)
+      // before the CTA may retire.
+      pipeline.producer_tail(write);
     }
   } else {
     // ---- consumers: wgmma over the stages, then the gated epilogue -------------------------
@@ -220,9 +259,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     PipelineState release;  // the oldest stage still held
     const bool pair_stores = args.out_row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(args.out) % 4 == 0;
 
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    for (int tile = cluster; tile < tiles; tile += clusters) {
       int tm, tn;
-      tile_coords(tile, args.tiles_m, args.tiles_n, tm, tn);
+      tile_coords(tile, args.pairs_m, args.tiles_n, tm, tn);
+      tm = tm * kClusterM + cta_rank;
 
       // First K step: overwrite the accumulators (ScaleOut::Zero on its first K block).
       mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -258,7 +298,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Epilogue: act(g + b_g) * (u + b_u) in fp32, one rounding to T, rows < M, cols < U.
       const int m0 = tm * BlockM::value;
       const int n0 = tn * BlockN::value;
-      const int m_left = args.m - m0;
+      const int m_left = args.m - m0;  // <= 0 for the spare CTA of an odd last pair
       const int n_left = args.u - n0;
       T* out = args.out + static_cast<int64_t>(m0) * args.out_row_stride + n0;
       const float* bias_g = args.bias_gate == nullptr ? nullptr : args.bias_gate + n0;
@@ -319,22 +359,48 @@ cudaError_t launch_typed(const GatedMlpParams& p, int sm_count, cudaStream_t str
   }
   const int m = static_cast<int>(p.m), u = static_cast<int>(p.u), d = static_cast<int>(p.d);
   Sm90Args<T> args{};
-  args.tma_x = make_box_tma(static_cast<const T*>(p.x), m, d, tma_row_stride(p.m, p.x_row_stride, p.d));
-  args.tma_gate = make_box_tma(static_cast<const T*>(p.w_gate), u, d, tma_row_stride(p.u, p.w_gate_row_stride, p.d));
-  args.tma_up = make_box_tma(static_cast<const T*>(p.w_up), u, d, tma_row_stride(p.u, p.w_up_row_stride, p.d));
+  args.tma_x = make_box_tma(SM90_TMA_LOAD{}, static_cast<const T*>(p.x), m, d, tma_row_stride(p.m, p.x_row_stride, p.d));
+  args.tma_gate = make_box_tma(SM90_TMA_LOAD_MULTICAST{}, static_cast<const T*>(p.w_gate), u, d,
+                               tma_row_stride(p.u, p.w_gate_row_stride, p.d));
+  args.tma_up = make_box_tma(SM90_TMA_LOAD_MULTICAST{}, static_cast<const T*>(p.w_up), u, d,
+                             tma_row_stride(p.u, p.w_up_row_stride, p.d));
   args.m = m;
   args.u = u;
   args.d = d;
   args.tiles_m = (m + kSm90BlockM - 1) / kSm90BlockM;
   args.tiles_n = (u + kSm90BlockN - 1) / kSm90BlockN;
+  args.pairs_m = (args.tiles_m + kClusterM - 1) / kClusterM;
   args.bias_gate = p.bias_gate;
   args.bias_up = p.bias_up;
   args.out = static_cast<T*>(p.out);
   args.out_row_stride = p.out_row_stride;
-  const int64_t tiles = int64_t{args.tiles_m} * args.tiles_n;
-  const int grid = static_cast<int>(tiles < sm_count ? tiles : sm_count);
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(args);
-  return cudaGetLastError();
+  cudaLaunchAttribute cluster_dims[1];
+  cluster_dims[0].id = cudaLaunchAttributeClusterDimension;
+  cluster_dims[0].val.clusterDim.x = kClusterM;
+  cluster_dims[0].val.clusterDim.y = 1;
+  cluster_dims[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  config.attrs = cluster_dims;
+  config.numAttrs = 1;
+  // Persistent clusters: as many as can be resident at once (a GPC with an odd number of free
+  // SMs leaves one idle), asked of the driver once per device; never more than the tiles.
+  static std::atomic<int> resident[64] = {};
+  int clusters = device < 64 ? resident[device].load(std::memory_order_relaxed) : 0;
+  if (clusters == 0) {
+    config.gridDim = dim3(kClusterM * (sm_count / kClusterM));
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess || clusters < 1) {
+      (void)cudaGetLastError();  // clear it: fall back to one cluster per SM pair
+      clusters = sm_count / kClusterM;
+    }
+    if (device < 64) resident[device].store(clusters, std::memory_order_relaxed);
+  }
+  const int64_t tiles = int64_t{args.pairs_m} * args.tiles_n;
+  config.gridDim = dim3(kClusterM * static_cast<unsigned>(tiles < clusters ? tiles : clusters));
+  err = cudaLaunchKernelEx(&config, kernel, args);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }

@@ -18,7 +18,8 @@ namespace gated_mlp {
 
 // Tile shape (documented in the .cu): 128 rows x 128 columns of each of the two accumulators
 // (one 128 x 256 wgmma tile), K steps of 64, 4 shared-memory stages; 384 threads = a producer
-// warpgroup (TMA) and two consumer warpgroups (wgmma, 64 rows each).
+// warpgroup (TMA) and two consumer warpgroups (wgmma, 64 rows each); clusters of 2 CTAs along
+// M multicast their W tiles.
 constexpr int kSm90BlockM = 128;
 constexpr int kSm90BlockN = 128;
 constexpr int kSm90BlockK = 64;
@@ -32,8 +33,9 @@ const char* gated_mlp_sm90_check(const GatedMlpParams& p);
 // Dynamic shared memory one CTA needs (bytes): ~193 KiB, which Hopper allows (227 KiB).
 int gated_mlp_sm90_smem_bytes();
 
-// Enqueues the kernel on `stream`: min(tiles, sm_count) persistent CTAs, each taking output
-// tiles in grouped order. m == 0 launches nothing. Returns cudaGetLastError() after the launch,
+// Enqueues the kernel on `stream`: persistent clusters of 2 CTAs (as many as fit on the GPU's
+// sm_count SMs, at most one per pair of row tiles and column tile), each taking output tiles
+// in grouped order. m == 0 launches nothing. Returns cudaGetLastError() after the launch,
 // cudaErrorInvalidValue when gated_mlp_sm90_check(p) fails, or the driver's error when a
 // tensor-copy descriptor cannot be encoded. Needs a GPU of capability 9.0 (sm_90a code only).
 cudaError_t gated_mlp_sm90_launch(const GatedMlpParams& p, int sm_count, cudaStream_t stream);
