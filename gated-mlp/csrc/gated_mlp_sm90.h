@@ -1,5 +1,6 @@
 // Framework-free interface of gated-mlp's sm90 kernel (CuTe: TMA + wgmma, warp-specialized and
-// persistent; Hopper only, built for sm_90a). The computation and its arguments:
+// persistent; Hopper only, built for sm_90a). Opt-in (impl="sm90"): on an H100 it measured
+// 0.84-1.0x the package's Triton kernel at prefill sizes, which stays the default there. The computation and its arguments:
 // gated_mlp_params.h. Here d may be any size >= 1 (the copy engine zero-fills past it), and
 // every row stride of x / w_gate / w_up must be a multiple of 8 elements (16 bytes), with
 // 16-byte aligned bases: what Hopper's tensor-copy descriptors require.

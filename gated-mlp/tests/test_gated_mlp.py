@@ -615,19 +615,12 @@ def test_sm80_auto_dispatch(monkeypatch):
 
 
 @pytest.mark.skipif(not SM90, reason="the CuTe sm90 kernel: CUDA build and a capability 9.0 GPU")
-def test_sm90_auto_dispatch():
-    """impl="auto" on a capability 9.0 GPU: the sm90 kernel above SM90_MIN_TOKENS rows when its
-    preconditions hold, the Triton kernel at decode sizes and for misaligned rows."""
-    D, U = 1000, 200
-    few, w_gate, w_up, _ = make_inputs(rt.SM90_MIN_TOKENS, D, U, torch.bfloat16, seed=39)
-    many, _, _, _ = make_inputs(rt.SM90_MIN_TOKENS + 1, D, U, torch.bfloat16, seed=40)
-    assert rt._auto_impl(few, w_gate, w_up) == "triton"
-    assert torch.equal(rt.gated_mlp(few, w_gate, w_up), rt.gated_mlp(few, w_gate, w_up, impl="triton"))
-    assert rt._auto_impl(many, w_gate, w_up) == "sm90"
-    assert torch.equal(rt.gated_mlp(many, w_gate, w_up), rt.gated_mlp(many, w_gate, w_up, impl="sm90"))
-    M = many.shape[0]
-    misaligned = torch.empty(M * D + 4, dtype=torch.bfloat16, device=DEVICE)[4:].view(M, D).copy_(many)
-    assert rt._auto_impl(misaligned, w_gate, w_up) == "triton"
+def test_sm90_not_auto():
+    """impl="auto" on a capability 9.0 GPU keeps the Triton kernel (the sm90 kernel measured
+    slower on an H100); the sm90 kernel runs only when asked for."""
+    x, w_gate, w_up, _ = make_inputs(300, 1000, 200, torch.bfloat16, seed=39)
+    assert rt._auto_impl(x, w_gate, w_up) == "triton"
+    assert torch.equal(rt.gated_mlp(x, w_gate, w_up), rt.gated_mlp(x, w_gate, w_up, impl="triton"))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
