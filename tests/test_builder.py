@@ -247,8 +247,9 @@ def test_binding_only_backend():
 
 
 def test_binding_only_backend_jobs(monkeypatch, tmp_path):
-    """The cpu job of gated-mlp compiles the binding only; the cuda job adds the CuTe kernel,
-    CUTLASS's headers and sm_80 code + PTX."""
+    """The cpu job of gated-mlp compiles the binding only; the cuda job adds the two CuTe
+    kernels, CUTLASS's headers, sm_80 code + PTX and sm_90a code (each source for both: the
+    sm90 kernel's body exists only in the sm_90a code)."""
     pkg = copy_package(tmp_path, "gated-mlp")
     jobs, recorded = fake_cuda_toolchain(monkeypatch)
     with pytest.raises(recorded):
@@ -263,8 +264,10 @@ def test_binding_only_backend_jobs(monkeypatch, tmp_path):
     with pytest.raises(recorded):
         builder.build_package(pkg, "cuda")
     cuda = jobs[1]
-    assert [Path(s).name for s in cuda.sources] == ["torch_binding.cpp", "gated_mlp_sm80.cu"] and cuda.with_cuda
-    assert [f for f in cuda.cuda_cflags if f.startswith("-gencode")] == builder.gencode_flags(["8.0"])[0]
+    assert [Path(s).name for s in cuda.sources] == ["torch_binding.cpp", "gated_mlp_sm80.cu", "gated_mlp_sm90.cu"]
+    assert cuda.with_cuda
+    assert [f for f in cuda.cuda_cflags if f.startswith("-gencode")] == builder.gencode_flags(["8.0", "9.0a"])[0]
+    assert "--expt-relaxed-constexpr" in cuda.cuda_cflags
     assert str(pkg / "csrc") in cuda.include_dirs and builder.cutlass_include() in cuda.include_dirs
 
 
