@@ -44,7 +44,7 @@
 
 #include <cute/tensor.hpp>
 
-#include "gated_mlp_epilogue.cuh"
+#include "gated_mlp_common.cuh"
 
 namespace fused_llm {
 namespace gated_mlp {
@@ -284,26 +284,14 @@ template <class Cfg, int kAct>
 cudaError_t launch_typed(const GatedMlpParams& p, cudaStream_t stream) {
   auto kernel = gated_mlp_sm80_kernel<Cfg, kAct>;
   constexpr int kSmem = static_cast<int>(sizeof(SharedStorage<Cfg>));
-  // More than the 48 KiB default of dynamic shared memory: opt in once per device and kernel
-  // (this function is instantiated per kernel, so is the mask; one bit per device ordinal < 64,
-  // others opt in on every call).
-  static std::atomic<uint64_t> opted_in{0};
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
+  static std::atomic<uint64_t> opted_in{0};  // per kernel instantiation
+  const cudaError_t err = detail::opt_in_dynamic_smem(kernel, kSmem, opted_in);
   if (err != cudaSuccess) return err;
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load(std::memory_order_acquire) & bit) == 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-    opted_in.fetch_or(bit, std::memory_order_release);
-  }
   const dim3 grid(static_cast<unsigned>((p.m + kSm80BlockM - 1) / kSm80BlockM),
                   static_cast<unsigned>((p.u + kSm80BlockN - 1) / kSm80BlockN));
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
-
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 }  // namespace
 
@@ -319,9 +307,9 @@ const char* gated_mlp_sm80_check(const GatedMlpParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype: expected float16 or bfloat16";
   if (p.activation != Activation::kSilu && p.activation != Activation::kGeluTanh) return "activation: expected silu or gelu_tanh";
   if (p.x == nullptr || p.w_gate == nullptr || p.w_up == nullptr || p.out == nullptr) return "x, w_gate, w_up, out: null pointer";
-  if (!aligned16(p.x)) return "x: expected a 16-byte aligned start";
-  if (!aligned16(p.w_gate)) return "w_gate: expected a 16-byte aligned start";
-  if (!aligned16(p.w_up)) return "w_up: expected a 16-byte aligned start";
+  if (!detail::aligned16(p.x)) return "x: expected a 16-byte aligned start";
+  if (!detail::aligned16(p.w_gate)) return "w_gate: expected a 16-byte aligned start";
+  if (!detail::aligned16(p.w_up)) return "w_up: expected a 16-byte aligned start";
   if (p.m > 1 && (p.x_row_stride < p.d || p.x_row_stride % 8 != 0)) return "x: expected a row stride >= d and a multiple of 8 elements";
   if (p.u > 1 && p.w_gate_row_stride % 8 != 0) return "w_gate: expected a row stride that is a multiple of 8 elements";
   if (p.u > 1 && p.w_up_row_stride % 8 != 0) return "w_up: expected a row stride that is a multiple of 8 elements";

@@ -51,7 +51,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-#include "gated_mlp_epilogue.cuh"
+#include "gated_mlp_common.cuh"
 
 namespace fused_llm {
 namespace gated_mlp {
@@ -345,18 +345,11 @@ cudaError_t launch_typed(const GatedMlpParams& p, int sm_count, cudaStream_t str
   static_assert(layouts_are_box_major<Cfg>(), "shared-memory layouts do not match the TMA boxes");
   auto kernel = gated_mlp_sm90_kernel<Cfg, kAct>;
   constexpr int kSmem = smem_bytes<Cfg>();
-  // More than the 48 KiB default of dynamic shared memory: opt in once per device (one bit
-  // per device ordinal < 64; others opt in on every call).
-  static std::atomic<uint64_t> opted_in{0};
+  static std::atomic<uint64_t> opted_in{0};  // per kernel instantiation
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = detail::opt_in_dynamic_smem(kernel, kSmem, opted_in);
   if (err != cudaSuccess) return err;
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load(std::memory_order_acquire) & bit) == 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-    opted_in.fetch_or(bit, std::memory_order_release);
-  }
   const int m = static_cast<int>(p.m), u = static_cast<int>(p.u), d = static_cast<int>(p.d);
   Sm90Args<T> args{};
   args.tma_x = make_box_tma(SM90_TMA_LOAD{}, static_cast<const T*>(p.x), m, d, tma_row_stride(p.m, p.x_row_stride, p.d));
@@ -403,8 +396,6 @@ cudaError_t launch_typed(const GatedMlpParams& p, int sm_count, cudaStream_t str
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 int gated_mlp_sm90_smem_bytes() {
@@ -421,9 +412,9 @@ const char* gated_mlp_sm90_check(const GatedMlpParams& p) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype: expected float16 or bfloat16";
   if (p.activation != Activation::kSilu && p.activation != Activation::kGeluTanh) return "activation: expected silu or gelu_tanh";
   if (p.x == nullptr || p.w_gate == nullptr || p.w_up == nullptr || p.out == nullptr) return "x, w_gate, w_up, out: null pointer";
-  if (!aligned16(p.x)) return "x: expected a 16-byte aligned start (TMA)";
-  if (!aligned16(p.w_gate)) return "w_gate: expected a 16-byte aligned start (TMA)";
-  if (!aligned16(p.w_up)) return "w_up: expected a 16-byte aligned start (TMA)";
+  if (!detail::aligned16(p.x)) return "x: expected a 16-byte aligned start (TMA)";
+  if (!detail::aligned16(p.w_gate)) return "w_gate: expected a 16-byte aligned start (TMA)";
+  if (!detail::aligned16(p.w_up)) return "w_up: expected a 16-byte aligned start (TMA)";
   // Row strides: multiples of 16 bytes below 2^40 bytes (the descriptor's limits).
   constexpr int64_t kMaxStride = (int64_t{1} << 40) / 2;
   if (p.m > 1 && (p.x_row_stride < p.d || p.x_row_stride % 8 != 0 || p.x_row_stride >= kMaxStride))
