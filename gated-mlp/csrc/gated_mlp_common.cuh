@@ -35,16 +35,13 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 }
 
 // Raises `kernel`'s dynamic shared-memory limit to `bytes` (more than the 48 KiB default) once
-// per device: `opted_in` is the caller's per-kernel mask, one bit per device ordinal < 64
-// (others opt in on every call).
+// per device (the current one, ordinal `device`): `opted_in` is the caller's per-kernel mask,
+// one bit per device ordinal < 64 (others opt in on every call).
 template <class Kernel>
-cudaError_t opt_in_dynamic_smem(Kernel kernel, int bytes, std::atomic<uint64_t>& opted_in) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
+cudaError_t opt_in_dynamic_smem(Kernel kernel, int bytes, int device, std::atomic<uint64_t>& opted_in) {
   const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
   if (bit == 0 || (opted_in.load(std::memory_order_acquire) & bit) == 0) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (err != cudaSuccess) return err;
     opted_in.fetch_or(bit, std::memory_order_release);
   }

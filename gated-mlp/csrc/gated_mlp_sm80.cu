@@ -285,7 +285,9 @@ cudaError_t launch_typed(const GatedMlpParams& p, cudaStream_t stream) {
   auto kernel = gated_mlp_sm80_kernel<Cfg, kAct>;
   constexpr int kSmem = static_cast<int>(sizeof(SharedStorage<Cfg>));
   static std::atomic<uint64_t> opted_in{0};  // per kernel instantiation
-  const cudaError_t err = detail::opt_in_dynamic_smem(kernel, kSmem, opted_in);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = detail::opt_in_dynamic_smem(kernel, kSmem, device, opted_in);
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((p.m + kSm80BlockM - 1) / kSm80BlockM),
                   static_cast<unsigned>((p.u + kSm80BlockN - 1) / kSm80BlockN));

@@ -340,15 +340,13 @@ int64_t tma_row_stride(int64_t rows, int64_t stride, int64_t cols) {
 }
 
 template <class Cfg, int kAct>
-cudaError_t launch_typed(const GatedMlpParams& p, int sm_count, cudaStream_t stream) {
+cudaError_t launch_typed(const GatedMlpParams& p, int sm_count, int device, cudaStream_t stream) {
   using T = typename Cfg::Element;
   static_assert(layouts_are_box_major<Cfg>(), "shared-memory layouts do not match the TMA boxes");
   auto kernel = gated_mlp_sm90_kernel<Cfg, kAct>;
   constexpr int kSmem = smem_bytes<Cfg>();
   static std::atomic<uint64_t> opted_in{0};  // per kernel instantiation
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = detail::opt_in_dynamic_smem(kernel, kSmem, opted_in);
+  cudaError_t err = detail::opt_in_dynamic_smem(kernel, kSmem, device, opted_in);
   if (err != cudaSuccess) return err;
   const int m = static_cast<int>(p.m), u = static_cast<int>(p.u), d = static_cast<int>(p.d);
   Sm90Args<T> args{};
@@ -443,9 +441,9 @@ cudaError_t gated_mlp_sm90_launch(const GatedMlpParams& p, int sm_count, cudaStr
   using Bf16 = Sm90Config<cute::bfloat16_t>;
   using Fp16 = Sm90Config<cute::half_t>;
   if (p.dtype == DType::kBFloat16) {
-    return silu ? launch_typed<Bf16, kSilu>(p, sm_count, stream) : launch_typed<Bf16, kGelu>(p, sm_count, stream);
+    return silu ? launch_typed<Bf16, kSilu>(p, sm_count, device, stream) : launch_typed<Bf16, kGelu>(p, sm_count, device, stream);
   }
-  return silu ? launch_typed<Fp16, kSilu>(p, sm_count, stream) : launch_typed<Fp16, kGelu>(p, sm_count, stream);
+  return silu ? launch_typed<Fp16, kSilu>(p, sm_count, device, stream) : launch_typed<Fp16, kGelu>(p, sm_count, device, stream);
 }
 
 }  // namespace gated_mlp

@@ -463,10 +463,8 @@ def test_llama_mlp_layer(hidden_act, mlp_bias):
 SM80 = DEVICE == "cuda" and rt.sm80_available()
 SM90 = DEVICE == "cuda" and rt.sm90_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_sm80 = pytest.mark.skipif(not SM80, reason="the CuTe sm80 kernel is in the CUDA build only (this is the cpu build or no GPU)")
-KERNELS = [
-    pytest.param("sm80", marks=needs_sm80, id="sm80"),
-    pytest.param("sm90", marks=pytest.mark.skipif(not SM90, reason="the CuTe sm90 kernel: CUDA build and a capability 9.0 GPU"), id="sm90"),
-]  # fmt: skip
+needs_sm90 = pytest.mark.skipif(not SM90, reason="the CuTe sm90 kernel: CUDA build and a capability 9.0 GPU")
+KERNELS = [pytest.param("sm80", marks=needs_sm80, id="sm80"), pytest.param("sm90", marks=needs_sm90, id="sm90")]
 
 
 def compiled_op(kernel: str):
@@ -614,7 +612,7 @@ def test_sm80_auto_dispatch(monkeypatch):
     assert rt._auto_impl(misaligned, w_gate, w_up) == "triton"
 
 
-@pytest.mark.skipif(not SM90, reason="the CuTe sm90 kernel: CUDA build and a capability 9.0 GPU")
+@needs_sm90
 def test_sm90_not_auto():
     """impl="auto" on a capability 9.0 GPU keeps the Triton kernel (the sm90 kernel measured
     slower on an H100); the sm90 kernel runs only when asked for."""

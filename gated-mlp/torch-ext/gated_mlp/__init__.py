@@ -294,9 +294,8 @@ def gated_mlp(
     dtype or float32) or None. ``activation``: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU,
     tanh approximation). fp32 accumulation, activation and product; one rounding to x's dtype.
     ``impl``: ``"auto"`` (the CuTe sm80 kernel on 8.x GPUs when its preconditions hold; else
-    Triton),
-    ``"triton"``, ``"sm80"`` (the CuTe kernel on any CUDA GPU >= 8.0; needs D % 8 == 0) or
-    ``"sm90"`` (capability 9.0 only). The compiled kernels copy x when its rows are not
+    Triton), ``"triton"``, ``"sm80"`` (the CuTe kernel on any CUDA GPU >= 8.0; needs D % 8 ==
+    0) or ``"sm90"`` (capability 9.0 only). The compiled kernels copy x when its rows are not
     16-byte aligned.
     Returns ``[..., U]``."""
     _check_tensor(x, "x")
