@@ -35,6 +35,51 @@ def _round_to(v, dtype: tl.constexpr, bits: tl.constexpr, zero):
 
 
 @triton.jit
+def _cos_sin(
+    cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj,
+    HALF: tl.constexpr, BLOCK_P: tl.constexpr, HF_ROUNDING: tl.constexpr,
+    HAS_POS: tl.constexpr, FROM_POSITIONS: tl.constexpr, COMPILED: tl.constexpr,
+):  # fmt: skip
+    """cos / sin [BLOCK_S, BLOCK_P] in fp32 for the lower (c_lo, s_lo) and upper (c_hi, s_hi)
+    halves. FROM_POSITIONS: computed from pos[b, s] * inv_freq[j] in fp32 (accurate libdevice
+    cos / sin); else read from the tables at row pos[b, s] (HAS_POS: row stride c_srow) or at
+    (b, s) (strides c_sb, c_ss; 0 broadcasts), column j (stride c_sj). HF_ROUNDING reads the
+    full-width table: transformers multiplies the upper half by cos[j + HALF].
+
+    Called after the program has issued its q / k loads, and everything that uses ``pos`` is
+    in here: any use of a loaded value (even a conversion) waits for the load, so reading cos /
+    sin before the q / k loads put two DRAM round trips in series in every program."""
+    pairs = tl.arange(0, BLOCK_P)
+    if FROM_POSITIONS:
+        inv_freq = tl.load(inv_freq_ptr + pairs, mask=pairs < HALF, other=0.0)
+        angle = pos.to(tl.float32)[:, None] * inv_freq[None, :]
+        if COMPILED:  # libdevice: accurate cos / sin (full range reduction; angles reach 1e5 rad)
+            c_lo = libdevice.cos(angle)
+            s_lo = libdevice.sin(angle)
+        else:  # Triton's interpreter has no libdevice; its tl.cos is numpy's (accurate)
+            c_lo = tl.cos(angle)
+            s_lo = tl.sin(angle)
+        c_hi = c_lo
+        s_hi = s_lo
+    else:
+        if HAS_POS:
+            c_row = pos.to(tl.int64) * c_srow
+        else:
+            c_row = b * c_sb + s * c_ss
+        cmask = tmask[:, None] & (pairs[None, :] < HALF)
+        c_off = c_row[:, None] + pairs[None, :] * c_sj
+        c_lo = tl.load(cos_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
+        s_lo = tl.load(sin_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
+        if HF_ROUNDING:
+            c_hi = tl.load(cos_ptr + c_off + HALF * c_sj, mask=cmask, other=0.0).to(tl.float32)
+            s_hi = tl.load(sin_ptr + c_off + HALF * c_sj, mask=cmask, other=0.0).to(tl.float32)
+        else:
+            c_hi = c_lo
+            s_hi = s_lo
+    return c_lo, s_lo, c_hi, s_hi
+
+
+@triton.jit
 def _rope_heads(
     x_base,
     o_base,
@@ -45,10 +90,16 @@ def _rope_heads(
     ostride_h,
     n_heads,
     h0,
-    c_lo,
-    s_lo,
-    c_hi,
-    s_hi,
+    cos_ptr,
+    sin_ptr,
+    inv_freq_ptr,
+    pos,
+    b,
+    s,
+    c_sb,
+    c_ss,
+    c_srow,
+    c_sj,
     HALF: tl.constexpr,
     ROT: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -58,13 +109,16 @@ def _rope_heads(
     INTERLEAVED: tl.constexpr,
     HF_ROUNDING: tl.constexpr,
     COPY_TAIL: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    FROM_POSITIONS: tl.constexpr,
+    COMPILED: tl.constexpr,
     zero,
 ):
     """Rotate heads h0 .. h0 + BLOCK_H of BLOCK_S tokens ([BLOCK_S, BLOCK_H, BLOCK_P] tiles;
     tok_off / otok_off [BLOCK_S] are the tokens' offsets in x / o, tmask their validity): pairs
     (j, j + HALF), or (2j, 2j + 1) when INTERLEAVED, j < HALF = ROT / 2; columns ROT ..
-    HEAD_DIM are copied when COPY_TAIL. cos / sin come as [BLOCK_S, BLOCK_P] rows, read once
-    per token and shared by the program's heads."""
+    HEAD_DIM are copied when COPY_TAIL. cos / sin ([BLOCK_S, BLOCK_P] rows, shared by the
+    program's heads) are read here, after the x loads are issued (`_cos_sin`)."""
     heads = h0 + tl.arange(0, BLOCK_H)
     pairs = tl.arange(0, BLOCK_P)
     hmask = (tmask[:, None] & (heads[None, :] < n_heads))[:, :, None]
@@ -79,6 +133,14 @@ def _rope_heads(
         hi_col = lo_col + HALF
     x_lo = tl.load(x_base + row + lo_col, mask=mask, other=0.0)
     x_hi = tl.load(x_base + row + hi_col, mask=mask, other=0.0)
+    if COPY_TAIL:
+        tail = ROT + tl.arange(0, BLOCK_TAIL)[None, None, :]
+        tail_mask = hmask & (tail < HEAD_DIM)
+        x_tail = tl.load(x_base + row + tail, mask=tail_mask)
+    c_lo, s_lo, c_hi, s_hi = _cos_sin(
+        cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj, HALF, BLOCK_P,
+        HF_ROUNDING, HAS_POS, FROM_POSITIONS, COMPILED,
+    )  # fmt: skip
     dtype = x_lo.dtype
     bits = tl.int16 if dtype != tl.float32 else tl.int32
     lo = x_lo.to(tl.float32)
@@ -97,10 +159,7 @@ def _rope_heads(
     tl.store(o_base + orow + lo_col, out_lo.to(dtype), mask=mask)
     tl.store(o_base + orow + hi_col, out_hi.to(dtype), mask=mask)
     if COPY_TAIL:
-        tail = ROT + tl.arange(0, BLOCK_TAIL)[None, None, :]
-        tail_mask = hmask & (tail < HEAD_DIM)
-        v = tl.load(x_base + row + tail, mask=tail_mask)
-        tl.store(o_base + orow + tail, v, mask=tail_mask)
+        tl.store(o_base + orow + tail, x_tail, mask=tail_mask)
 
 
 @triton.jit(do_not_specialize=["zero"])
@@ -129,58 +188,30 @@ def _rope_kernel(
     COMPILED: tl.constexpr,
 ):  # fmt: skip
     """grid = (token blocks of BLOCK_S, q head blocks of BLOCK_HQ + k head blocks of BLOCK_HK);
-    token t = (b, s) with b = t // S, t < T = B * S.
-
-    cos / sin: FROM_POSITIONS: computed from pos[b, s] * inv_freq[j] in fp32 (accurate
-    libdevice cos/sin); else read from tables at row pos[b, s] (HAS_POS: row stride c_srow) or
-    at (b, s) (strides c_sb, c_ss; 0 broadcasts), column j (stride c_sj). HF_ROUNDING reads the
-    full-width table (cos[j + HALF] for the upper half), as transformers multiplies by it."""
+    token t = (b, s) with b = t // S, t < T = B * S. cos / sin: see `_cos_sin`."""
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
     t = pid_t * BLOCK_S + tl.arange(0, BLOCK_S)
     tmask = t < T
     b = (t // S).to(tl.int64)
     s = (t % S).to(tl.int64)
-    pairs = tl.arange(0, BLOCK_P)
-    cmask = tmask[:, None] & (pairs[None, :] < HALF)
-    if HAS_POS or FROM_POSITIONS:
+    if HAS_POS or FROM_POSITIONS:  # issued here, first used in _cos_sin
         pos = tl.load(pos_ptr + b * p_sb + s * p_ss, mask=tmask, other=0)
-    if FROM_POSITIONS:
-        inv_freq = tl.load(inv_freq_ptr + pairs, mask=pairs < HALF, other=0.0)
-        angle = pos.to(tl.float32)[:, None] * inv_freq[None, :]
-        if COMPILED:  # libdevice: accurate cos / sin (full range reduction; angles reach 1e5 rad)
-            c_lo = libdevice.cos(angle)
-            s_lo = libdevice.sin(angle)
-        else:  # Triton's interpreter has no libdevice; its tl.cos is numpy's (accurate)
-            c_lo = tl.cos(angle)
-            s_lo = tl.sin(angle)
-        c_hi = c_lo
-        s_hi = s_lo
     else:
-        if HAS_POS:
-            crow = pos.to(tl.int64) * c_srow
-        else:
-            crow = b * c_sb + s * c_ss
-        c_off = crow[:, None] + pairs[None, :] * c_sj
-        c_lo = tl.load(cos_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
-        s_lo = tl.load(sin_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
-        if HF_ROUNDING:
-            c_hi = tl.load(cos_ptr + c_off + HALF * c_sj, mask=cmask, other=0.0).to(tl.float32)
-            s_hi = tl.load(sin_ptr + c_off + HALF * c_sj, mask=cmask, other=0.0).to(tl.float32)
-        else:
-            c_hi = c_lo
-            s_hi = s_lo
+        pos = b  # not read
     if pid_h < HQ_BLOCKS:
         _rope_heads(
             q_ptr, qo_ptr, b * q_sb + s * q_ss, b * qo_sb + s * qo_ss, tmask, q_sh, qo_sh, HQ,
-            pid_h * BLOCK_HQ, c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_HQ, BLOCK_P,
-            BLOCK_TAIL, INTERLEAVED, HF_ROUNDING, COPY_TAIL, zero,
+            pid_h * BLOCK_HQ, cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, c_sb, c_ss, c_srow, c_sj,
+            HALF, ROT, HEAD_DIM, BLOCK_HQ, BLOCK_P, BLOCK_TAIL, INTERLEAVED, HF_ROUNDING, COPY_TAIL,
+            HAS_POS, FROM_POSITIONS, COMPILED, zero,
         )  # fmt: skip
     else:
         _rope_heads(
             k_ptr, ko_ptr, b * k_sb + s * k_ss, b * ko_sb + s * ko_ss, tmask, k_sh, ko_sh, HK,
-            (pid_h - HQ_BLOCKS) * BLOCK_HK, c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_HK,
-            BLOCK_P, BLOCK_TAIL, INTERLEAVED, HF_ROUNDING, COPY_TAIL, zero,
+            (pid_h - HQ_BLOCKS) * BLOCK_HK, cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, c_sb, c_ss,
+            c_srow, c_sj, HALF, ROT, HEAD_DIM, BLOCK_HK, BLOCK_P, BLOCK_TAIL, INTERLEAVED,
+            HF_ROUNDING, COPY_TAIL, HAS_POS, FROM_POSITIONS, COMPILED, zero,
         )  # fmt: skip
 
 
