@@ -53,6 +53,13 @@ def _tiles(m: int, splits, block_m=(16, 32, 64)):
             yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "BLOCK_K": bk, "SPLIT_K": split,
                    "num_warps": 4, "num_stages": 4, "USE_TMA": True}  # fmt: skip
     else:
+        # Whole-head tiles first (`_rms_matmul_rope_heads_kernel`): BLOCK_M tokens x HEADS heads.
+        for (bm, heads, warps), stages, group in itertools.product(
+            ((128, 2, 8), (128, 1, 8), (128, 1, 4), (64, 2, 4)), (3, 4), (8, 16)
+        ):
+            yield {"BLOCK_M": bm, "HEADS": heads, "BLOCK_K": 64, "GROUP_M": group,
+                   "num_warps": warps, "num_stages": stages, "USE_TMA": True}  # fmt: skip
+        # Half-head tiles (`_rms_matmul_rope_kernel`, two dots per K step).
         for (bm, warps), stages, group in itertools.product(((64, 4), (128, 4), (128, 8)), (3, 4), (1, 8)):
             yield {"BLOCK_M": bm, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": group,
                    "num_warps": warps, "num_stages": stages, "USE_TMA": True}  # fmt: skip
@@ -67,7 +74,7 @@ def main() -> None:
     parser.add_argument("--warps", type=int, nargs="*", default=[4], help="decode tiles")
     parser.add_argument("--stages", type=int, nargs="*", default=[4], help="decode tiles")
     parser.add_argument("--block-m", type=int, nargs="*", default=[16, 32, 64], help="decode tiles")
-    parser.add_argument("--prefill-tiles", type=int, default=12, help="the first N prefill tile shapes only")
+    parser.add_argument("--prefill-tiles", type=int, default=28, help="the first N prefill tile shapes only")
     args = parser.parse_args()
     rt = get_kernel("rope-triton")
     kern = rt._triton_kernels()

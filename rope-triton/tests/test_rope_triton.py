@@ -400,6 +400,34 @@ def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, gr
     assert counters is None or int(counters.abs().sum()) == 0
 
 
+@pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
+@pytest.mark.parametrize(
+    "block_m, heads, head_dim, n_heads, block_k, group, folded, squares_mma",
+    [(16, 1, 128, 4, 64, 1, False, False), (32, 2, 128, 5, 64, 2, True, False), (16, 2, 64, 3, 128, 1, True, True),
+     (64, 4, 64, 6, 64, 8, False, True), (16, 1, 256, 2, 64, 1, True, False)],
+)  # fmt: skip
+def test_rms_norm_matmul_rope_whole_head_tiles(block_m, heads, head_dim, n_heads, block_k, group, folded, squares_mma):
+    """The prefill kernel's whole-head tiles (`_rms_matmul_rope_heads_kernel`): 1, 2 or 4 heads
+    a tile, a partial last column tile (5 heads in tiles of 2), rows and K not multiples of the
+    tile (37 tokens, K 448), grouped order with a partial last group, the RMSNorm weight folded
+    or not, x^2 in registers or on the MMA."""
+    _kernels = rt._triton_kernels()
+
+    M, K = 37, 448
+    x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
+    rms_w = (1 + 0.1 * torch.randn(K, device=DEVICE)).bfloat16()
+    w = (torch.randn(n_heads * head_dim, K, device=DEVICE) / K**0.5).bfloat16()
+    cos, sin = _hf_tables(1, M, head_dim, torch.bfloat16, seed=5)
+    cos, sin = cos[0], sin[0]
+    ref = ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
+    cfg = dict(BLOCK_M=block_m, HEADS=heads, BLOCK_K=block_k, GROUP_M=group, SQUARES_MMA=squares_mma,
+               num_warps=4, num_stages=2)  # fmt: skip
+    g_arg, w_arg = (None, rt.fold_rms_weight(w, rms_w)) if folded else (rms_w, w)
+    out = torch.full((M, n_heads * head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    _kernels.launch_rms_matmul_rope(x, g_arg, w_arg, cos, sin, out, 1e-5, head_dim, cfg=cfg)
+    assert_projection_close(out, ref, f"config {cfg}")
+
+
 def test_rms_norm_matmul_rope_leading_dims_and_half_tables():
     x = torch.randn(2, 3, 256, dtype=torch.bfloat16, device=DEVICE)
     rms_w = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)

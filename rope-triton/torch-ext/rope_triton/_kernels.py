@@ -474,6 +474,104 @@ def _rms_rope_epilogue(
     tl.store(o + HALF, (hi * c + lo * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _rms_matmul_rope_heads_kernel(
+    x_ptr, g_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr,
+    M, N, K, eps,
+    s_xm, s_wn, s_cm, s_cj, s_om,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    HEADS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    HAS_G: tl.constexpr,
+    SQUARES_MMA: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """The prefill form of `_rms_matmul_rope_kernel`: a tile is BLOCK_M tokens x HEADS whole
+    heads (HEADS * HEAD_DIM consecutive W rows, one accumulator, one tl.dot per K step: the
+    128 x 256 tile of a cuBLAS-class GEMM), and the epilogue splits each head's columns into
+    its two halves (reshape [BLOCK_M, HEADS, 2, HALF] -> [.., HALF, 2] -> split): a register
+    shuffle once per tile instead of two half-width dots every K step. HALF a power of two.
+    Grouped tile order (GROUP_M row blocks per column sweep: x and W reused in L2)."""
+    BLOCK_N: tl.constexpr = HEADS * HEAD_DIM
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    rows = off_m + tl.arange(0, BLOCK_M)
+    rows64 = rows.to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SQUARES_MMA:
+        squares = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+    else:
+        squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    # pointer path: rows and W rows wrapped into range (never stored), so no M / N load masks
+    x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm + ks[None, :]
+    w_rows = w_ptr + ((off_n + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[:, None] * s_wn + ks[None, :]
+    for k0 in range(0, K, BLOCK_K):
+        if USE_TMA:  # sm90: the copy engine, zero-filled past M, N and K
+            x = x_desc.load([off_m, k0])
+            w = w_desc.load([off_n, k0])
+            if HAS_G:
+                g = tl.load(g_ptr + k0 + ks, mask=(k0 + ks) < K, other=0.0)
+        elif EVEN_K:
+            x = tl.load(x_rows + k0)
+            w = tl.load(w_rows + k0)
+            if HAS_G:
+                g = tl.load(g_ptr + k0 + ks)
+        else:
+            kmask = (k0 + ks) < K
+            x = tl.load(x_rows + k0, mask=kmask[None, :], other=0.0)
+            w = tl.load(w_rows + k0, mask=kmask[None, :], other=0.0)
+            if HAS_G:
+                g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
+        if SQUARES_MMA:
+            xs = x if COMPILED else x.to(tl.float32)
+            squares = tl.dot(xs, tl.trans(xs), squares)
+        else:
+            xf = x.to(tl.float32)
+            squares += xf * xf
+        xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype) if HAS_G else x
+        if COMPILED:
+            acc = tl.dot(xg, tl.trans(w), acc)
+        else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
+            acc = tl.dot(xg.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+    if SQUARES_MMA:
+        diag = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
+        sumsq = tl.sum(tl.where(diag, squares, 0.0), axis=1)
+    else:
+        sumsq = tl.sum(squares, axis=1)
+    if COMPILED:
+        r = libdevice.rsqrt(sumsq / K + eps)
+    else:
+        r = 1.0 / tl.sqrt(sumsq / K + eps)
+    acc = acc * r[:, None]
+    lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, HEADS, 2, HALF)), (0, 1, 3, 2)))
+    jj = tl.arange(0, HALF)
+    heads = tl.arange(0, HEADS)
+    rmask = rows < M
+    c_off = rows64[:, None] * s_cm + jj[None, :] * s_cj
+    c = tl.load(cos_ptr + c_off, mask=rmask[:, None], other=0.0).to(tl.float32)[:, None, :]
+    s = tl.load(sin_ptr + c_off, mask=rmask[:, None], other=0.0).to(tl.float32)[:, None, :]
+    col = off_n + heads[None, :, None] * HEAD_DIM + jj[None, None, :]
+    mask = rmask[:, None, None] & (col < N)
+    o = out_ptr + rows64[:, None, None] * s_om + col
+    tl.store(o, (lo * c - hi * s).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(o + HALF, (hi * c + lo * s).to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False) -> dict:
     """Tile shape, K split and x-side variant by token count (no autotuning: deterministic, and
     cheap in the interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one
@@ -595,6 +693,9 @@ def launch_rms_matmul_rope(
     if cfg is None:
         cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None)
     cfg = {"GROUP_M": 1, "SQUARES_MMA": False, **cfg}
+    if "HEADS" in cfg:  # whole-head tiles (`_rms_matmul_rope_heads_kernel`)
+        _launch_heads(x, g, w, cos, sin, out, eps, head_dim, cfg)
+        return
     split, block_k = cfg["SPLIT_K"], cfg["BLOCK_K"]
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
@@ -602,12 +703,8 @@ def launch_rms_matmul_rope(
     cfg["EVEN_K"] = K % block_k == 0
     block_n = 2 * cfg["BLOCK_NH"]
     tma = cfg.pop("USE_TMA", None)
-    if tma is None:  # Hopper's copy engine (16-byte aligned bases and row strides)
-        tma = (
-            x.is_cuda and torch.version.hip is None and not _interpreting()
-            and torch.cuda.get_device_capability(x.device)[0] == 9
-            and all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (x, w))
-        )  # fmt: skip
+    if tma is None:
+        tma = _use_tma(x, w)
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -630,4 +727,40 @@ def launch_rms_matmul_rope(
         M, N, K, k_split, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
         HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_G=g is not None, COMPILED=not _interpreting(), **cfg,
+    )  # fmt: skip
+
+
+def _use_tma(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Hopper's copy engine: CUDA sm90, 16-byte aligned bases and row strides."""
+    return (
+        x.is_cuda and torch.version.hip is None and not _interpreting()
+        and torch.cuda.get_device_capability(x.device)[0] == 9
+        and all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (x, w))
+    )  # fmt: skip
+
+
+def _launch_heads(x, g, w, cos, sin, out, eps: float, head_dim: int, cfg: dict) -> None:
+    M, K = x.shape
+    N = w.shape[0]
+    cfg = {k: v for k, v in cfg.items() if k not in ("SPLIT_K", "BLOCK_NH")}
+    block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
+    block_n = cfg["HEADS"] * head_dim
+    assert head_dim & (head_dim - 1) == 0, "whole-head tiles need a power-of-two head_dim"
+    tma = cfg.pop("USE_TMA", None)
+    if tma is None:
+        tma = _use_tma(x, w)
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
+        w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k])
+    else:
+        x_desc = w_desc = x  # not read
+    grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+    _rms_matmul_rope_heads_kernel[grid](
+        x, g if g is not None else x, w, x_desc, w_desc, cos, sin, out,
+        M, N, K, eps,
+        x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
+        HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_G=g is not None, EVEN_K=K % block_k == 0,
+        USE_TMA=bool(tma), COMPILED=not _interpreting(), **cfg,
     )  # fmt: skip
