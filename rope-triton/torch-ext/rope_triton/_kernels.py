@@ -37,10 +37,10 @@ def _round_to(v, dtype: tl.constexpr, bits: tl.constexpr, zero):
 @triton.jit
 def _cos_sin(
     cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, HF_ROUNDING: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_P: tl.constexpr, HF_ROUNDING: tl.constexpr,
     HAS_POS: tl.constexpr, FROM_POSITIONS: tl.constexpr, COMPILED: tl.constexpr,
 ):  # fmt: skip
-    """cos / sin [BLOCK_S, BLOCK_H or 1, BLOCK_P] in fp32 for the lower (c_lo, s_lo) and upper (c_hi, s_hi)
+    """cos / sin [BLOCK_S, BLOCK_P] in fp32 for the lower (c_lo, s_lo) and upper (c_hi, s_hi)
     halves. FROM_POSITIONS: computed from pos[b, s] * inv_freq[j] in fp32 (accurate libdevice
     cos / sin); else read from the tables at row pos[b, s] (HAS_POS: row stride c_srow) or at
     (b, s) (strides c_sb, c_ss; 0 broadcasts), column j (stride c_sj). HF_ROUNDING reads the
@@ -52,7 +52,7 @@ def _cos_sin(
     pairs = tl.arange(0, BLOCK_P)
     if FROM_POSITIONS:
         inv_freq = tl.load(inv_freq_ptr + pairs, mask=pairs < HALF, other=0.0)
-        angle = (pos.to(tl.float32)[:, None] * inv_freq[None, :])[:, None, :]
+        angle = pos.to(tl.float32)[:, None] * inv_freq[None, :]
         if COMPILED:  # libdevice: accurate cos / sin (full range reduction; angles reach 1e5 rad)
             c_lo = libdevice.cos(angle)
             s_lo = libdevice.sin(angle)
@@ -66,11 +66,8 @@ def _cos_sin(
             c_row = pos.to(tl.int64) * c_srow
         else:
             c_row = b * c_sb + s * c_ss
-        # Read as [BLOCK_S, BLOCK_H, BLOCK_P], the x tiles' shape (the heads' copies come
-        # from L1), not as [BLOCK_S, BLOCK_P] rows broadcast over the heads.
-        heads0 = tl.arange(0, BLOCK_H)[None, :, None] * 0
-        cmask = tmask[:, None, None] & (pairs[None, None, :] < HALF) & (heads0 == 0)
-        c_off = c_row[:, None, None] + pairs[None, None, :] * c_sj + heads0
+        cmask = tmask[:, None] & (pairs[None, :] < HALF)
+        c_off = c_row[:, None] + pairs[None, :] * c_sj
         c_lo = tl.load(cos_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
         s_lo = tl.load(sin_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
         if HF_ROUNDING:
@@ -141,13 +138,17 @@ def _rope_heads(
         tail_mask = hmask & (tail < HEAD_DIM)
         x_tail = tl.load(x_base + row + tail, mask=tail_mask)
     c_lo, s_lo, c_hi, s_hi = _cos_sin(
-        cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj, HALF, BLOCK_H,
-        BLOCK_P, HF_ROUNDING, HAS_POS, FROM_POSITIONS, COMPILED,
+        cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj, HALF, BLOCK_P,
+        HF_ROUNDING, HAS_POS, FROM_POSITIONS, COMPILED,
     )  # fmt: skip
     dtype = x_lo.dtype
     bits = tl.int16 if dtype != tl.float32 else tl.int32
     lo = x_lo.to(tl.float32)
     hi = x_hi.to(tl.float32)
+    c_lo = c_lo[:, None, :]
+    s_lo = s_lo[:, None, :]
+    c_hi = c_hi[:, None, :]
+    s_hi = s_hi[:, None, :]
     if HF_ROUNDING:
         # transformers: q * cos + rotate_half(q) * sin, each op rounded to the dtype.
         out_lo = _round_to(lo * c_lo, dtype, bits, zero) + _round_to(-hi * s_lo, dtype, bits, zero)
