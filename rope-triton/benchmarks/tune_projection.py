@@ -36,6 +36,12 @@ VARIANTS = {  # how the RMSNorm weight and sum(x^2) are handled (see the kernel'
 }
 
 
+# The second sweep's candidates (the first, results/tune_projection_heads_sweep1_*, also had
+# 128 x (1 or 2 heads) in 4 or 8 warps and GROUP_M 8, all slower than 64 x 2 heads, 4 warps):
+WHOLE_HEAD_TILES = ((64, 2, 4), (64, 1, 4), (64, 4, 8), (64, 2, 8))  # (BLOCK_M, HEADS, num_warps)
+WHOLE_HEAD_STAGES = (4, 5)
+
+
 def configs(m: int, variants=("plain",), splits=(2, 4, 8), warps=(4,), stages=(4,), block_m=(16, 32, 64)):
     for cfg in _tiles(m, splits, block_m):
         for v, w, st in itertools.product(variants, warps, stages):
@@ -54,9 +60,7 @@ def _tiles(m: int, splits, block_m=(16, 32, 64)):
                    "num_warps": 4, "num_stages": 4, "USE_TMA": True}  # fmt: skip
     else:
         # Whole-head tiles first (`_rms_matmul_rope_heads_kernel`): BLOCK_M tokens x HEADS heads.
-        for (bm, heads, warps), stages, group in itertools.product(
-            ((128, 2, 8), (128, 1, 8), (128, 1, 4), (64, 2, 4)), (3, 4), (8, 16)
-        ):
+        for (bm, heads, warps), stages, group in itertools.product(WHOLE_HEAD_TILES, WHOLE_HEAD_STAGES, (16,)):
             yield {"BLOCK_M": bm, "HEADS": heads, "BLOCK_K": 64, "GROUP_M": group,
                    "num_warps": warps, "num_stages": stages, "USE_TMA": True}  # fmt: skip
         # Half-head tiles (`_rms_matmul_rope_kernel`, two dots per K step).

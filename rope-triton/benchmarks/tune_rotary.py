@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=4)
     parser.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
                         help="--no-sweep: time only the default configuration and the copies")
+    parser.add_argument("--cos-first", action="store_true",
+                        help="instead of the sweep: the default configuration with cos / sin read before or after q / k")
     args = parser.parse_args()
     rt = get_kernel("rope-triton")
     kern = rt._triton_kernels()
@@ -105,7 +107,11 @@ def main() -> None:
         t_default = timed(rt.apply_rotary_transformers)
         default = default_config(tokens, ref.HQ, 64)
         rows = []
-        for cfg in configs(tokens) if args.sweep else ():
+        if args.cos_first:
+            candidates = [{**default, "COS_FIRST": first} for first in (False, True)]
+        else:
+            candidates = configs(tokens) if args.sweep else ()
+        for cfg in candidates:
             kern.rope_config = lambda *a, cfg=cfg, **kw: cfg
             try:
                 _check_rope(rt.apply_rotary_transformers(*sets[0]), expected)

@@ -100,6 +100,10 @@ def _rope_heads(
     c_ss,
     c_srow,
     c_sj,
+    c_lo,
+    s_lo,
+    c_hi,
+    s_hi,
     HALF: tl.constexpr,
     ROT: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -111,6 +115,7 @@ def _rope_heads(
     COPY_TAIL: tl.constexpr,
     HAS_POS: tl.constexpr,
     FROM_POSITIONS: tl.constexpr,
+    COS_FIRST: tl.constexpr,
     COMPILED: tl.constexpr,
     zero,
 ):
@@ -137,18 +142,19 @@ def _rope_heads(
         tail = ROT + tl.arange(0, BLOCK_TAIL)[None, None, :]
         tail_mask = hmask & (tail < HEAD_DIM)
         x_tail = tl.load(x_base + row + tail, mask=tail_mask)
-    c_lo, s_lo, c_hi, s_hi = _cos_sin(
-        cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj, HALF, BLOCK_P,
-        HF_ROUNDING, HAS_POS, FROM_POSITIONS, COMPILED,
-    )  # fmt: skip
+    if not COS_FIRST:  # else c_lo .. s_hi came in, read before the branch on q / k
+        c_lo, s_lo, c_hi, s_hi = _cos_sin(
+            cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj, HALF, BLOCK_P,
+            HF_ROUNDING, HAS_POS, FROM_POSITIONS, COMPILED,
+        )  # fmt: skip
+        c_lo = c_lo[:, None, :]
+        s_lo = s_lo[:, None, :]
+        c_hi = c_hi[:, None, :]
+        s_hi = s_hi[:, None, :]
     dtype = x_lo.dtype
     bits = tl.int16 if dtype != tl.float32 else tl.int32
     lo = x_lo.to(tl.float32)
     hi = x_hi.to(tl.float32)
-    c_lo = c_lo[:, None, :]
-    s_lo = s_lo[:, None, :]
-    c_hi = c_hi[:, None, :]
-    s_hi = s_hi[:, None, :]
     if HF_ROUNDING:
         # transformers: q * cos + rotate_half(q) * sin, each op rounded to the dtype.
         out_lo = _round_to(lo * c_lo, dtype, bits, zero) + _round_to(-hi * s_lo, dtype, bits, zero)
@@ -185,6 +191,7 @@ def _rope_kernel(
     COPY_TAIL: tl.constexpr,
     HAS_POS: tl.constexpr,
     FROM_POSITIONS: tl.constexpr,
+    COS_FIRST: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
     """grid = (token blocks of BLOCK_S, q head blocks of BLOCK_HQ + k head blocks of BLOCK_HK);
@@ -199,19 +206,30 @@ def _rope_kernel(
         pos = tl.load(pos_ptr + b * p_sb + s * p_ss, mask=tmask, other=0)
     else:
         pos = b  # not read
+    if COS_FIRST:
+        c_lo, s_lo, c_hi, s_hi = _cos_sin(
+            cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj, HALF, BLOCK_P,
+            HF_ROUNDING, HAS_POS, FROM_POSITIONS, COMPILED,
+        )  # fmt: skip
+        c_lo = c_lo[:, None, :]
+        s_lo = s_lo[:, None, :]
+        c_hi = c_hi[:, None, :]
+        s_hi = s_hi[:, None, :]
+    else:
+        c_lo, s_lo, c_hi, s_hi = zero, zero, zero, zero  # not read: _rope_heads reads them
     if pid_h < HQ_BLOCKS:
         _rope_heads(
             q_ptr, qo_ptr, b * q_sb + s * q_ss, b * qo_sb + s * qo_ss, tmask, q_sh, qo_sh, HQ,
             pid_h * BLOCK_HQ, cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, c_sb, c_ss, c_srow, c_sj,
-            HALF, ROT, HEAD_DIM, BLOCK_HQ, BLOCK_P, BLOCK_TAIL, INTERLEAVED, HF_ROUNDING, COPY_TAIL,
-            HAS_POS, FROM_POSITIONS, COMPILED, zero,
+            c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_HQ, BLOCK_P, BLOCK_TAIL, INTERLEAVED,
+            HF_ROUNDING, COPY_TAIL, HAS_POS, FROM_POSITIONS, COS_FIRST, COMPILED, zero,
         )  # fmt: skip
     else:
         _rope_heads(
             k_ptr, ko_ptr, b * k_sb + s * k_ss, b * ko_sb + s * ko_ss, tmask, k_sh, ko_sh, HK,
             (pid_h - HQ_BLOCKS) * BLOCK_HK, cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, c_sb, c_ss,
-            c_srow, c_sj, HALF, ROT, HEAD_DIM, BLOCK_HK, BLOCK_P, BLOCK_TAIL, INTERLEAVED,
-            HF_ROUNDING, COPY_TAIL, HAS_POS, FROM_POSITIONS, COMPILED, zero,
+            c_srow, c_sj, c_lo, s_lo, c_hi, s_hi, HALF, ROT, HEAD_DIM, BLOCK_HK, BLOCK_P, BLOCK_TAIL,
+            INTERLEAVED, HF_ROUNDING, COPY_TAIL, HAS_POS, FROM_POSITIONS, COS_FIRST, COMPILED, zero,
         )  # fmt: skip
 
 
@@ -283,6 +301,7 @@ def launch_rope(
         c_srow = 0
     p_sb = (pos.stride(0) if pos.shape[0] > 1 else 0) if pos is not None else 0
     p_ss = pos.stride(1) if pos is not None else 0
+    cfg = {"COS_FIRST": False, **cfg}
     grid = (triton.cdiv(T, cfg["BLOCK_S"]), hq_blocks + hk_blocks)
     _rope_kernel[grid](
         q, k, q_out, k_out,
