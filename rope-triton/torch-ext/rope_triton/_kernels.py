@@ -250,11 +250,19 @@ def rope_config(tokens: int, hq: int, block_p: int) -> dict:
     blocks were 2-14% slower in bshd order too, and the previous one-token-per-program shape
     1.35x (64 tokens) to 3.5x (1024) slower. kv heads get their own block: 8 kv heads in a q
     head block would leave lanes masked. One token: one head per program (40 programs), the
-    best there (1.6 us in graph replay)."""
+    best there.
+
+    COS_FIRST (cos / sin read before the q / k loads are issued, not after): A/B on the H100
+    with harness timing (`tune_rotary.py --cos-first`, results/tune_rotary_cos_first_*): after
+    wins in one-warp programs (1 / 2 / 4 tokens: 1.83 / 1.94 / 2.00 us against 2.08 / 2.34 /
+    2.35: a program waits on one DRAM round trip instead of two in series); before wins from
+    8 tokens on, where programs have 2-8 warps (8 / 64 / 256 tokens: 2.42 / 2.78 / 4.17 us
+    against 2.53 / 3.04 / 4.28; within 2% either way from 1024 on)."""
     bhq, bhk = (1, 1) if tokens == 1 else (min(2, triton.next_power_of_2(hq)), 1)
     bs = min(max(1, 4096 // (block_p * bhq)), triton.next_power_of_2(tokens))
     pairs = bs * bhq * block_p
-    return {"BLOCK_S": bs, "BLOCK_HQ": bhq, "BLOCK_HK": bhk, "num_warps": max(1, min(8, pairs // 512))}
+    warps = max(1, min(8, pairs // 512))
+    return {"BLOCK_S": bs, "BLOCK_HQ": bhq, "BLOCK_HK": bhk, "num_warps": warps, "COS_FIRST": warps > 1}
 
 
 def launch_rope(
@@ -591,7 +599,7 @@ def _rms_matmul_rope_heads_kernel(
     tl.store(o + HALF, (hi * c + lo * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False) -> dict:
+def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, tma: bool = True) -> dict:
     """Tile shape, K split and x-side variant by token count (no autotuning: deterministic, and
     cheap in the interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one
     head. ``folded``: the RMSNorm weight is folded into W (`fold_rms_weight`), so the x tiles
@@ -619,11 +627,21 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False) 
     elif M <= 64:
         cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SQUARES_MMA": True} if folded else \
               {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 2}  # fmt: skip
-    else:
+    elif tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256:
+        # Whole-head tiles, 64 tokens x 256 columns (`_rms_matmul_rope_heads_kernel`), 5 stages:
+        # folded, against the unfused sequence, 0.95x / 0.79x / 0.92x at 256 / 1024 / 4096
+        # tokens (half-head tiles: 0.73x / 0.73x / 0.60x; results/tune_projection_heads_*).
+        # 1024 tokens make 320 tiles, 2.4 waves on 132 SMs; smaller tiles (64 x 128) were
+        # slower there (0.72x), larger ones everywhere (128 x 256: 0.89x at best).
+        cfg = {"BLOCK_M": 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64, "GROUP_M": 16, "num_stages": 5,
+               "SQUARES_MMA": folded}  # fmt: skip
+    else:  # pointer loads (no TMA), or a head_dim the whole-head epilogue cannot split
         cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "num_stages": 3}
         if folded:
             cfg.update(SQUARES_MMA=True, GROUP_M=8)
     cfg = {"num_warps": 4, "num_stages": 4, **cfg}  # GROUP_M / SQUARES_MMA: the launcher's defaults
+    if "HEADS" in cfg:
+        return cfg
     while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
         cfg["BLOCK_NH"] //= 2
     if cfg["SPLIT_K"] > 1:  # no more splits than half the K steps (short K)
@@ -710,7 +728,7 @@ def launch_rms_matmul_rope(
     if M == 0 or N == 0:
         return
     if cfg is None:
-        cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None)
+        cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None, tma=_use_tma(x, w))
     cfg = {"GROUP_M": 1, "SQUARES_MMA": False, **cfg}
     if "HEADS" in cfg:  # whole-head tiles (`_rms_matmul_rope_heads_kernel`)
         _launch_heads(x, g, w, cos, sin, out, eps, head_dim, cfg)
