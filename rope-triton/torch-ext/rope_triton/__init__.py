@@ -156,7 +156,7 @@ def _rms_norm_matmul_rope_fake(out, x, rms_weight, w, cos, sin, eps, head_dim, i
 # The one-launch kernel wins up to this many tokens; above it, impl="auto" runs the unfused
 # sequence. H100, Llama-3 8B [W_q; W_k], against the unfused sequence (`rms_matmul_rope_config`):
 # with rms_weight passed 1.07x at 16 tokens, 1.04x at 32, 0.89x at 64; with it folded into W
-# (rms_weight=None) 1.12x / 1.10x / 1.01x at 16 / 32 / 64, 0.73x at 1024.
+# (rms_weight=None) 1.12x / 1.10x / 1.01x at 16 / 32 / 64; at prefill 0.79x - 0.95x (whole-head tiles).
 FUSED_PROJECTION_MAX_TOKENS = 32
 FUSED_PROJECTION_MAX_TOKENS_FOLDED = 64
 _PROJECTION_IMPLS = ("auto", "fused", "unfused")

@@ -627,15 +627,17 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
     elif M <= 64:
         cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SQUARES_MMA": True} if folded else \
               {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 2}  # fmt: skip
-    elif tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256:
-        # Whole-head tiles, 64 tokens x 256 columns (`_rms_matmul_rope_heads_kernel`), 5 stages:
-        # folded, against the unfused sequence, 0.95x / 0.79x / 0.92x at 256 / 1024 / 4096
-        # tokens (half-head tiles: 0.73x / 0.73x / 0.60x; results/tune_projection_heads_*).
+    elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256:
+        # Whole-head tiles, 64 tokens x 256 columns (`_rms_matmul_rope_heads_kernel`), 5 stages,
+        # x^2 on the MMA: against the unfused sequence 0.95x / 0.79x / 0.92x at 256 / 1024 /
+        # 4096 tokens (half-head tiles: 0.73x / 0.73x / 0.60x; results/tune_projection_heads_*).
         # 1024 tokens make 320 tiles, 2.4 waves on 132 SMs; smaller tiles (64 x 128) were
-        # slower there (0.72x), larger ones everywhere (128 x 256: 0.89x at best).
+        # slower there (0.72x), larger ones everywhere (128 x 256: 0.89x at best). With the
+        # weight passed (x * g in registers every K step) these tiles gained nothing (0.44x -
+        # 0.57x, as the half-head tiles), so that case keeps the tiles below.
         cfg = {"BLOCK_M": 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64, "GROUP_M": 16, "num_stages": 5,
-               "SQUARES_MMA": folded}  # fmt: skip
-    else:  # pointer loads (no TMA), or a head_dim the whole-head epilogue cannot split
+               "SQUARES_MMA": True}  # fmt: skip
+    else:  # weight passed, pointer loads (no TMA), or a head_dim the whole-head epilogue cannot split
         cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "num_stages": 3}
         if folded:
             cfg.update(SQUARES_MMA=True, GROUP_M=8)
