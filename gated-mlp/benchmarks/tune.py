@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="*", default=[1, 16, 64, 256, 1024, 4096])
     parser.add_argument("--model", default="8B", choices=list(ref.MODELS))
     parser.add_argument("--fp8", action="store_true", help="FP8 in, FP8 out (peers: _scaled_mm alone, + swiglu-fp8)")
+    parser.add_argument("--tail-ab", action="store_true",
+                        help="instead of the sweep: the default configuration with and without its split last wave")
     args = parser.parse_args()
     gm = get_kernel("gated-mlp")
     kern = gm._triton_kernels()
@@ -107,7 +109,12 @@ def main() -> None:
         t_default = do_bench_cudagraph(ours_maker(case, 0)) * 1e3
         flops = 2 * m * d * 2 * u
         rows = []
-        for cfg in configs(m, args.fp8):
+        if args.tail_ab:
+            default = kern.gated_mlp_config(m, u, d, torch.cuda.get_device_properties(0).multi_processor_count, fp8=args.fp8)
+            candidates = [default, {**default, "SPLIT_K": 1, "N_FULL": 0}]
+        else:
+            candidates = configs(m, args.fp8)
+        for cfg in candidates:
             try:
                 def call(cfg=cfg, x=x, wg=wg, wu=wu, out=out):
                     kern.launch_gated_mlp(x, wg, wu, None, None, out, "silu", {k: v for k, v in cfg.items() if k != "err"}, *extra)

@@ -178,14 +178,15 @@ def test_row_strided_weight_views():
 
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
 @pytest.mark.parametrize(
-    "block_m, block_n, block_k, split, tma",
-    [(16, 32, 32, 1, False), (16, 32, 32, 3, False), (32, 64, 64, 2, False), (64, 32, 32, 5, False),
-     (64, 64, 64, 1, True), (128, 128, 64, 1, True), (64, 64, 128, 4, True)],
+    "block_m, block_n, block_k, split, n_full, tma",
+    [(16, 32, 32, 1, 0, False), (16, 32, 32, 3, 0, False), (32, 64, 64, 2, 0, False), (64, 32, 32, 5, 0, False),
+     (16, 32, 32, 2, 5, False), (16, 16, 64, 3, 8, False), (64, 64, 64, 1, 0, True), (128, 128, 64, 1, 0, True),
+     (64, 64, 128, 4, 0, True), (128, 64, 64, 2, 3, True), (64, 64, 64, 3, 1, True)],
 )  # fmt: skip
-def test_tile_configs(block_m, block_n, block_k, split, tma):
+def test_tile_configs(block_m, block_n, block_k, split, n_full, tma):
     """Every tile shape and K split the launcher can pick (uneven splits, a K tail, tiles past
-    M and U), pointer loads and, on sm90, TMA; each called twice: the split-K counters must be
-    left reset for the next call."""
+    M and U; every tile split, or only the tiles from N_FULL on), pointer loads and, on sm90,
+    TMA; each called twice: the split-K counters must be left reset for the next call."""
     kern = rt._triton_kernels()
     M, D, U = (70, 1000, 300) if DEVICE == "cuda" else (37, 200, 72)
     if tma and not (DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9):
@@ -193,13 +194,30 @@ def test_tile_configs(block_m, block_n, block_k, split, tma):
     x, w_gate, w_up, (b_gate, b_up) = make_inputs(M, D, U, torch.bfloat16, seed=9, bias=True)
     ref = reference(x, w_gate, w_up, "silu", b_gate, b_up)
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 4, "SPLIT_K": split,
-           "num_warps": 4, "num_stages": 2, "USE_TMA": tma}  # fmt: skip
+           "N_FULL": n_full, "num_warps": 4, "num_stages": 2, "USE_TMA": tma}  # fmt: skip
     for _ in range(2):
         out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
         kern.launch_gated_mlp(x, w_gate, w_up, b_gate, b_up, out, "silu", cfg=cfg)
         assert_gated_close(out, ref, f"config {cfg}")
     counters = kern._COUNTERS.get(x.device)
     assert counters is None or int(counters.abs().sum()) == 0
+
+
+@pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton launcher's configuration")
+def test_config_splits_only_a_short_last_wave():
+    """At prefill the launcher splits the tiles of a short last wave over K and no others
+    (the configuration only: the kernel runs such splits in test_tile_configs)."""
+    kern = rt._triton_kernels()
+    cfg = kern.gated_mlp_config(256, 28672, 8192, sms=132)  # 70B: 2 x 224 = 448 tiles = 3 x 132 + 52
+    assert (cfg["SPLIT_K"], cfg["N_FULL"]) == (2, 396), cfg
+    cfg = kern.gated_mlp_config(256, 53248, 16384, sms=132)  # 405B: 832 tiles = 6 x 132 + 40
+    assert (cfg["SPLIT_K"], cfg["N_FULL"]) == (3, 792), cfg
+    cfg = kern.gated_mlp_config(256, 14336, 4096, sms=132)  # 8B: 224 = 132 + 92: 92 x 2 > 132
+    assert (cfg["SPLIT_K"], cfg["N_FULL"]) == (1, 0), cfg
+    cfg = kern.gated_mlp_config(1, 4096, 4096, sms=132)  # 32 tiles at decode: every tile split
+    assert cfg["SPLIT_K"] > 1 and cfg["N_FULL"] == 0, cfg
+    cfg = kern.gated_mlp_config(256, 28672, 8192, sms=132, fp8=True)  # measured in bf16 only
+    assert cfg["SPLIT_K"] == 1, cfg
 
 
 # ---------------------------------------------------------------------------------------------

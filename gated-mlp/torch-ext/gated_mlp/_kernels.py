@@ -101,7 +101,7 @@ def _tile_offsets(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROU
 def _gated_mlp_kernel(
     x, wg, wu, bg_ptr, bu_ptr, out_ptr, part_ptr, count_ptr,
     xs_ptr, gs_ptr, us_ptr, os_ptr,
-    M, N, K, K_SPLIT,
+    M, N, K, K_SPLIT, N_FULL,
     s_xm, s_gn, s_un, s_om, s_xs, s_ws,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -129,18 +129,30 @@ def _gated_mlp_kernel(
     them cost 5-20%. The pointer path (UPCAST) widens FP8 to bf16 first (exact, full fp32
     accumulation), for GPUs without FP8 tensor cores (sm80).
 
-    One program per output tile, in grouped order. SPLIT_K > 1 (decode: too few output tiles
-    to keep W's read in flight): program (tile, s) covers K range s, stores its two fp32 partials, and the last of the SPLIT_K
-    programs of a tile to arrive (an acq_rel counter) adds them in split order (deterministic),
-    runs the epilogue and resets the counter: one launch.
+    One program per output tile, in grouped order. SPLIT_K > 1: the tiles from N_FULL on are
+    split over K, SPLIT_K programs each (program N_FULL + s * n_split + i covers K range s of
+    split tile i); each stores its two fp32 partials, and the last of a tile's programs to
+    arrive (an acq_rel counter) adds them in split order (deterministic), runs the epilogue and
+    resets the counter: one launch. N_FULL = 0 at decode (too few tiles to keep W's read in
+    flight: every tile split); at prefill, N_FULL = the tiles of the whole waves, so only a
+    short last wave is split (its tiles finish in 1 / SPLIT_K of a tile's time).
     """
     pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
-    off_m, off_n = _tile_offsets(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    k_lo = pid_k * K_SPLIT
-    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if SPLIT_K > 1:
+        split_tile = pid >= N_FULL
+        q = tl.maximum(pid - N_FULL, 0)
+        n_split = num_m * num_n - N_FULL
+        tile = tl.where(split_tile, N_FULL + q % n_split, pid)
+        pid_k = tl.where(split_tile, q // n_split, 0)
+        k_lo = pid_k * K_SPLIT
+        k_hi = tl.where(split_tile, tl.minimum(k_lo + K_SPLIT, K), K)
+    else:
+        tile = pid
+        k_lo = 0
+        k_hi = K
+    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -180,25 +192,23 @@ def _gated_mlp_kernel(
                 acc_g = tl.dot(af, b_g.to(tl.float32).T, acc_g)
                 acc_u = tl.dot(af, b_u.to(tl.float32).T, acc_u)
 
-    if SPLIT_K > 1:
-        # partials [SPLIT_K, 2 (gate, up), num_m * BLOCK_M, num_n * BLOCK_N], fp32
-        m_pad = num_m * BLOCK_M
-        n_pad = num_n * BLOCK_N
-        r = (off_m + tl.arange(0, BLOCK_M)).to(tl.int64)
-        c = off_n + tl.arange(0, BLOCK_N)
-        tile = r[:, None] * n_pad + c[None, :]
-        plane = m_pad.to(tl.int64) * n_pad
-        tl.store(part_ptr + (2 * pid_k) * plane + tile, acc_g)
-        tl.store(part_ptr + (2 * pid_k + 1) * plane + tile, acc_u)
+    if SPLIT_K > 1 and pid >= N_FULL:
+        # partials [split tiles, SPLIT_K, 2 (gate, up), BLOCK_M, BLOCK_N], fp32
+        slot = (tile - N_FULL).to(tl.int64)
+        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        plane = BLOCK_M * BLOCK_N
+        tile_part = part_ptr + slot * (SPLIT_K * 2 * plane) + local
+        tl.store(tile_part + (2 * pid_k) * plane, acc_g)
+        tl.store(tile_part + (2 * pid_k + 1) * plane, acc_u)
         tl.debug_barrier()  # every thread's partial stored before the counter releases them
-        counter = count_ptr + pid
+        counter = count_ptr + slot
         arrived = tl.atomic_add(counter, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in range(SPLIT_K):  # in split order: results do not depend on arrival order
-                acc_g += tl.load(part_ptr + (2 * s) * plane + tile, cache_modifier=".cg")
-                acc_u += tl.load(part_ptr + (2 * s + 1) * plane + tile, cache_modifier=".cg")
+                acc_g += tl.load(tile_part + (2 * s) * plane, cache_modifier=".cg")
+                acc_u += tl.load(tile_part + (2 * s + 1) * plane, cache_modifier=".cg")
             tl.atomic_xchg(counter, 0)  # ready for the next call (the counters are cached)
             _epilogue(
                 acc_g, acc_u, off_m, off_n, M, N, bg_ptr, bu_ptr, out_ptr, s_om, xs_ptr, s_xs, gs_ptr, us_ptr, s_ws,
@@ -252,12 +262,23 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, f
     if not tma and M > 16:
         cfg["BLOCK_N"] = 64  # pointer loads (sm80, gfx942): the register-staged tiles are smaller
     tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-    split = 1
+    split, full = 1, 0
     if 2 * tiles < sms:
         split = max(1, min(triton.cdiv(sms, tiles), triton.cdiv(K, cfg["BLOCK_K"]) // 2, 8))
+    elif tiles > sms and cfg["BLOCK_M"] == 128 and tma and not fp8:  # measured in bf16 only
+        # Split only the last, partial wave (one 128 x (128 + 128) tile per SM): its tiles
+        # split SPLIT_K ways over K take 1 / SPLIT_K of a wave instead of a whole one. E.g.
+        # 70B at 256 tokens: 448 tiles = 3 waves of 132 + 52, the 52 split 2 ways: 3.5 tile
+        # times instead of 4.
+        rest = tiles % sms
+        if rest:
+            tail_split = min(sms // rest, 4, triton.cdiv(K, cfg["BLOCK_K"]) // 2)
+            if tail_split >= 2:
+                split, full = tail_split, tiles - rest
     if fp8 and tma:  # 1-byte elements: a 128-wide K step keeps the copies 128 bytes wide
         cfg["BLOCK_K"] = 128
     cfg["SPLIT_K"] = split
+    cfg["N_FULL"] = full
     cfg["USE_TMA"] = tma
     return cfg
 
@@ -312,9 +333,12 @@ def launch_gated_mlp(
         cfg = gated_mlp_config(M, N, K, sms, tma, fp8)
         tma = cfg.pop("USE_TMA")
     block_m, block_n, block_k, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.pop("SPLIT_K")
+    n_full = cfg.pop("N_FULL", 0)
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
     num_m, num_n = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
+    n_full = 0 if split == 1 else min(n_full, num_m * num_n - 1)  # at least one split tile
+    n_split = num_m * num_n - n_full if split > 1 else 0
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -325,17 +349,17 @@ def launch_gated_mlp(
         xa, ga, ua = x, w_gate, w_up
     has_bias = bias_gate is not None
     if split > 1:
-        part = torch.empty((split, 2, num_m * block_m, num_n * block_n), dtype=torch.float32, device=x.device)
-        counters = _split_counters(x.device, num_m * num_n)
+        part = torch.empty((n_split, split, 2, block_m, block_n), dtype=torch.float32, device=x.device)
+        counters = _split_counters(x.device, n_split)
     else:
         part = counters = out  # not read
     xs, gs, us = scales if scales is not None else (out, out, out)  # not read when unscaled
     quant_out = out.element_size() == 1
-    _gated_mlp_kernel[(num_m * num_n, split)](
+    _gated_mlp_kernel[(n_full + n_split * split if split > 1 else num_m * num_n,)](
         xa, ga, ua,
         bias_gate if has_bias else out, bias_up if has_bias else out, out, part, counters,
         xs, gs, us, out_scale if quant_out else out,
-        M, N, K, k_split,
+        M, N, K, k_split, n_full,
         x.stride(0), w_gate.stride(0), w_up.stride(0), out.stride(0),
         1 if scales is not None and xs.numel() > 1 else 0, 1 if scales is not None and gs.numel() > 1 else 0,
         SPLIT_K=split, ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=has_bias, USE_TMA=tma,
