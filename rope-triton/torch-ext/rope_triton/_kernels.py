@@ -40,7 +40,7 @@ def _cos_sin(
     HALF: tl.constexpr, BLOCK_P: tl.constexpr, HF_ROUNDING: tl.constexpr,
     HAS_POS: tl.constexpr, FROM_POSITIONS: tl.constexpr, COMPILED: tl.constexpr,
 ):  # fmt: skip
-    """cos / sin [BLOCK_S, BLOCK_P] in fp32 for the lower (c_lo, s_lo) and upper (c_hi, s_hi)
+    """cos / sin [BLOCK_S, 1, BLOCK_P] in fp32 for the lower (c_lo, s_lo) and upper (c_hi, s_hi)
     halves. FROM_POSITIONS: computed from pos[b, s] * inv_freq[j] in fp32 (accurate libdevice
     cos / sin); else read from the tables at row pos[b, s] (HAS_POS: row stride c_srow) or at
     (b, s) (strides c_sb, c_ss; 0 broadcasts), column j (stride c_sj). HF_ROUNDING reads the
@@ -76,7 +76,7 @@ def _cos_sin(
         else:
             c_hi = c_lo
             s_hi = s_lo
-    return c_lo, s_lo, c_hi, s_hi
+    return c_lo[:, None, :], s_lo[:, None, :], c_hi[:, None, :], s_hi[:, None, :]  # broadcast over heads
 
 
 @triton.jit
@@ -147,10 +147,6 @@ def _rope_heads(
             cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj, HALF, BLOCK_P,
             HF_ROUNDING, HAS_POS, FROM_POSITIONS, COMPILED,
         )  # fmt: skip
-        c_lo = c_lo[:, None, :]
-        s_lo = s_lo[:, None, :]
-        c_hi = c_hi[:, None, :]
-        s_hi = s_hi[:, None, :]
     dtype = x_lo.dtype
     bits = tl.int16 if dtype != tl.float32 else tl.int32
     lo = x_lo.to(tl.float32)
@@ -211,10 +207,6 @@ def _rope_kernel(
             cos_ptr, sin_ptr, inv_freq_ptr, pos, b, s, tmask, c_sb, c_ss, c_srow, c_sj, HALF, BLOCK_P,
             HF_ROUNDING, HAS_POS, FROM_POSITIONS, COMPILED,
         )  # fmt: skip
-        c_lo = c_lo[:, None, :]
-        s_lo = s_lo[:, None, :]
-        c_hi = c_hi[:, None, :]
-        s_hi = s_hi[:, None, :]
     else:
         c_lo, s_lo, c_hi, s_hi = zero, zero, zero, zero  # not read: _rope_heads reads them
     if pid_h < HQ_BLOCKS:
@@ -335,6 +327,44 @@ def launch_rope(
 
 
 @triton.jit
+def _dot_t(a, b, acc, COMPILED: tl.constexpr):
+    """acc + a @ b^T. In the interpreter with fp32 operands: Triton 3.9's interpreter multiplies
+    bf16 operands as raw bits (bf16 / fp16 values are exact in fp32, so nothing is lost)."""
+    if COMPILED:
+        return tl.dot(a, tl.trans(b), acc)
+    return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc)
+
+
+@triton.jit
+def _add_squares(x, squares, SQUARES_MMA: tl.constexpr, COMPILED: tl.constexpr):
+    """x^2 of one K step added up: elementwise into [BLOCK_M, BLOCK_K] (summed across K once,
+    after the loop: no K step pays a cross-thread reduction), or SQUARES_MMA on the tensor
+    cores as x x^T into [BLOCK_M, BLOCK_M] (its diagonal is wanted; bf16 / fp16 squares are
+    exact in fp32), so the x tile feeds only MMAs when the RMSNorm weight is folded into W."""
+    if SQUARES_MMA:
+        return _dot_t(x, x, squares, COMPILED)
+    xf = x.to(tl.float32)
+    return squares + xf * xf
+
+
+@triton.jit
+def _row_sums(squares, BLOCK_M: tl.constexpr, SQUARES_MMA: tl.constexpr):
+    """sum(x^2) per row from `_add_squares`' accumulator."""
+    if SQUARES_MMA:
+        diag = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
+        return tl.sum(tl.where(diag, squares, 0.0), axis=1)
+    return tl.sum(squares, axis=1)
+
+
+@triton.jit
+def _rsqrt(v, COMPILED: tl.constexpr):
+    """1 / sqrt(v): libdevice's where compiled (the interpreter has no libdevice)."""
+    if COMPILED:
+        return libdevice.rsqrt(v)
+    return 1.0 / tl.sqrt(v)
+
+
+@triton.jit
 def _rms_matmul_rope_kernel(
     x_ptr, g_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
     M, N, K, K_SPLIT, eps,
@@ -388,10 +418,7 @@ def _rms_matmul_rope_kernel(
 
     acc_lo = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
     acc_hi = tl.zeros((BLOCK_M, BLOCK_NH), dtype=tl.float32)
-    # x^2 summed elementwise in the loop and across K once after it: no K step pays a
-    # cross-thread row reduction. SQUARES_MMA: on the tensor cores instead, as the diagonal of
-    # x x^T (bf16 / fp16 squares are exact in fp32), so the x tile feeds the MMAs unmodified
-    # when HAS_G is False (the RMSNorm weight folded into W by `fold_rms_weight`).
+    # x^2: see `_add_squares`
     if SQUARES_MMA:
         squares = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
     else:
@@ -423,24 +450,11 @@ def _rms_matmul_rope_kernel(
                 g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
             w_lo = tl.load(w_lo_tile + k0, mask=kmask[None, :], other=0.0)
             w_hi = tl.load(w_hi_tile + k0, mask=kmask[None, :], other=0.0)
-        if SQUARES_MMA:  # the interpreter (bf16 tl.dot) takes fp32 operands: the squares stay exact
-            xs = x if COMPILED else x.to(tl.float32)
-            squares = tl.dot(xs, tl.trans(xs), squares)
-        else:
-            xf = x.to(tl.float32)
-            squares += xf * xf
+        squares = _add_squares(x, squares, SQUARES_MMA, COMPILED)
         xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype) if HAS_G else x
-        if COMPILED:
-            acc_lo = tl.dot(xg, tl.trans(w_lo), acc_lo)
-            acc_hi = tl.dot(xg, tl.trans(w_hi), acc_hi)
-        else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
-            acc_lo = tl.dot(xg.to(tl.float32), tl.trans(w_lo.to(tl.float32)), acc_lo)
-            acc_hi = tl.dot(xg.to(tl.float32), tl.trans(w_hi.to(tl.float32)), acc_hi)
-    if SQUARES_MMA:
-        diag = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
-        sumsq = tl.sum(tl.where(diag, squares, 0.0), axis=1)
-    else:
-        sumsq = tl.sum(squares, axis=1)
+        acc_lo = _dot_t(xg, w_lo, acc_lo, COMPILED)
+        acc_hi = _dot_t(xg, w_hi, acc_hi, COMPILED)
+    sumsq = _row_sums(squares, BLOCK_M, SQUARES_MMA)
 
     if SPLIT_K > 1:
         # partials [SPLIT_K, m_pad, n_tiles * 2 * BLOCK_NH]: this tile's lower then upper half
@@ -485,10 +499,7 @@ def _rms_rope_epilogue(
 ):  # fmt: skip
     """RMS scale per row, then each (lower, upper) column pair rotated: elementwise, since the
     two halves are accumulators with the same layout."""
-    if COMPILED:
-        r = libdevice.rsqrt(sumsq / K + eps)
-    else:
-        r = 1.0 / tl.sqrt(sumsq / K + eps)
+    r = _rsqrt(sumsq / K + eps, COMPILED)
     lo = acc_lo * r[:, None]
     hi = acc_hi * r[:, None]
     nn = tl.arange(0, BLOCK_NH)
@@ -564,27 +575,10 @@ def _rms_matmul_rope_heads_kernel(
             w = tl.load(w_rows + k0, mask=kmask[None, :], other=0.0)
             if HAS_G:
                 g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
-        if SQUARES_MMA:
-            xs = x if COMPILED else x.to(tl.float32)
-            squares = tl.dot(xs, tl.trans(xs), squares)
-        else:
-            xf = x.to(tl.float32)
-            squares += xf * xf
+        squares = _add_squares(x, squares, SQUARES_MMA, COMPILED)
         xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype) if HAS_G else x
-        if COMPILED:
-            acc = tl.dot(xg, tl.trans(w), acc)
-        else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
-            acc = tl.dot(xg.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
-    if SQUARES_MMA:
-        diag = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
-        sumsq = tl.sum(tl.where(diag, squares, 0.0), axis=1)
-    else:
-        sumsq = tl.sum(squares, axis=1)
-    if COMPILED:
-        r = libdevice.rsqrt(sumsq / K + eps)
-    else:
-        r = 1.0 / tl.sqrt(sumsq / K + eps)
-    acc = acc * r[:, None]
+        acc = _dot_t(xg, w, acc, COMPILED)
+    acc = acc * _rsqrt(_row_sums(squares, BLOCK_M, SQUARES_MMA) / K + eps, COMPILED)[:, None]
     lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, HEADS, 2, HALF)), (0, 1, 3, 2)))
     jj = tl.arange(0, HALF)
     heads = tl.arange(0, HEADS)
@@ -663,10 +657,7 @@ def _rms_norm_kernel(
     for k0 in range(0, K, BLOCK):
         x = tl.load(x_ptr + row * s_xm + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
         squares += x * x
-    if COMPILED:
-        r = libdevice.rsqrt(tl.sum(squares, axis=0) / K + eps)
-    else:
-        r = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+    r = _rsqrt(tl.sum(squares, axis=0) / K + eps, COMPILED)
     for k0 in range(0, K, BLOCK):
         mask = k0 + cols < K
         x = tl.load(x_ptr + row * s_xm + k0 + cols, mask=mask, other=0.0).to(tl.float32)
