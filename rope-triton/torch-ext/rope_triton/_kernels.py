@@ -331,8 +331,10 @@ def _dot_t(a, b, acc, COMPILED: tl.constexpr):
     """acc + a @ b^T. In the interpreter with fp32 operands: Triton 3.9's interpreter multiplies
     bf16 operands as raw bits (bf16 / fp16 values are exact in fp32, so nothing is lost)."""
     if COMPILED:
-        return tl.dot(a, tl.trans(b), acc)
-    return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc)
+        acc = tl.dot(a, tl.trans(b), acc)
+    else:
+        acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc)
+    return acc
 
 
 @triton.jit
@@ -340,11 +342,14 @@ def _add_squares(x, squares, SQUARES_MMA: tl.constexpr, COMPILED: tl.constexpr):
     """x^2 of one K step added up: elementwise into [BLOCK_M, BLOCK_K] (summed across K once,
     after the loop: no K step pays a cross-thread reduction), or SQUARES_MMA on the tensor
     cores as x x^T into [BLOCK_M, BLOCK_M] (its diagonal is wanted; bf16 / fp16 squares are
-    exact in fp32), so the x tile feeds only MMAs when the RMSNorm weight is folded into W."""
+    exact in fp32), so the x tile feeds only MMAs when the RMSNorm weight is folded into W.
+    (One return, after the if: the compiler does not prune code after a constexpr-if return.)"""
     if SQUARES_MMA:
-        return _dot_t(x, x, squares, COMPILED)
-    xf = x.to(tl.float32)
-    return squares + xf * xf
+        squares = _dot_t(x, x, squares, COMPILED)
+    else:
+        xf = x.to(tl.float32)
+        squares = squares + xf * xf
+    return squares
 
 
 @triton.jit
@@ -352,16 +357,20 @@ def _row_sums(squares, BLOCK_M: tl.constexpr, SQUARES_MMA: tl.constexpr):
     """sum(x^2) per row from `_add_squares`' accumulator."""
     if SQUARES_MMA:
         diag = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
-        return tl.sum(tl.where(diag, squares, 0.0), axis=1)
-    return tl.sum(squares, axis=1)
+        sums = tl.sum(tl.where(diag, squares, 0.0), axis=1)
+    else:
+        sums = tl.sum(squares, axis=1)
+    return sums
 
 
 @triton.jit
 def _rsqrt(v, COMPILED: tl.constexpr):
     """1 / sqrt(v): libdevice's where compiled (the interpreter has no libdevice)."""
     if COMPILED:
-        return libdevice.rsqrt(v)
-    return 1.0 / tl.sqrt(v)
+        r = libdevice.rsqrt(v)
+    else:
+        r = 1.0 / tl.sqrt(v)
+    return r
 
 
 @triton.jit
