@@ -729,11 +729,15 @@ def launch_rms_matmul_rope(
     N = w.shape[0]
     if M == 0 or N == 0:
         return
-    if cfg is None:
-        cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None, tma=_use_tma(x, w))
+    cfg = dict(cfg) if cfg is not None else {}
+    tma = cfg.pop("USE_TMA", None)
+    if tma is None:
+        tma = _use_tma(x, w)
+    if not cfg:
+        cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None, tma=tma)
     cfg = {"GROUP_M": 1, "SQUARES_MMA": False, **cfg}
     if "HEADS" in cfg:  # whole-head tiles (`_rms_matmul_rope_heads_kernel`)
-        _launch_heads(x, g, w, cos, sin, out, eps, head_dim, cfg)
+        _launch_heads(x, g, w, cos, sin, out, eps, head_dim, cfg, tma)
         return
     split, block_k = cfg["SPLIT_K"], cfg["BLOCK_K"]
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
@@ -741,9 +745,6 @@ def launch_rms_matmul_rope(
     cfg["SPLIT_K"] = split
     cfg["EVEN_K"] = K % block_k == 0
     block_n = 2 * cfg["BLOCK_NH"]
-    tma = cfg.pop("USE_TMA", None)
-    if tma is None:
-        tma = _use_tma(x, w)
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -778,16 +779,12 @@ def _use_tma(x: torch.Tensor, w: torch.Tensor) -> bool:
     )  # fmt: skip
 
 
-def _launch_heads(x, g, w, cos, sin, out, eps: float, head_dim: int, cfg: dict) -> None:
+def _launch_heads(x, g, w, cos, sin, out, eps: float, head_dim: int, cfg: dict, tma: bool) -> None:
     M, K = x.shape
     N = w.shape[0]
-    cfg = {k: v for k, v in cfg.items() if k not in ("SPLIT_K", "BLOCK_NH")}
     block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
     block_n = cfg["HEADS"] * head_dim
     assert head_dim & (head_dim - 1) == 0, "whole-head tiles need a power-of-two head_dim"
-    tma = cfg.pop("USE_TMA", None)
-    if tma is None:
-        tma = _use_tma(x, w)
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
