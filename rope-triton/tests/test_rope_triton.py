@@ -428,6 +428,38 @@ def test_rms_norm_matmul_rope_whole_head_tiles(block_m, heads, head_dim, n_heads
     assert_projection_close(out, ref, f"config {cfg}")
 
 
+@pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
+@pytest.mark.parametrize(
+    "M, K, block_m, heads, head_dim, n_heads, programs, tail_split",
+    [(37, 448, 16, 2, 64, 5, None, 1), (37, 448, 16, 2, 64, 5, 4, 2), (37, 448, 16, 2, 64, 5, 5, 4),
+     (70, 320, 32, 1, 128, 3, 7, 2), (300, 1024, 64, 2, 128, 10, 11, 4), (64, 256, 16, 4, 32, 4, 2, 1)],
+)  # fmt: skip
+def test_rms_norm_matmul_rope_persistent(M, K, block_m, heads, head_dim, n_heads, programs, tail_split):
+    """The persistent prefill kernel (`_rms_matmul_rope_persistent_kernel`): x^2 shared out over
+    the first round's tiles (1 to 3 shares a row block), a short last round split along K,
+    rows and K not multiples of the tile, a partial last column tile; and more row blocks than
+    programs (the launcher falls back to per-tile x^2). Programs are not all resident in the
+    interpreter (one at a time): there the waits give up and sum the rows from x, so both ways
+    to the RMS statistics run. Each config twice: every counter must be left at zero."""
+    _kernels = rt._triton_kernels()
+
+    x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
+    rms_w = (1 + 0.1 * torch.randn(K, device=DEVICE)).bfloat16()
+    w = (torch.randn(n_heads * head_dim, K, device=DEVICE) / K**0.5).bfloat16()
+    cos, sin = _hf_tables(1, M, head_dim, torch.bfloat16, seed=7)
+    cos, sin = cos[0], sin[0]
+    ref = ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
+    cfg = dict(PERSISTENT=True, BLOCK_M=block_m, HEADS=heads, BLOCK_K=64, TAIL_SPLIT=tail_split, num_warps=4,
+               num_stages=2, **({"PROGRAMS": programs} if programs else {}))  # fmt: skip
+    w_folded = rt.fold_rms_weight(w, rms_w)
+    for _ in range(2):
+        out = torch.full((M, n_heads * head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        _kernels.launch_rms_matmul_rope(x, None, w_folded, cos, sin, out, 1e-5, head_dim, cfg=cfg)
+        assert_projection_close(out, ref, f"config {cfg}")
+    counters = _kernels._COUNTERS.get(x.device)
+    assert counters is None or int(counters.abs().sum()) == 0
+
+
 def test_rms_norm_matmul_rope_leading_dims_and_half_tables():
     x = torch.randn(2, 3, 256, dtype=torch.bfloat16, device=DEVICE)
     rms_w = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)

@@ -156,9 +156,12 @@ def _rms_norm_matmul_rope_fake(out, x, rms_weight, w, cos, sin, eps, head_dim, i
 # The one-launch kernel wins up to this many tokens; above it, impl="auto" runs the unfused
 # sequence. H100, Llama-3 8B [W_q; W_k], against the unfused sequence (`rms_matmul_rope_config`):
 # with rms_weight passed 1.07x at 16 tokens, 1.04x at 32, 0.89x at 64; with it folded into W
-# (rms_weight=None) 1.12x / 1.10x / 1.01x at 16 / 32 / 64; at prefill 0.79x - 0.95x (whole-head tiles).
+# (rms_weight=None) 1.12x / 1.10x / 1.01x at 16 / 32 / 64, 0.94x - 0.78x at 256 - 1024 (whole-head
+# tiles). From FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED tokens on, on Hopper (TMA), the folded
+# form runs fused again: the persistent kernel measured 1.12x at 4096 tokens (0.95x at 2048).
 FUSED_PROJECTION_MAX_TOKENS = 32
 FUSED_PROJECTION_MAX_TOKENS_FOLDED = 64
+FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED = 4096
 _PROJECTION_IMPLS = ("auto", "fused", "unfused")
 
 
@@ -443,6 +446,14 @@ def fold_rms_weight(w: torch.Tensor, rms_weight: torch.Tensor) -> torch.Tensor:
     return (w.float() * rms_weight.float()[None, :]).to(w.dtype)
 
 
+def _persistent_prefill(x: torch.Tensor, w: torch.Tensor, head_dim: int) -> bool:
+    """Whether the fused projection would run the persistent prefill kernel here (Hopper's TMA,
+    a power-of-two head_dim up to 256): the only prefill form faster than the unfused one."""
+    if not triton_enabled_for(x) or head_dim & (head_dim - 1) or head_dim > 256:
+        return False
+    return _triton_kernels()._use_tma(x, w)
+
+
 def rms_norm_matmul_rope(
     x: torch.Tensor,
     rms_weight: torch.Tensor | None,
@@ -470,7 +481,9 @@ def rms_norm_matmul_rope(
     ``"unfused"`` is RMSNorm (rounded to x's dtype) -> cuBLAS -> RoPE in place, three launches.
     ``"auto"`` (default) picks fused up to ``FUSED_PROJECTION_MAX_TOKENS`` tokens
     (``FUSED_PROJECTION_MAX_TOKENS_FOLDED`` with rms_weight=None), where it measured faster,
-    and unfused above. Off the GPU (no Triton) both run the torch reference."""
+    and unfused above, except that with rms_weight=None on Hopper it picks fused again from
+    ``FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED`` tokens (the persistent prefill kernel). Off
+    the GPU (no Triton) both run the torch reference."""
     _check_tensor(x, "x", (torch.float16, torch.bfloat16))
     if impl not in _PROJECTION_IMPLS:
         raise ValueError(f"impl: expected one of {_PROJECTION_IMPLS}, got {impl!r}")
@@ -513,7 +526,10 @@ def rms_norm_matmul_rope(
     s2 = sin.reshape(M, sin.shape[-1])
     out = torch.empty((M, w.shape[0]), dtype=x.dtype, device=x.device)
     if impl == "auto":
-        limit = FUSED_PROJECTION_MAX_TOKENS if rms_weight is not None else FUSED_PROJECTION_MAX_TOKENS_FOLDED
-        impl = "fused" if M <= limit else "unfused"
+        if rms_weight is not None:
+            impl = "fused" if M <= FUSED_PROJECTION_MAX_TOKENS else "unfused"
+        else:
+            prefill = M >= FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED and _persistent_prefill(x2, w, head_dim)
+            impl = "fused" if M <= FUSED_PROJECTION_MAX_TOKENS_FOLDED or prefill else "unfused"
     ops.rms_norm_matmul_rope(out, x2, rms_weight, w, c2, s2, float(eps), head_dim, impl)
     return out.view(*x.shape[:-1], w.shape[0])

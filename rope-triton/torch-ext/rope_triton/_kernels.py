@@ -602,6 +602,223 @@ def _rms_matmul_rope_heads_kernel(
     tl.store(o + HALF, (hi * c + lo * s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _load_x(x_desc, x_rows, off_m, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr):
+    """One K step's x tile [BLOCK_M, BLOCK_K]: TMA (zero-filled past M and K), or pointer loads
+    from rows wrapped into range (never stored), masked along K only where K is not a multiple
+    of BLOCK_K."""
+    if USE_TMA:
+        x = x_desc.load([off_m, k0])
+    elif EVEN_K:
+        x = tl.load(x_rows + k0)
+    else:
+        x = tl.load(x_rows + k0, mask=((k0 + tl.arange(0, BLOCK_K)) < K)[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+              USE_TMA: tl.constexpr):  # fmt: skip
+    """One K step's x [BLOCK_M, BLOCK_K] and W [BLOCK_N, BLOCK_K] tiles (see `_load_x`)."""
+    return (_load_x(x_desc, x_rows, off_m, k0, K, BLOCK_K, EVEN_K, USE_TMA),
+            _load_x(w_desc, w_rows, off_n, k0, K, BLOCK_K, EVEN_K, USE_TMA))  # fmt: skip
+
+
+@triton.jit
+def _load_shares(sq_ptr, rows, n_shares, m_pad, ready, MAX_SHARES: tl.constexpr):
+    """sum(x^2) of rows from the shares published by the first round of
+    `_rms_matmul_rope_persistent_kernel`: one 2-D load (one L2 round trip, not one per share),
+    added up in a fixed order. Nothing is read where ``ready`` is false."""
+    share = tl.arange(0, MAX_SHARES)
+    valid = share < tl.where(ready, n_shares, 0)  # (a scalar mask operand: the interpreter rejects it)
+    parts = tl.load(sq_ptr + share[:, None] * m_pad + rows[None, :], mask=valid[:, None], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
+    return tl.sum(parts, axis=0)
+
+
+@triton.jit
+def _wait_for_shares(count_ptr, n_prog, SPIN_LIMIT: tl.constexpr):
+    """True once every program of the first round has published its share of sum(x^2) (acquire
+    loads of the count). False past SPIN_LIMIT polls: the grid was not all resident (another
+    kernel holds SMs, or Triton's interpreter runs programs one at a time), and the caller sums
+    its rows itself, so a program never waits on one that cannot start."""
+    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    polls = seen * 0
+    while (seen < n_prog) & (polls < SPIN_LIMIT):
+        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+        polls += 1
+    return seen >= n_prog
+
+
+@triton.jit
+def _x_row_sums(x_ptr, rows, M, K, s_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """sum(x^2) of rows read straight from x (the fallback of `_wait_for_shares`)."""
+    ks = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm
+    sums = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        xf = tl.load(x_rows + (k0 + ks)[None, :], mask=((k0 + ks) < K)[None, :], other=0.0).to(tl.float32)
+        sums += tl.sum(xf * xf, axis=1)
+    return sums
+
+
+@triton.jit
+def _rope_heads_epilogue(acc, rows64, rmask, off_n, N, cos_ptr, sin_ptr, out_ptr, s_cm, s_cj, s_om,
+                         BLOCK_M: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
+    """RoPE on a [BLOCK_M, HEADS * HEAD_DIM] tile of whole heads, already RMS-scaled: each head's
+    columns split into its two halves (reshape [BLOCK_M, HEADS, 2, HALF] -> [.., HALF, 2] ->
+    split), rotated, stored. HALF a power of two."""
+    lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, HEADS, 2, HALF)), (0, 1, 3, 2)))
+    jj = tl.arange(0, HALF)
+    heads = tl.arange(0, HEADS)
+    c_off = rows64[:, None] * s_cm + jj[None, :] * s_cj
+    c = tl.load(cos_ptr + c_off, mask=rmask[:, None], other=0.0).to(tl.float32)[:, None, :]
+    s = tl.load(sin_ptr + c_off, mask=rmask[:, None], other=0.0).to(tl.float32)[:, None, :]
+    col = off_n + heads[None, :, None] * HEAD_DIM + jj[None, None, :]
+    mask = rmask[:, None, None] & (col < N)
+    o = out_ptr + rows64[:, None, None] * s_om + col
+    tl.store(o, (lo * c - hi * s).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(o + HALF, (hi * c + lo * s).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_matmul_rope_persistent_kernel(
+    x_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
+    M, N, K, eps, n_full,
+    s_xm, s_wn, s_cm, s_cj, s_om,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    HEADS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,
+    MAX_SHARES: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    SPIN_LIMIT: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """Prefill, RMSNorm weight folded into W: one program per SM looping over tiles of BLOCK_M
+    tokens x HEADS whole heads (x @ W^T on the tensor cores, RMS scale and RoPE in the epilogue),
+    in grouped order (GROUP_M row blocks per column sweep: x and W reused in L2).
+
+    sum(x^2) without paying for it in every tile. Computed in each tile (x x^T on the MMA, as
+    `_rms_matmul_rope_heads_kernel` does) it costs 25% more MMA work at 64 x 256 tiles and 50%
+    at 128 x 256. Here only the first round's tiles compute it, each a share: program p sums
+    row block p % num_m over share p // num_m of the K steps (x' x'^T on the MMA, x' a second x
+    tile loaded in those steps only), stores the sums to sq[share] and counts them (release).
+    A program's first epilogue waits for all shares (acquire; the first round is resident at
+    once, one program per SM, so the wait is short); later tiles load their sums before the
+    mainloop.
+
+    Wave quantization: n_full tiles run whole; the rest (a short last round) are split
+    TAIL_SPLIT ways along K into units that store fp32 partials, and the last unit of a tile
+    to arrive (acq_rel counter) adds them in split order and runs the epilogue.
+
+    count_ptr: [0] shares published, [1] programs done, [2:] split tiles' counters, all zero at
+    rest: the last program out zeroes [0] and [1], the last unit of a split tile its own (no
+    memset per call; CUDA-graph safe)."""
+    BLOCK_N: tl.constexpr = HEADS * HEAD_DIM
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    n_tiles = num_m * num_n
+    k_steps = tl.cdiv(K, BLOCK_K)
+    m_pad = num_m * BLOCK_M
+    ks = tl.arange(0, BLOCK_K)
+    # this program's share of sum(x^2): row block sq_m, K steps [sq_lo, sq_hi)
+    sq_m = pid % num_m
+    share = pid // num_m
+    n_shares = (n_prog - 1 - sq_m) // num_m + 1
+    sq_rows = sq_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    sq_x_rows = x_ptr + (sq_rows % M).to(tl.int64)[:, None] * s_xm + ks[None, :]
+    ready = pid < 0  # all shares seen (a tensor: reassigned in the loop)
+    for unit in range(pid, n_full + (n_tiles - n_full) * TAIL_SPLIT, n_prog):
+        # the tile and its K steps [s_lo, s_hi)
+        tile = unit
+        split = unit * 0  # (tensors, not Python ints: reassigned under a runtime if)
+        s_lo = unit * 0
+        s_hi = s_lo + k_steps
+        if unit >= n_full:
+            tile = n_full + (unit - n_full) // TAIL_SPLIT
+            split = (unit - n_full) % TAIL_SPLIT
+            s_lo = split * k_steps // TAIL_SPLIT
+            s_hi = (split + 1) * k_steps // TAIL_SPLIT
+        per_group = GROUP_M * num_n
+        first_m = (tile // per_group) * GROUP_M
+        group_size = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % per_group) % group_size
+        off_m = pid_m * BLOCK_M
+        off_n = ((tile % per_group) // group_size) * BLOCK_N
+        rows = off_m + tl.arange(0, BLOCK_M)
+        x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm + ks[None, :]
+        w_rows = w_ptr + ((off_n + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[:, None] * s_wn + ks[None, :]
+        sums = _load_shares(sq_ptr, rows, (n_prog - 1 - pid_m) // num_m + 1, m_pad, ready, MAX_SHARES)
+        # the first round's share steps first (with x' x'^T), then the rest: [hi, s_hi), [s_lo, lo)
+        first = unit == pid
+        lo = tl.where(first, share * k_steps // n_shares, s_lo)
+        hi = tl.where(first, (share + 1) * k_steps // n_shares, s_lo)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        squares = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+        for step in range(lo, hi):
+            x, w = _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, step * BLOCK_K, K, BLOCK_K, EVEN_K, USE_TMA)
+            xs = _load_x(x_desc, sq_x_rows, sq_m * BLOCK_M, step * BLOCK_K, K, BLOCK_K, EVEN_K, USE_TMA)
+            squares = _dot_t(xs, xs, squares, COMPILED)
+            acc = _dot_t(x, w, acc, COMPILED)
+        n_steps = s_hi - s_lo
+        for j in range(0, n_steps - (hi - lo)):
+            step = hi + j
+            step = tl.where(step >= s_hi, step - n_steps, step)
+            x, w = _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, step * BLOCK_K, K, BLOCK_K, EVEN_K, USE_TMA)
+            acc = _dot_t(x, w, acc, COMPILED)
+        if first:
+            tl.store(sq_ptr + share * m_pad + sq_rows, _row_sums(squares, BLOCK_M, True))
+            tl.debug_barrier()  # every thread's sums stored before the count releases them
+            tl.atomic_add(count_ptr, 1, sem="release")
+        finish = unit < n_full
+        if unit >= n_full:  # a split unit: partials, and the last to arrive finishes the tile
+            tail = tile - n_full
+            part_tile = part_ptr + (tail * TAIL_SPLIT).to(tl.int64) * (BLOCK_M * BLOCK_N) \
+                + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # fmt: skip
+            tl.store(part_tile + split * (BLOCK_M * BLOCK_N), acc)
+            tl.debug_barrier()  # every thread's partial stored before the counter releases them
+            arrived = tl.atomic_add(count_ptr + 2 + tail, 1, sem="acq_rel")
+            finish = arrived == TAIL_SPLIT - 1
+            if finish:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for sp in range(TAIL_SPLIT):  # in split order: results independent of arrival order
+                    acc += tl.load(part_tile + sp * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
+                tl.atomic_xchg(count_ptr + 2 + tail, 0)
+        if finish:
+            if ready == 0:
+                ready = _wait_for_shares(count_ptr, n_prog, SPIN_LIMIT)
+                if ready:
+                    sums = _load_shares(sq_ptr, rows, (n_prog - 1 - pid_m) // num_m + 1, m_pad, ready, MAX_SHARES)
+                else:
+                    sums = _x_row_sums(x_ptr, rows, M, K, s_xm, BLOCK_M, BLOCK_K)
+            acc = acc * _rsqrt(sums / K + eps, COMPILED)[:, None]
+            _rope_heads_epilogue(acc, rows.to(tl.int64), rows < M, off_n, N, cos_ptr, sin_ptr, out_ptr, s_cm, s_cj,
+                                 s_om, BLOCK_M, HEADS, HEAD_DIM, HALF)  # fmt: skip
+    done = tl.atomic_add(count_ptr + 1, 1, sem="acq_rel")
+    if done == n_prog - 1:  # every program is past its waits
+        tl.atomic_xchg(count_ptr, 0)
+        tl.atomic_xchg(count_ptr + 1, 0)
+
+
+def _whole_head_config(head_dim: int) -> dict:
+    """Whole-head tiles, 64 tokens x 256 columns (`_rms_matmul_rope_heads_kernel`), 5 stages, x^2
+    on the MMA: against the unfused sequence 0.95x / 0.79x / 0.92x at 256 / 1024 / 4096 tokens
+    (half-head tiles: 0.73x / 0.73x / 0.60x; results/tune_projection_heads_*). 1024 tokens make
+    320 tiles, 2.4 waves on 132 SMs; smaller tiles (64 x 128) were slower there (0.72x), larger
+    ones everywhere (128 x 256: 0.89x at best). With the weight passed (x * g in registers
+    every K step) these tiles gained nothing (0.44x - 0.57x, as the half-head tiles), so that
+    case keeps the half-head tiles."""
+    return {"BLOCK_M": 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64, "GROUP_M": 16, "num_warps": 4,
+            "num_stages": 5, "SQUARES_MMA": True}  # fmt: skip
+
+
 def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, tma: bool = True) -> dict:
     """Tile shape, K split and x-side variant by token count (no autotuning: deterministic, and
     cheap in the interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one
@@ -630,16 +847,17 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
     elif M <= 64:
         cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SQUARES_MMA": True} if folded else \
               {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 2}  # fmt: skip
+    elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256 and M > 1024:
+        # The persistent kernel: x^2 shared out over the first round's tiles instead of computed
+        # in every tile. Against the unfused sequence 0.95x at 2048 tokens (64 x 256 tiles) and
+        # 1.12x at 4096 (128 x 256, 8 warps; whole-head tiles there: 0.95x). Splitting a short
+        # last round along K (TAIL_SPLIT 2, 4) measured slower at 1024 - 4096 tokens, and at
+        # 256 - 1024 tokens the whole-head kernel was as fast or faster
+        # (results/tune_projection_persistent_*).
+        cfg = {"PERSISTENT": True, "BLOCK_M": 128 if M > 2048 else 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64,
+               "TAIL_SPLIT": 1, "num_warps": 8 if M > 2048 else 4, "num_stages": 3 if M > 2048 else 4}  # fmt: skip
     elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256:
-        # Whole-head tiles, 64 tokens x 256 columns (`_rms_matmul_rope_heads_kernel`), 5 stages,
-        # x^2 on the MMA: against the unfused sequence 0.95x / 0.79x / 0.92x at 256 / 1024 /
-        # 4096 tokens (half-head tiles: 0.73x / 0.73x / 0.60x; results/tune_projection_heads_*).
-        # 1024 tokens make 320 tiles, 2.4 waves on 132 SMs; smaller tiles (64 x 128) were
-        # slower there (0.72x), larger ones everywhere (128 x 256: 0.89x at best). With the
-        # weight passed (x * g in registers every K step) these tiles gained nothing (0.44x -
-        # 0.57x, as the half-head tiles), so that case keeps the tiles below.
-        cfg = {"BLOCK_M": 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64, "GROUP_M": 16, "num_stages": 5,
-               "SQUARES_MMA": True}  # fmt: skip
+        cfg = _whole_head_config(head_dim)
     else:  # weight passed, pointer loads (no TMA), or a head_dim the whole-head epilogue cannot split
         cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "num_stages": 3}
         if folded:
@@ -735,6 +953,11 @@ def launch_rms_matmul_rope(
         tma = _use_tma(x, w)
     if not cfg:
         cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None, tma=tma)
+    if cfg.pop("PERSISTENT", False):  # `_rms_matmul_rope_persistent_kernel`
+        assert g is None, "the persistent kernel takes the RMSNorm weight folded into w"
+        if _launch_persistent(x, w, cos, sin, out, eps, head_dim, cfg, tma):
+            return
+        cfg = _whole_head_config(head_dim)  # more row blocks than programs: x^2 in every tile
     cfg = {"GROUP_M": 1, "SQUARES_MMA": False, **cfg}
     if "HEADS" in cfg:  # whole-head tiles (`_rms_matmul_rope_heads_kernel`)
         _launch_heads(x, g, w, cos, sin, out, eps, head_dim, cfg, tma)
@@ -779,19 +1002,67 @@ def _use_tma(x: torch.Tensor, w: torch.Tensor) -> bool:
     )  # fmt: skip
 
 
+def _descriptors(x, w, block_m: int, block_n: int, block_k: int, tma: bool):
+    if not tma:
+        return x, x  # not read
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(x, [block_m, block_k]), TensorDescriptor.from_tensor(w, [block_n, block_k])
+
+
+# Polls of a row block's counter (each an L2 atomic round trip, under a microsecond) before a
+# program sums the rows itself: first-round waits measured a few microseconds; the limit only
+# matters when the grid is not all resident (see `_shared_row_sums`).
+_SPIN_LIMIT = 1 << 14
+
+
+def _launch_persistent(x, w, cos, sin, out, eps: float, head_dim: int, cfg: dict, tma: bool) -> bool:
+    """`_rms_matmul_rope_persistent_kernel`: one program per SM (``cfg["PROGRAMS"]`` to override;
+    in the interpreter, one per row block). False, having launched nothing, where there are
+    more row blocks than programs (each row block needs a share of x^2 from the first round)."""
+    M, K = x.shape
+    N = w.shape[0]
+    cfg = dict(cfg)
+    block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
+    block_n = cfg["HEADS"] * head_dim
+    assert head_dim & (head_dim - 1) == 0, "whole-head tiles need a power-of-two head_dim"
+    num_m = triton.cdiv(M, block_m)
+    n_tiles = num_m * triton.cdiv(N, block_n)
+    programs = cfg.pop("PROGRAMS", None)
+    if programs is None:
+        programs = num_m if _interpreting() else torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = min(programs, n_tiles)
+    if programs < num_m:
+        return False
+    # Whole rounds of tiles run whole; a short last round is split along K (at most as many
+    # units as programs, at least 2 K steps a unit).
+    n_full = n_tiles // programs * programs
+    tail = n_tiles - n_full
+    split = max(1, min(cfg.pop("TAIL_SPLIT", 1), programs // max(tail, 1), triton.cdiv(K, block_k) // 2))
+    if split == 1:
+        n_full, tail = n_tiles, 0
+    part = torch.empty((tail * split, block_m, block_n), dtype=torch.float32, device=x.device) if tail else out
+    sq = torch.empty((triton.cdiv(programs, num_m), num_m * block_m), dtype=torch.float32, device=x.device)
+    counters = _split_counters(x.device, 2 + tail)
+    x_desc, w_desc = _descriptors(x, w, block_m, block_n, block_k, tma)
+    _rms_matmul_rope_persistent_kernel[(programs,)](
+        x, w, x_desc, w_desc, cos, sin, out, part, sq, counters,
+        M, N, K, eps, n_full,
+        x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
+        HEAD_DIM=head_dim, HALF=head_dim // 2, TAIL_SPLIT=split, MAX_SHARES=triton.next_power_of_2(sq.shape[0]),
+        EVEN_K=K % block_k == 0, USE_TMA=bool(tma), SPIN_LIMIT=4 if _interpreting() else _SPIN_LIMIT,
+        COMPILED=not _interpreting(), **{"GROUP_M": 16, **cfg},
+    )  # fmt: skip
+    return True
+
+
 def _launch_heads(x, g, w, cos, sin, out, eps: float, head_dim: int, cfg: dict, tma: bool) -> None:
     M, K = x.shape
     N = w.shape[0]
     block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
     block_n = cfg["HEADS"] * head_dim
     assert head_dim & (head_dim - 1) == 0, "whole-head tiles need a power-of-two head_dim"
-    if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        x_desc = TensorDescriptor.from_tensor(x, [block_m, block_k])
-        w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k])
-    else:
-        x_desc = w_desc = x  # not read
+    x_desc, w_desc = _descriptors(x, w, block_m, block_n, block_k, tma)
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
     _rms_matmul_rope_heads_kernel[grid](
         x, g if g is not None else x, w, x_desc, w_desc, cos, sin, out,
