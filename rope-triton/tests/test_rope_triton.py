@@ -367,6 +367,17 @@ def test_rms_norm_matmul_rope_folded_ci():
     test_rms_norm_matmul_rope_folded_weight(7, "fused")
 
 
+def _projection_case(M: int, K: int, n_heads: int, head_dim: int, seed: int):
+    """Projection inputs (bf16 x, an RMSNorm weight near 1, W scaled to unit-variance outputs,
+    transformers' cos / sin rows) and the fp64 reference of the unfolded weights."""
+    x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
+    rms_w = (1 + 0.1 * torch.randn(K, device=DEVICE)).bfloat16()
+    w = (torch.randn(n_heads * head_dim, K, device=DEVICE) / K**0.5).bfloat16()
+    cos, sin = _hf_tables(1, M, head_dim, torch.bfloat16, seed=seed)
+    cos, sin = cos[0], sin[0]
+    return x, rms_w, w, cos, sin, ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
+
+
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
 @pytest.mark.parametrize(
     "block_m, block_nh, block_k, split, group, folded, squares_mma",
@@ -383,12 +394,7 @@ def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, gr
     _kernels = rt._triton_kernels()  # imported only where Triton runs
 
     M, K, head_dim, n_heads = 37, 448, 128, 4
-    x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
-    rms_w = (1 + 0.1 * torch.randn(K, device=DEVICE)).bfloat16()
-    w = (torch.randn(n_heads * head_dim, K, device=DEVICE) / K**0.5).bfloat16()
-    cos, sin = _hf_tables(1, M, head_dim, torch.bfloat16, seed=3)
-    cos, sin = cos[0], sin[0]
-    ref = ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
+    x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=3)
     cfg = dict(BLOCK_M=block_m, BLOCK_NH=block_nh, BLOCK_K=block_k, SPLIT_K=split, GROUP_M=group,
                SQUARES_MMA=squares_mma, num_warps=4, num_stages=2)  # fmt: skip
     g_arg, w_arg = (None, rt.fold_rms_weight(w, rms_w)) if folded else (rms_w, w)
@@ -414,12 +420,7 @@ def test_rms_norm_matmul_rope_whole_head_tiles(block_m, heads, head_dim, n_heads
     _kernels = rt._triton_kernels()
 
     M, K = 37, 448
-    x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
-    rms_w = (1 + 0.1 * torch.randn(K, device=DEVICE)).bfloat16()
-    w = (torch.randn(n_heads * head_dim, K, device=DEVICE) / K**0.5).bfloat16()
-    cos, sin = _hf_tables(1, M, head_dim, torch.bfloat16, seed=5)
-    cos, sin = cos[0], sin[0]
-    ref = ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
+    x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=5)
     cfg = dict(BLOCK_M=block_m, HEADS=heads, BLOCK_K=block_k, GROUP_M=group, SQUARES_MMA=squares_mma,
                num_warps=4, num_stages=2)  # fmt: skip
     g_arg, w_arg = (None, rt.fold_rms_weight(w, rms_w)) if folded else (rms_w, w)
@@ -443,12 +444,7 @@ def test_rms_norm_matmul_rope_persistent(M, K, block_m, heads, head_dim, n_heads
     to the RMS statistics run. Each config twice: every counter must be left at zero."""
     _kernels = rt._triton_kernels()
 
-    x = torch.randn(M, K, dtype=torch.bfloat16, device=DEVICE)
-    rms_w = (1 + 0.1 * torch.randn(K, device=DEVICE)).bfloat16()
-    w = (torch.randn(n_heads * head_dim, K, device=DEVICE) / K**0.5).bfloat16()
-    cos, sin = _hf_tables(1, M, head_dim, torch.bfloat16, seed=7)
-    cos, sin = cos[0], sin[0]
-    ref = ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
+    x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=7)
     cfg = dict(PERSISTENT=True, BLOCK_M=block_m, HEADS=heads, BLOCK_K=64, TAIL_SPLIT=tail_split, num_warps=4,
                num_stages=2, **({"PROGRAMS": programs} if programs else {}))  # fmt: skip
     w_folded = rt.fold_rms_weight(w, rms_w)

@@ -588,18 +588,8 @@ def _rms_matmul_rope_heads_kernel(
         xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype) if HAS_G else x
         acc = _dot_t(xg, w, acc, COMPILED)
     acc = acc * _rsqrt(_row_sums(squares, BLOCK_M, SQUARES_MMA) / K + eps, COMPILED)[:, None]
-    lo, hi = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, HEADS, 2, HALF)), (0, 1, 3, 2)))
-    jj = tl.arange(0, HALF)
-    heads = tl.arange(0, HEADS)
-    rmask = rows < M
-    c_off = rows64[:, None] * s_cm + jj[None, :] * s_cj
-    c = tl.load(cos_ptr + c_off, mask=rmask[:, None], other=0.0).to(tl.float32)[:, None, :]
-    s = tl.load(sin_ptr + c_off, mask=rmask[:, None], other=0.0).to(tl.float32)[:, None, :]
-    col = off_n + heads[None, :, None] * HEAD_DIM + jj[None, None, :]
-    mask = rmask[:, None, None] & (col < N)
-    o = out_ptr + rows64[:, None, None] * s_om + col
-    tl.store(o, (lo * c - hi * s).to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(o + HALF, (hi * c + lo * s).to(out_ptr.dtype.element_ty), mask=mask)
+    _rope_heads_epilogue(acc, rows64, rows < M, off_n, N, cos_ptr, sin_ptr, out_ptr, s_cm, s_cj, s_om, BLOCK_M, HEADS,
+                         HEAD_DIM, HALF)  # fmt: skip
 
 
 @triton.jit
