@@ -42,15 +42,14 @@ WHOLE_HEAD_TILES = ((64, 2, 4), (64, 1, 4), (64, 4, 8), (64, 2, 8))  # (BLOCK_M,
 WHOLE_HEAD_STAGES = (4, 5)
 # `_rms_matmul_rope_persistent_kernel` (--persistent): (BLOCK_M, HEADS, num_warps, num_stages)
 PERSISTENT_TILES = ((64, 2, 4, 4), (64, 2, 4, 5), (128, 2, 8, 3), (128, 2, 8, 4))
-TAIL_SPLITS = (1, 2, 4)
 
 
 def configs(m: int, variants=("plain",), splits=(2, 4, 8), warps=(4,), stages=(4,), block_m=(16, 32, 64),
             persistent=False):  # fmt: skip
     if persistent:  # weight folded, TMA
-        for (bm, heads, w, st), tail in itertools.product(PERSISTENT_TILES, TAIL_SPLITS):
-            yield {"PERSISTENT": True, "BLOCK_M": bm, "HEADS": heads, "BLOCK_K": 64, "TAIL_SPLIT": tail,
-                   "num_warps": w, "num_stages": st, "USE_TMA": True, "FOLD": True}  # fmt: skip
+        for bm, heads, w, st in PERSISTENT_TILES:
+            yield {"PERSISTENT": True, "BLOCK_M": bm, "HEADS": heads, "BLOCK_K": 64, "num_warps": w,
+                   "num_stages": st, "USE_TMA": True, "FOLD": True}  # fmt: skip
         return
     for cfg in _tiles(m, splits, block_m):
         for v, w, st in itertools.product(variants, warps, stages):
@@ -88,7 +87,7 @@ def main() -> None:
     parser.add_argument("--stages", type=int, nargs="*", default=[4], help="decode tiles")
     parser.add_argument("--block-m", type=int, nargs="*", default=[16, 32, 64], help="decode tiles")
     parser.add_argument("--prefill-tiles", type=int, default=28, help="the first N prefill tile shapes only")
-    parser.add_argument("--persistent", action="store_true", help="the persistent kernel's tiles and tail splits")
+    parser.add_argument("--persistent", action="store_true", help="the persistent kernel's tiles")
     args = parser.parse_args()
     rt = get_kernel("rope-triton")
     kern = rt._triton_kernels()

@@ -367,6 +367,18 @@ def test_rms_norm_matmul_rope_folded_ci():
     test_rms_norm_matmul_rope_folded_weight(7, "fused")
 
 
+def _launch_twice(x, g, w, cos, sin, head_dim: int, cfg: dict, ref) -> None:
+    """The projection kernel under ``cfg`` twice into NaN-poisoned outputs, each checked against
+    ``ref``: the split-K and share counters must be left at zero for the next call."""
+    _kernels = rt._triton_kernels()  # imported only where Triton runs
+    for _ in range(2):
+        out = torch.full((x.shape[0], w.shape[0]), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        _kernels.launch_rms_matmul_rope(x, g, w, cos, sin, out, 1e-5, head_dim, cfg=cfg)
+        assert_projection_close(out, ref, f"config {cfg}")
+    counters = _kernels._COUNTERS.get(x.device)
+    assert counters is None or int(counters.abs().sum()) == 0
+
+
 def _projection_case(M: int, K: int, n_heads: int, head_dim: int, seed: int):
     """Projection inputs (bf16 x, an RMSNorm weight near 1, W scaled to unit-variance outputs,
     transformers' cos / sin rows) and the fp64 reference of the unfolded weights."""
@@ -391,19 +403,12 @@ def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, gr
     uneven splits, grouped tile order with a partial last group; the RMSNorm weight folded
     into W or not; x^2 summed in registers or on the MMA as diag(x x^T)), each called twice:
     the split-K arrival counters must be left reset for the next call."""
-    _kernels = rt._triton_kernels()  # imported only where Triton runs
-
     M, K, head_dim, n_heads = 37, 448, 128, 4
     x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=3)
     cfg = dict(BLOCK_M=block_m, BLOCK_NH=block_nh, BLOCK_K=block_k, SPLIT_K=split, GROUP_M=group,
                SQUARES_MMA=squares_mma, num_warps=4, num_stages=2)  # fmt: skip
     g_arg, w_arg = (None, rt.fold_rms_weight(w, rms_w)) if folded else (rms_w, w)
-    for _ in range(2):
-        out = torch.full((M, n_heads * head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-        _kernels.launch_rms_matmul_rope(x, g_arg, w_arg, cos, sin, out, 1e-5, head_dim, cfg=cfg)
-        assert_projection_close(out, ref, f"config {cfg}")
-    counters = _kernels._COUNTERS.get(x.device)
-    assert counters is None or int(counters.abs().sum()) == 0
+    _launch_twice(x, g_arg, w_arg, cos, sin, head_dim, cfg, ref)
 
 
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
@@ -417,43 +422,30 @@ def test_rms_norm_matmul_rope_whole_head_tiles(block_m, heads, head_dim, n_heads
     a tile, a partial last column tile (5 heads in tiles of 2), rows and K not multiples of the
     tile (37 tokens, K 448), grouped order with a partial last group, the RMSNorm weight folded
     or not, x^2 in registers or on the MMA."""
-    _kernels = rt._triton_kernels()
-
-    M, K = 37, 448
-    x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=5)
+    x, rms_w, w, cos, sin, ref = _projection_case(37, 448, n_heads, head_dim, seed=5)
     cfg = dict(BLOCK_M=block_m, HEADS=heads, BLOCK_K=block_k, GROUP_M=group, SQUARES_MMA=squares_mma,
                num_warps=4, num_stages=2)  # fmt: skip
     g_arg, w_arg = (None, rt.fold_rms_weight(w, rms_w)) if folded else (rms_w, w)
-    out = torch.full((M, n_heads * head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    _kernels.launch_rms_matmul_rope(x, g_arg, w_arg, cos, sin, out, 1e-5, head_dim, cfg=cfg)
-    assert_projection_close(out, ref, f"config {cfg}")
+    _launch_twice(x, g_arg, w_arg, cos, sin, head_dim, cfg, ref)
 
 
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
 @pytest.mark.parametrize(
-    "M, K, block_m, heads, head_dim, n_heads, programs, tail_split",
-    [(37, 448, 16, 2, 64, 5, None, 1), (37, 448, 16, 2, 64, 5, 4, 2), (37, 448, 16, 2, 64, 5, 5, 4),
-     (70, 320, 32, 1, 128, 3, 7, 2), (300, 1024, 64, 2, 128, 10, 11, 4), (64, 256, 16, 4, 32, 4, 2, 1)],
+    "M, K, block_m, heads, head_dim, n_heads, programs",
+    [(37, 448, 16, 2, 64, 5, None), (37, 448, 16, 2, 64, 5, 4), (37, 448, 16, 2, 64, 5, 7),
+     (70, 320, 32, 1, 128, 3, 7), (300, 1024, 64, 2, 128, 10, 11), (64, 256, 16, 4, 32, 4, 2)],
 )  # fmt: skip
-def test_rms_norm_matmul_rope_persistent(M, K, block_m, heads, head_dim, n_heads, programs, tail_split):
+def test_rms_norm_matmul_rope_persistent(M, K, block_m, heads, head_dim, n_heads, programs):
     """The persistent prefill kernel (`_rms_matmul_rope_persistent_kernel`): x^2 shared out over
-    the first round's tiles (1 to 3 shares a row block), a short last round split along K,
+    the first round's tiles (1 to 3 shares a row block), programs that do not divide the tiles,
     rows and K not multiples of the tile, a partial last column tile; and more row blocks than
     programs (the launcher falls back to per-tile x^2). Programs are not all resident in the
     interpreter (one at a time): there the waits give up and sum the rows from x, so both ways
     to the RMS statistics run. Each config twice: every counter must be left at zero."""
-    _kernels = rt._triton_kernels()
-
     x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=7)
-    cfg = dict(PERSISTENT=True, BLOCK_M=block_m, HEADS=heads, BLOCK_K=64, TAIL_SPLIT=tail_split, num_warps=4,
-               num_stages=2, **({"PROGRAMS": programs} if programs else {}))  # fmt: skip
-    w_folded = rt.fold_rms_weight(w, rms_w)
-    for _ in range(2):
-        out = torch.full((M, n_heads * head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-        _kernels.launch_rms_matmul_rope(x, None, w_folded, cos, sin, out, 1e-5, head_dim, cfg=cfg)
-        assert_projection_close(out, ref, f"config {cfg}")
-    counters = _kernels._COUNTERS.get(x.device)
-    assert counters is None or int(counters.abs().sum()) == 0
+    cfg = dict(PERSISTENT=True, BLOCK_M=block_m, HEADS=heads, BLOCK_K=64, num_warps=4, num_stages=2,
+               **({"PROGRAMS": programs} if programs else {}))  # fmt: skip
+    _launch_twice(x, None, rt.fold_rms_weight(w, rms_w), cos, sin, head_dim, cfg, ref)
 
 
 def test_rms_norm_matmul_rope_leading_dims_and_half_tables():

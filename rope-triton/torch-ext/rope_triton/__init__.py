@@ -447,11 +447,14 @@ def fold_rms_weight(w: torch.Tensor, rms_weight: torch.Tensor) -> torch.Tensor:
 
 
 def _persistent_prefill(x: torch.Tensor, w: torch.Tensor, head_dim: int) -> bool:
-    """Whether the fused projection would run the persistent prefill kernel here (Hopper's TMA,
-    a power-of-two head_dim up to 256): the only prefill form faster than the unfused one."""
-    if not triton_enabled_for(x) or head_dim & (head_dim - 1) or head_dim > 256:
+    """Whether the fused projection's configuration picks the persistent prefill kernel here (the
+    RMSNorm weight folded; Hopper's TMA; a head_dim its whole-head tiles can split): the only
+    prefill form faster than the unfused one."""
+    if not triton_enabled_for(x):
         return False
-    return _triton_kernels()._use_tma(x, w)
+    kernels = _triton_kernels()
+    cfg = kernels.rms_matmul_rope_config(x.shape[0], x.shape[1], head_dim, folded=True, tma=kernels._use_tma(x, w))
+    return cfg.get("PERSISTENT", False)
 
 
 def rms_norm_matmul_rope(

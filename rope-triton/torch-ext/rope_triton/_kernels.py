@@ -522,6 +522,40 @@ def _rms_rope_epilogue(
 
 
 @triton.jit
+def _load_x(x_desc, x_rows, off_m, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr):
+    """One K step's x tile [BLOCK_M, BLOCK_K]: TMA (zero-filled past M and K), or pointer loads
+    from rows wrapped into range (never stored), masked along K only where K is not a multiple
+    of BLOCK_K."""
+    if USE_TMA:
+        x = x_desc.load([off_m, k0])
+    elif EVEN_K:
+        x = tl.load(x_rows + k0)
+    else:
+        x = tl.load(x_rows + k0, mask=((k0 + tl.arange(0, BLOCK_K)) < K)[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+              USE_TMA: tl.constexpr):  # fmt: skip
+    """One K step's x [BLOCK_M, BLOCK_K] and W [BLOCK_N, BLOCK_K] tiles (see `_load_x`)."""
+    return (_load_x(x_desc, x_rows, off_m, k0, K, BLOCK_K, EVEN_K, USE_TMA),
+            _load_x(w_desc, w_rows, off_n, k0, K, BLOCK_K, EVEN_K, USE_TMA))  # fmt: skip
+
+
+@triton.jit
+def _whole_head_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row offset, column offset) of tile number ``tile`` in grouped order: GROUP_M row blocks
+    per sweep over the columns, so tiles running together share x rows and W rows in L2."""
+    num_n = tl.cdiv(N, BLOCK_N)
+    num_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    return (first_m + (tile % per_group) % group_size) * BLOCK_M, ((tile % per_group) // group_size) * BLOCK_N
+
+
+@triton.jit
 def _rms_matmul_rope_heads_kernel(
     x_ptr, g_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr,
     M, N, K, eps,
@@ -545,16 +579,7 @@ def _rms_matmul_rope_heads_kernel(
     shuffle once per tile instead of two half-width dots every K step. HALF a power of two.
     Grouped tile order (GROUP_M row blocks per column sweep: x and W reused in L2)."""
     BLOCK_N: tl.constexpr = HEADS * HEAD_DIM
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_size
-    pid_n = (pid % per_group) // group_size
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
+    off_m, off_n = _whole_head_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = off_m + tl.arange(0, BLOCK_M)
     rows64 = rows.to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
@@ -564,54 +589,18 @@ def _rms_matmul_rope_heads_kernel(
         squares = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
     else:
         squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-    # pointer path: rows and W rows wrapped into range (never stored), so no M / N load masks
     x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm + ks[None, :]
     w_rows = w_ptr + ((off_n + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[:, None] * s_wn + ks[None, :]
     for k0 in range(0, K, BLOCK_K):
-        if USE_TMA:  # sm90: the copy engine, zero-filled past M, N and K
-            x = x_desc.load([off_m, k0])
-            w = w_desc.load([off_n, k0])
-            if HAS_G:
-                g = tl.load(g_ptr + k0 + ks, mask=(k0 + ks) < K, other=0.0)
-        elif EVEN_K:
-            x = tl.load(x_rows + k0)
-            w = tl.load(w_rows + k0)
-            if HAS_G:
-                g = tl.load(g_ptr + k0 + ks)
-        else:
-            kmask = (k0 + ks) < K
-            x = tl.load(x_rows + k0, mask=kmask[None, :], other=0.0)
-            w = tl.load(w_rows + k0, mask=kmask[None, :], other=0.0)
-            if HAS_G:
-                g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
+        x, w = _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, k0, K, BLOCK_K, EVEN_K, USE_TMA)
+        if HAS_G:
+            g = tl.load(g_ptr + k0 + ks, mask=(k0 + ks) < K, other=0.0)
         squares = _add_squares(x, squares, SQUARES_MMA, COMPILED)
         xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype) if HAS_G else x
         acc = _dot_t(xg, w, acc, COMPILED)
     acc = acc * _rsqrt(_row_sums(squares, BLOCK_M, SQUARES_MMA) / K + eps, COMPILED)[:, None]
     _rope_heads_epilogue(acc, rows64, rows < M, off_n, N, cos_ptr, sin_ptr, out_ptr, s_cm, s_cj, s_om, BLOCK_M, HEADS,
                          HEAD_DIM, HALF)  # fmt: skip
-
-
-@triton.jit
-def _load_x(x_desc, x_rows, off_m, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr):
-    """One K step's x tile [BLOCK_M, BLOCK_K]: TMA (zero-filled past M and K), or pointer loads
-    from rows wrapped into range (never stored), masked along K only where K is not a multiple
-    of BLOCK_K."""
-    if USE_TMA:
-        x = x_desc.load([off_m, k0])
-    elif EVEN_K:
-        x = tl.load(x_rows + k0)
-    else:
-        x = tl.load(x_rows + k0, mask=((k0 + tl.arange(0, BLOCK_K)) < K)[None, :], other=0.0)
-    return x
-
-
-@triton.jit
-def _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-              USE_TMA: tl.constexpr):  # fmt: skip
-    """One K step's x [BLOCK_M, BLOCK_K] and W [BLOCK_N, BLOCK_K] tiles (see `_load_x`)."""
-    return (_load_x(x_desc, x_rows, off_m, k0, K, BLOCK_K, EVEN_K, USE_TMA),
-            _load_x(w_desc, w_rows, off_n, k0, K, BLOCK_K, EVEN_K, USE_TMA))  # fmt: skip
 
 
 @triton.jit
@@ -672,9 +661,15 @@ def _rope_heads_epilogue(acc, rows64, rmask, off_n, N, cos_ptr, sin_ptr, out_ptr
 
 
 @triton.jit
+def _shares_of(row_block, n_prog, num_m):
+    """How many first-round programs (p % num_m == row_block, p < n_prog) share a row block's x^2."""
+    return (n_prog - 1 - row_block) // num_m + 1
+
+
+@triton.jit
 def _rms_matmul_rope_persistent_kernel(
-    x_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
-    M, N, K, eps, n_full,
+    x_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr, sq_ptr, count_ptr,
+    M, N, K, eps,
     s_xm, s_wn, s_cm, s_cj, s_om,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
@@ -682,7 +677,6 @@ def _rms_matmul_rope_persistent_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    TAIL_SPLIT: tl.constexpr,
     MAX_SHARES: tl.constexpr,
     EVEN_K: tl.constexpr,
     USE_TMA: tl.constexpr,
@@ -691,7 +685,7 @@ def _rms_matmul_rope_persistent_kernel(
 ):  # fmt: skip
     """Prefill, RMSNorm weight folded into W: one program per SM looping over tiles of BLOCK_M
     tokens x HEADS whole heads (x @ W^T on the tensor cores, RMS scale and RoPE in the epilogue),
-    in grouped order (GROUP_M row blocks per column sweep: x and W reused in L2).
+    in grouped order (`_whole_head_tile`).
 
     sum(x^2) without paying for it in every tile. Computed in each tile (x x^T on the MMA, as
     `_rms_matmul_rope_heads_kernel` does) it costs 25% more MMA work at 64 x 256 tiles and 50%
@@ -702,54 +696,35 @@ def _rms_matmul_rope_persistent_kernel(
     once, one program per SM, so the wait is short); later tiles load their sums before the
     mainloop.
 
-    Wave quantization: n_full tiles run whole; the rest (a short last round) are split
-    TAIL_SPLIT ways along K into units that store fp32 partials, and the last unit of a tile
-    to arrive (acq_rel counter) adds them in split order and runs the epilogue.
-
-    count_ptr: [0] shares published, [1] programs done, [2:] split tiles' counters, all zero at
-    rest: the last program out zeroes [0] and [1], the last unit of a split tile its own (no
-    memset per call; CUDA-graph safe)."""
+    count_ptr: [0] shares published, [1] programs done, both zero at rest: the last program out
+    zeroes them (no memset per call; CUDA-graph safe)."""
     BLOCK_N: tl.constexpr = HEADS * HEAD_DIM
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    n_tiles = num_m * num_n
     k_steps = tl.cdiv(K, BLOCK_K)
     m_pad = num_m * BLOCK_M
     ks = tl.arange(0, BLOCK_K)
-    # this program's share of sum(x^2): row block sq_m, K steps [sq_lo, sq_hi)
+    # this program's share of sum(x^2): row block sq_m, K steps [sq_lo, sq_hi), first tile only
     sq_m = pid % num_m
     share = pid // num_m
-    n_shares = (n_prog - 1 - sq_m) // num_m + 1
+    sq_shares = _shares_of(sq_m, n_prog, num_m)
+    sq_lo = share * k_steps // sq_shares
+    sq_hi = (share + 1) * k_steps // sq_shares
     sq_rows = sq_m * BLOCK_M + tl.arange(0, BLOCK_M)
     sq_x_rows = x_ptr + (sq_rows % M).to(tl.int64)[:, None] * s_xm + ks[None, :]
     ready = pid < 0  # all shares seen (a tensor: reassigned in the loop)
-    for unit in range(pid, n_full + (n_tiles - n_full) * TAIL_SPLIT, n_prog):
-        # the tile and its K steps [s_lo, s_hi)
-        tile = unit
-        split = unit * 0  # (tensors, not Python ints: reassigned under a runtime if)
-        s_lo = unit * 0
-        s_hi = s_lo + k_steps
-        if unit >= n_full:
-            tile = n_full + (unit - n_full) // TAIL_SPLIT
-            split = (unit - n_full) % TAIL_SPLIT
-            s_lo = split * k_steps // TAIL_SPLIT
-            s_hi = (split + 1) * k_steps // TAIL_SPLIT
-        per_group = GROUP_M * num_n
-        first_m = (tile // per_group) * GROUP_M
-        group_size = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % per_group) % group_size
-        off_m = pid_m * BLOCK_M
-        off_n = ((tile % per_group) // group_size) * BLOCK_N
+    for tile in range(pid, num_m * tl.cdiv(N, BLOCK_N), n_prog):
+        off_m, off_n = _whole_head_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         rows = off_m + tl.arange(0, BLOCK_M)
+        tile_shares = _shares_of(off_m // BLOCK_M, n_prog, num_m)
         x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm + ks[None, :]
         w_rows = w_ptr + ((off_n + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[:, None] * s_wn + ks[None, :]
-        sums = _load_shares(sq_ptr, rows, (n_prog - 1 - pid_m) // num_m + 1, m_pad, ready, MAX_SHARES)
-        # the first round's share steps first (with x' x'^T), then the rest: [hi, s_hi), [s_lo, lo)
-        first = unit == pid
-        lo = tl.where(first, share * k_steps // n_shares, s_lo)
-        hi = tl.where(first, (share + 1) * k_steps // n_shares, s_lo)
+        sums = _load_shares(sq_ptr, rows, tile_shares, m_pad, ready, MAX_SHARES)
+        # the first tile's share steps first (with x' x'^T), then the rest: [hi, k_steps), [0, lo)
+        first = tile == pid
+        lo = tl.where(first, sq_lo, 0)
+        hi = tl.where(first, sq_hi, 0)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         squares = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
         for step in range(lo, hi):
@@ -757,40 +732,24 @@ def _rms_matmul_rope_persistent_kernel(
             xs = _load_x(x_desc, sq_x_rows, sq_m * BLOCK_M, step * BLOCK_K, K, BLOCK_K, EVEN_K, USE_TMA)
             squares = _dot_t(xs, xs, squares, COMPILED)
             acc = _dot_t(x, w, acc, COMPILED)
-        n_steps = s_hi - s_lo
-        for j in range(0, n_steps - (hi - lo)):
+        for j in range(0, k_steps - (hi - lo)):
             step = hi + j
-            step = tl.where(step >= s_hi, step - n_steps, step)
+            step = tl.where(step >= k_steps, step - k_steps, step)
             x, w = _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, step * BLOCK_K, K, BLOCK_K, EVEN_K, USE_TMA)
             acc = _dot_t(x, w, acc, COMPILED)
         if first:
             tl.store(sq_ptr + share * m_pad + sq_rows, _row_sums(squares, BLOCK_M, True))
             tl.debug_barrier()  # every thread's sums stored before the count releases them
             tl.atomic_add(count_ptr, 1, sem="release")
-        finish = unit < n_full
-        if unit >= n_full:  # a split unit: partials, and the last to arrive finishes the tile
-            tail = tile - n_full
-            part_tile = part_ptr + (tail * TAIL_SPLIT).to(tl.int64) * (BLOCK_M * BLOCK_N) \
-                + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # fmt: skip
-            tl.store(part_tile + split * (BLOCK_M * BLOCK_N), acc)
-            tl.debug_barrier()  # every thread's partial stored before the counter releases them
-            arrived = tl.atomic_add(count_ptr + 2 + tail, 1, sem="acq_rel")
-            finish = arrived == TAIL_SPLIT - 1
-            if finish:
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for sp in range(TAIL_SPLIT):  # in split order: results independent of arrival order
-                    acc += tl.load(part_tile + sp * (BLOCK_M * BLOCK_N), cache_modifier=".cg")
-                tl.atomic_xchg(count_ptr + 2 + tail, 0)
-        if finish:
-            if ready == 0:
-                ready = _wait_for_shares(count_ptr, n_prog, SPIN_LIMIT)
-                if ready:
-                    sums = _load_shares(sq_ptr, rows, (n_prog - 1 - pid_m) // num_m + 1, m_pad, ready, MAX_SHARES)
-                else:
-                    sums = _x_row_sums(x_ptr, rows, M, K, s_xm, BLOCK_M, BLOCK_K)
-            acc = acc * _rsqrt(sums / K + eps, COMPILED)[:, None]
-            _rope_heads_epilogue(acc, rows.to(tl.int64), rows < M, off_n, N, cos_ptr, sin_ptr, out_ptr, s_cm, s_cj,
-                                 s_om, BLOCK_M, HEADS, HEAD_DIM, HALF)  # fmt: skip
+        if ready == 0:
+            ready = _wait_for_shares(count_ptr, n_prog, SPIN_LIMIT)
+            if ready:
+                sums = _load_shares(sq_ptr, rows, tile_shares, m_pad, ready, MAX_SHARES)
+            else:
+                sums = _x_row_sums(x_ptr, rows, M, K, s_xm, BLOCK_M, BLOCK_K)
+        acc = acc * _rsqrt(sums / K + eps, COMPILED)[:, None]
+        _rope_heads_epilogue(acc, rows.to(tl.int64), rows < M, off_n, N, cos_ptr, sin_ptr, out_ptr, s_cm, s_cj, s_om,
+                             BLOCK_M, HEADS, HEAD_DIM, HALF)  # fmt: skip
     done = tl.atomic_add(count_ptr + 1, 1, sem="acq_rel")
     if done == n_prog - 1:  # every program is past its waits
         tl.atomic_xchg(count_ptr, 0)
@@ -840,12 +799,12 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
     elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256 and M > 1024:
         # The persistent kernel: x^2 shared out over the first round's tiles instead of computed
         # in every tile. Against the unfused sequence 0.95x at 2048 tokens (64 x 256 tiles) and
-        # 1.12x at 4096 (128 x 256, 8 warps; whole-head tiles there: 0.95x). Splitting a short
-        # last round along K (TAIL_SPLIT 2, 4) measured slower at 1024 - 4096 tokens, and at
-        # 256 - 1024 tokens the whole-head kernel was as fast or faster
-        # (results/tune_projection_persistent_*).
+        # 1.12x at 4096 (128 x 256, 8 warps; whole-head tiles there: 0.95x). At 256 - 1024
+        # tokens the whole-head kernel was as fast or faster (results/tune_projection_persistent_*;
+        # its TAIL_SPLIT 2 / 4 rows are a K split of a short last round, measured slower
+        # everywhere and removed).
         cfg = {"PERSISTENT": True, "BLOCK_M": 128 if M > 2048 else 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64,
-               "TAIL_SPLIT": 1, "num_warps": 8 if M > 2048 else 4, "num_stages": 3 if M > 2048 else 4}  # fmt: skip
+               "num_warps": 8 if M > 2048 else 4, "num_stages": 3 if M > 2048 else 4}  # fmt: skip
     elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256:
         cfg = _whole_head_config(head_dim)
     else:  # weight passed, pointer loads (no TMA), or a head_dim the whole-head epilogue cannot split
@@ -1012,34 +971,23 @@ def _launch_persistent(x, w, cos, sin, out, eps: float, head_dim: int, cfg: dict
     more row blocks than programs (each row block needs a share of x^2 from the first round)."""
     M, K = x.shape
     N = w.shape[0]
-    cfg = dict(cfg)
     block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
     block_n = cfg["HEADS"] * head_dim
     assert head_dim & (head_dim - 1) == 0, "whole-head tiles need a power-of-two head_dim"
     num_m = triton.cdiv(M, block_m)
-    n_tiles = num_m * triton.cdiv(N, block_n)
     programs = cfg.pop("PROGRAMS", None)
     if programs is None:
         programs = num_m if _interpreting() else torch.cuda.get_device_properties(x.device).multi_processor_count
-    programs = min(programs, n_tiles)
+    programs = min(programs, num_m * triton.cdiv(N, block_n))
     if programs < num_m:
         return False
-    # Whole rounds of tiles run whole; a short last round is split along K (at most as many
-    # units as programs, at least 2 K steps a unit).
-    n_full = n_tiles // programs * programs
-    tail = n_tiles - n_full
-    split = max(1, min(cfg.pop("TAIL_SPLIT", 1), programs // max(tail, 1), triton.cdiv(K, block_k) // 2))
-    if split == 1:
-        n_full, tail = n_tiles, 0
-    part = torch.empty((tail * split, block_m, block_n), dtype=torch.float32, device=x.device) if tail else out
     sq = torch.empty((triton.cdiv(programs, num_m), num_m * block_m), dtype=torch.float32, device=x.device)
-    counters = _split_counters(x.device, 2 + tail)
     x_desc, w_desc = _descriptors(x, w, block_m, block_n, block_k, tma)
     _rms_matmul_rope_persistent_kernel[(programs,)](
-        x, w, x_desc, w_desc, cos, sin, out, part, sq, counters,
-        M, N, K, eps, n_full,
+        x, w, x_desc, w_desc, cos, sin, out, sq, _split_counters(x.device, 2),
+        M, N, K, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
-        HEAD_DIM=head_dim, HALF=head_dim // 2, TAIL_SPLIT=split, MAX_SHARES=triton.next_power_of_2(sq.shape[0]),
+        HEAD_DIM=head_dim, HALF=head_dim // 2, MAX_SHARES=triton.next_power_of_2(sq.shape[0]),
         EVEN_K=K % block_k == 0, USE_TMA=bool(tma), SPIN_LIMIT=4 if _interpreting() else _SPIN_LIMIT,
         COMPILED=not _interpreting(), **{"GROUP_M": 16, **cfg},
     )  # fmt: skip
