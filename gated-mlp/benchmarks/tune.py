@@ -35,6 +35,24 @@ from fused_llm.bench import Case
 from fused_llm.packages import get_kernel
 
 
+def decode_configs(m: int, fp8: bool = False):
+    """The decode sweep (--decode): the default 64-row tiles against W @ x^T tiles (SWAP_AB: W's
+    rows on the MMA's 64-row side, 16 tokens on its narrow side, so a stage is mostly W and
+    longer K steps fit), K splits, and stages up to ~200 KiB of shared memory."""
+    esize = 1 if fp8 else 2
+    bk0 = 128 if fp8 else 64
+    for bn, split in itertools.product((64, 128), (1, 2)):
+        yield {"BLOCK_M": 64, "BLOCK_N": bn, "BLOCK_K": bk0, "GROUP_M": 1, "SPLIT_K": split, "num_warps": 4,
+               "num_stages": 4, "USE_TMA": True}  # fmt: skip
+    for bm, bn, bk, split in itertools.product((16, 64), (64, 128), (bk0, 2 * bk0, 4 * bk0), (1, 2)):
+        if bm > max(16, m) or bk > 256:  # a TMA box spans at most 256 elements
+            continue
+        stage = (bm + 2 * bn) * bk * esize
+        for stages in sorted({max(2, min(6, 204 * 1024 // stage)), max(2, min(4, 100 * 1024 // stage))}):
+            yield {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split, "num_warps": 4,
+                   "num_stages": stages, "USE_TMA": True, "SWAP_AB": True}  # fmt: skip
+
+
 def configs(m: int, fp8: bool = False):
     if fp8:  # TMA only (native FP8 wgmma); K steps of 64 or 128 one-byte elements
         if m <= 64:
@@ -78,6 +96,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="*", default=[1, 16, 64, 256, 1024, 4096])
     parser.add_argument("--model", default="8B", choices=list(ref.MODELS))
     parser.add_argument("--fp8", action="store_true", help="FP8 in, FP8 out (peers: _scaled_mm alone, + swiglu-fp8)")
+    parser.add_argument("--decode", action="store_true", help="the decode sweep (decode_configs) at M <= 64")
     parser.add_argument("--tail-ab", action="store_true",
                         help="instead of the sweep: the default configuration with and without its split last wave")
     args = parser.parse_args()
@@ -112,6 +131,8 @@ def main() -> None:
         if args.tail_ab:
             default = kern.gated_mlp_config(m, u, d, torch.cuda.get_device_properties(0).multi_processor_count, fp8=args.fp8)
             candidates = [default, {**default, "SPLIT_K": 1, "N_FULL": 0}]
+        elif args.decode and m <= 64:
+            candidates = decode_configs(m, args.fp8)
         else:
             candidates = configs(m, args.fp8)
         for cfg in candidates:
@@ -142,7 +163,7 @@ def main() -> None:
     print("peak memory allocated during one call (MiB, output included), 4096 tokens:", memory)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        name = "tune-fp8.json" if args.fp8 else "tune.json"
+        name = ("tune-fp8" if args.fp8 else "tune") + ("-decode" if args.decode else "") + ".json"
         (args.out / name).write_text(json.dumps({"configs": results, "peak_extra_mib": memory}, indent=1))
 
 

@@ -178,15 +178,19 @@ def test_row_strided_weight_views():
 
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
 @pytest.mark.parametrize(
-    "block_m, block_n, block_k, split, n_full, tma",
-    [(16, 32, 32, 1, 0, False), (16, 32, 32, 3, 0, False), (32, 64, 64, 2, 0, False), (64, 32, 32, 5, 0, False),
-     (16, 32, 32, 2, 5, False), (16, 16, 64, 3, 8, False), (64, 64, 64, 1, 0, True), (128, 128, 64, 1, 0, True),
-     (64, 64, 128, 4, 0, True), (128, 64, 64, 2, 3, True), (64, 64, 64, 3, 1, True)],
+    "block_m, block_n, block_k, split, n_full, tma, swap",
+    [(16, 32, 32, 1, 0, False, False), (16, 32, 32, 3, 0, False, False), (32, 64, 64, 2, 0, False, False),
+     (64, 32, 32, 5, 0, False, False), (16, 32, 32, 2, 5, False, False), (16, 16, 64, 3, 8, False, False),
+     (16, 32, 32, 3, 0, False, True), (32, 64, 64, 1, 0, False, True),
+     (64, 64, 64, 1, 0, True, False), (128, 128, 64, 1, 0, True, False), (64, 64, 128, 4, 0, True, False),
+     (128, 64, 64, 2, 3, True, False), (64, 64, 64, 3, 1, True, False),
+     (16, 64, 64, 1, 0, True, True), (16, 128, 128, 3, 0, True, True), (64, 64, 64, 2, 1, True, True)],
 )  # fmt: skip
-def test_tile_configs(block_m, block_n, block_k, split, n_full, tma):
+def test_tile_configs(block_m, block_n, block_k, split, n_full, tma, swap):
     """Every tile shape and K split the launcher can pick (uneven splits, a K tail, tiles past
-    M and U; every tile split, or only the tiles from N_FULL on), pointer loads and, on sm90,
-    TMA; each called twice: the split-K counters must be left reset for the next call."""
+    M and U; every tile split, or only the tiles from N_FULL on; W @ x^T accumulators for
+    decode), pointer loads and, on sm90, TMA; each called twice: the split-K counters must be
+    left reset for the next call."""
     kern = rt._triton_kernels()
     M, D, U = (70, 1000, 300) if DEVICE == "cuda" else (37, 200, 72)
     if tma and not (DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9):
@@ -194,7 +198,7 @@ def test_tile_configs(block_m, block_n, block_k, split, n_full, tma):
     x, w_gate, w_up, (b_gate, b_up) = make_inputs(M, D, U, torch.bfloat16, seed=9, bias=True)
     ref = reference(x, w_gate, w_up, "silu", b_gate, b_up)
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 4, "SPLIT_K": split,
-           "N_FULL": n_full, "num_warps": 4, "num_stages": 2, "USE_TMA": tma}  # fmt: skip
+           "N_FULL": n_full, "num_warps": 4, "num_stages": 2, "USE_TMA": tma, "SWAP_AB": swap}  # fmt: skip
     for _ in range(2):
         out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
         kern.launch_gated_mlp(x, w_gate, w_up, b_gate, b_up, out, "silu", cfg=cfg)
@@ -318,8 +322,8 @@ def test_gated_mlp_fp8_bias_gelu_fp16_and_saturation():
 
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
 @pytest.mark.parametrize("tma", [False, True], ids=["pointers (bf16 upcast)", "tma (native fp8)"])
-@pytest.mark.parametrize("split", [1, 3])
-def test_fp8_tile_configs(tma, split):
+@pytest.mark.parametrize("split, swap", [(1, False), (3, False), (2, True)])
+def test_fp8_tile_configs(tma, split, swap):
     if tma and not (DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("TMA needs sm90")
     kern = rt._triton_kernels()
@@ -327,7 +331,8 @@ def test_fp8_tile_configs(tma, split):
     xq, gq, uq, xs, gs, us = make_fp8_inputs(M, D, U, seed=22, per_row=True)
     y_ref = reference_fp8(xq, gq, uq, xs, gs, us)
     out_scale = (y_ref.abs().max().float() / FP8_MAX).reshape(1)
-    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4, "SPLIT_K": split, "num_warps": 4, "num_stages": 2, "USE_TMA": tma}
+    cfg = {"BLOCK_M": 16 if swap else 64, "BLOCK_N": 64, "BLOCK_K": 64 if tma else 32, "GROUP_M": 4, "SPLIT_K": split,
+           "num_warps": 4, "num_stages": 2, "USE_TMA": tma, "SWAP_AB": swap}  # fmt: skip
     for _ in range(2):
         q = poison_(torch.empty(M, U, dtype=FP8, device=DEVICE))
         kern.launch_gated_mlp(xq, gq, uq, None, None, q, "silu", cfg, (xs, gs, us), out_scale)

@@ -45,23 +45,23 @@ PERSISTENT_TILES = ((64, 2, 4, 4), (64, 2, 4, 5), (128, 2, 8, 3), (128, 2, 8, 4)
 
 
 def configs(m: int, variants=("plain",), splits=(2, 4, 8), warps=(4,), stages=(4,), block_m=(16, 32, 64),
-            persistent=False):  # fmt: skip
+            persistent=False, block_k=(64, 128)):  # fmt: skip
     if persistent:  # weight folded, TMA
         for bm, heads, w, st in PERSISTENT_TILES:
             yield {"PERSISTENT": True, "BLOCK_M": bm, "HEADS": heads, "BLOCK_K": 64, "num_warps": w,
                    "num_stages": st, "USE_TMA": True, "FOLD": True}  # fmt: skip
         return
-    for cfg in _tiles(m, splits, block_m):
+    for cfg in _tiles(m, splits, block_m, block_k):
         for v, w, st in itertools.product(variants, warps, stages):
             yield {**cfg, **VARIANTS[v], **({"num_warps": w, "num_stages": st} if m <= 64 else {})}
 
 
-def _tiles(m: int, splits, block_m=(16, 32, 64)):
+def _tiles(m: int, splits, block_m=(16, 32, 64), block_k=(64, 128)):
     if m <= 64:
         # Row tiles of 16 / 32 at 32 - 64 tokens too: the row blocks of one column tile run
         # side by side (program_id 0 is the row block), so W is read from DRAM about once.
         # TMA operands only: the pointer-load variants were never the best in the earlier sweep.
-        for bm, bnh, bk, split in itertools.product(block_m, (32, 64), (64, 128), splits):
+        for bm, bnh, bk, split in itertools.product(block_m, (32, 64), block_k, splits):
             if bm > max(16, triton.next_power_of_2(m)):
                 continue
             yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "BLOCK_K": bk, "SPLIT_K": split,
@@ -86,6 +86,7 @@ def main() -> None:
     parser.add_argument("--warps", type=int, nargs="*", default=[4], help="decode tiles")
     parser.add_argument("--stages", type=int, nargs="*", default=[4], help="decode tiles")
     parser.add_argument("--block-m", type=int, nargs="*", default=[16, 32, 64], help="decode tiles")
+    parser.add_argument("--block-k", type=int, nargs="*", default=[64, 128], help="decode tiles")
     parser.add_argument("--prefill-tiles", type=int, default=28, help="the first N prefill tile shapes only")
     parser.add_argument("--persistent", action="store_true", help="the persistent kernel's tiles")
     args = parser.parse_args()
@@ -110,7 +111,7 @@ def main() -> None:
         folded = [rt.fold_rms_weight(ws, gs) for _, gs, ws, _, _ in sets] \
             if args.persistent or any(VARIANTS[v]["FOLD"] for v in args.variants) else []  # fmt: skip
         for n, cfg in enumerate(configs(m, args.variants, args.splits, args.warps, args.stages, args.block_m,
-                                        args.persistent)):  # fmt: skip
+                                        args.persistent, args.block_k)):  # fmt: skip
             if m > 64 and not args.persistent and n >= args.prefill_tiles * len(args.variants):
                 break
             try:

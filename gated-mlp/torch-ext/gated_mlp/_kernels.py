@@ -85,6 +85,18 @@ def _epilogue(
 
 
 @triton.jit
+def _dot(a, b, acc, SWAP_AB: tl.constexpr):
+    """acc += a @ b^T (a [BLOCK_M, BLOCK_K] x tile, b [BLOCK_N, BLOCK_K] W tile); SWAP_AB: acc^T
+    += b @ a^T instead, so W's rows fill the MMA's 64-row side and the few tokens its narrow
+    side (wgmma's N can be 8-256; its M is 64 per warpgroup)."""
+    if SWAP_AB:
+        acc = tl.dot(b, a.T, acc)
+    else:
+        acc = tl.dot(a, b.T, acc)
+    return acc
+
+
+@triton.jit
 def _tile_offsets(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """Grouped order: GROUP_M row tiles share each column sweep, so W tiles are reused from L2."""
     num_m = tl.cdiv(M, BLOCK_M)
@@ -108,6 +120,7 @@ def _gated_mlp_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    SWAP_AB: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_TMA: tl.constexpr,
@@ -154,15 +167,19 @@ def _gated_mlp_kernel(
         k_hi = K
     off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:  # transposed accumulators, transposed back before the epilogue
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if USE_TMA:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             a = x.load([off_m, k0])
             b_g = wg.load([off_n, k0])
             b_u = wu.load([off_n, k0])
-            acc_g = tl.dot(a, b_g.T, acc_g)
-            acc_u = tl.dot(a, b_u.T, acc_u)
+            acc_g = _dot(a, b_g, acc_g, SWAP_AB)
+            acc_u = _dot(a, b_u, acc_u, SWAP_AB)
     else:
         ks = tl.arange(0, BLOCK_K)
         rows = (off_m + tl.arange(0, BLOCK_M)) % M  # wrapped, never stored: no load masks
@@ -185,12 +202,15 @@ def _gated_mlp_kernel(
                 b_g = b_g.to(tl.bfloat16)
                 b_u = b_u.to(tl.bfloat16)
             if COMPILED:
-                acc_g = tl.dot(a, b_g.T, acc_g)
-                acc_u = tl.dot(a, b_u.T, acc_u)
+                acc_g = _dot(a, b_g, acc_g, SWAP_AB)
+                acc_u = _dot(a, b_u, acc_u, SWAP_AB)
             else:  # Triton 3.9's interpreter multiplies bf16 operands as raw bits: use fp32 there
                 af = a.to(tl.float32)
-                acc_g = tl.dot(af, b_g.to(tl.float32).T, acc_g)
-                acc_u = tl.dot(af, b_u.to(tl.float32).T, acc_u)
+                acc_g = _dot(af, b_g.to(tl.float32), acc_g, SWAP_AB)
+                acc_u = _dot(af, b_u.to(tl.float32), acc_u, SWAP_AB)
+    if SWAP_AB:
+        acc_g = acc_g.T
+        acc_u = acc_u.T
 
     if SPLIT_K > 1 and pid >= N_FULL:
         # partials [split tiles, SPLIT_K, 2 (gate, up), BLOCK_M, BLOCK_N], fp32
@@ -239,13 +259,13 @@ def _tma_capable(*tensors: torch.Tensor) -> bool:
 
 def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, fp8: bool = False) -> dict:
     """Tile shape, K split and pipelining by token count (no autotuning: deterministic, and
-    cheap in the interpreter): the best of `benchmarks/tune.py`'s sweep on an H200, Llama 3 8B
-    MLP (D 4096, U 14336; cuBLAS + Liger in the same run):
-    * M <= 64: 64 x 128 TMA tiles (the rows past M are zero-filled by the copy engine and
-      cost nothing: the call streams W): 8B 57.7 us at M = 1 to 64 (W read at 4.1 TB/s, 95% of
-      the copy ceiling), 70B 235 / 228 us at M = 1 / 16 (0.95x / 1.00x cuBLAS + Liger);
-      16 x 128 tiles with pointer loads (mma.sync) were within 3% either way, and are what
-      GPUs without TMA run;
+    cheap in the interpreter): the best of `benchmarks/tune.py`'s sweeps, Llama 3 MLP shapes
+    (cuBLAS + Liger in the same run):
+    * M <= 64 with TMA: W @ x^T tiles, 64 W rows x 16 or 64 tokens, K steps of 256 bytes (see
+      the comment below; H100 `tune.py --decode`); the earlier x @ W^T 64 x 128 tiles (rows
+      past M zero-filled by the copy engine) were 3-10% slower there;
+    * M <= 64 without TMA: 16 x 128 (64 x 64 past 16 tokens) tiles with pointer loads
+      (mma.sync), within 3% of the TMA tiles of the time on an H200;
     * prefill: 128 x (128 + 128) TMA tiles, 8 warps (two accumulators = the unfused GEMM's
       128 x 256 tile), 16 row tiles per column sweep: 1.04x / 1.01x cuBLAS + Liger at 1024 /
       4096 tokens (0.99x / 0.94x cuBLAS alone); 64-wide or 4-warp tiles were 4-20% slower,
@@ -253,8 +273,20 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, f
       specialization; removed) 13-20% slower; 3 vs 4 stages differ by less than the run-to-run spread (~5%).
     A K split (W's read spread over more programs) lost at these sizes (112+ tiles already
     cover the GPU), so it is used only when the tiles cover less than half of the SMs."""
-    if M <= 64:
-        block_m = 64 if tma or M > 16 else 16
+    if M <= 64 and tma:
+        # W @ x^T tiles (SWAP_AB): 64 W rows per wgmma, the tokens on its narrow side, and
+        # K steps of 256 bytes. `tune.py --decode` on an H100 against the 64 x 128 x 64 x W^T
+        # tiles used before: 8B 80.0 / 81.0 / 83.8 us at M = 1 / 16 / 64 (was 87.9 / 86.0 /
+        # 87.4; cuBLAS alone 81.4 / 83.0 / 87.5), 70B M = 1 309 us (328; cuBLAS 337), 405B
+        # 1133 us (1223; cuBLAS 1189); FP8 8B M = 1 43.0 us (54.3; _scaled_mm 42.2).
+        block_m = 16 if M <= 16 else 64
+        if fp8:
+            cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 256, "num_stages": 2}
+        else:
+            cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "num_stages": 5 if M <= 16 else 4}
+        cfg.update(GROUP_M=1, num_warps=4, SWAP_AB=True)
+    elif M <= 64:
+        block_m = 16 if M <= 16 else 64
         cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
     else:
         stages = 4 if M <= 2048 else 3
@@ -275,7 +307,7 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, f
             tail_split = min(sms // rest, 4, triton.cdiv(K, cfg["BLOCK_K"]) // 2)
             if tail_split >= 2:
                 split, full = tail_split, tiles - rest
-    if fp8 and tma:  # 1-byte elements: a 128-wide K step keeps the copies 128 bytes wide
+    if fp8 and tma and M > 64:  # 1-byte elements: a 128-wide K step keeps the copies 128 bytes wide
         cfg["BLOCK_K"] = 128
     cfg["SPLIT_K"] = split
     cfg["N_FULL"] = full
@@ -334,6 +366,7 @@ def launch_gated_mlp(
         tma = cfg.pop("USE_TMA")
     block_m, block_n, block_k, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.pop("SPLIT_K")
     n_full = cfg.pop("N_FULL", 0)
+    cfg.setdefault("SWAP_AB", False)
     k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
     num_m, num_n = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
