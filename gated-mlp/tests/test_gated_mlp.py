@@ -190,23 +190,21 @@ def test_tile_configs(block_m, block_n, block_k, split, n_full, tma, swap):
     """Every tile shape and K split the launcher can pick (uneven splits, a K tail, tiles past
     M and U; every tile split, or only the tiles from N_FULL on; W @ x^T accumulators for
     decode), pointer loads and, on sm90, TMA; each called twice: the split-K counters must be
-    left reset for the next call. With TMA, U = 300 (600-byte output rows: stores from
-    registers) and U = 304 (16-byte multiples: the TMA-store epilogue)."""
+    left reset for the next call."""
     kern = rt._triton_kernels()
+    M, D, U = (70, 1000, 300) if DEVICE == "cuda" else (37, 200, 72)
     if tma and not (DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("TMA needs sm90")
+    x, w_gate, w_up, (b_gate, b_up) = make_inputs(M, D, U, torch.bfloat16, seed=9, bias=True)
+    ref = reference(x, w_gate, w_up, "silu", b_gate, b_up)
     cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 4, "SPLIT_K": split,
            "N_FULL": n_full, "num_warps": 4, "num_stages": 2, "USE_TMA": tma, "SWAP_AB": swap}  # fmt: skip
-    M, D = (70, 1000) if DEVICE == "cuda" else (37, 200)
-    for U in ((300, 304) if tma else (300,)) if DEVICE == "cuda" else (72,):
-        x, w_gate, w_up, (b_gate, b_up) = make_inputs(M, D, U, torch.bfloat16, seed=9, bias=True)
-        ref = reference(x, w_gate, w_up, "silu", b_gate, b_up)
-        for _ in range(2):
-            out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
-            kern.launch_gated_mlp(x, w_gate, w_up, b_gate, b_up, out, "silu", cfg=cfg)
-            assert_gated_close(out, ref, f"config {cfg}, U {U}")
-        counters = kern._COUNTERS.get(x.device)
-        assert counters is None or int(counters.abs().sum()) == 0
+    for _ in range(2):
+        out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
+        kern.launch_gated_mlp(x, w_gate, w_up, b_gate, b_up, out, "silu", cfg=cfg)
+        assert_gated_close(out, ref, f"config {cfg}")
+    counters = kern._COUNTERS.get(x.device)
+    assert counters is None or int(counters.abs().sum()) == 0
 
 
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton launcher's configuration")
@@ -329,17 +327,16 @@ def test_fp8_tile_configs(tma, split, swap):
     if tma and not (DEVICE == "cuda" and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("TMA needs sm90")
     kern = rt._triton_kernels()
+    M, D, U = (70, 1024, 300) if DEVICE == "cuda" else (37, 256, 72)
+    xq, gq, uq, xs, gs, us = make_fp8_inputs(M, D, U, seed=22, per_row=True)
+    y_ref = reference_fp8(xq, gq, uq, xs, gs, us)
+    out_scale = (y_ref.abs().max().float() / FP8_MAX).reshape(1)
     cfg = {"BLOCK_M": 16 if swap else 64, "BLOCK_N": 64, "BLOCK_K": 64 if tma else 32, "GROUP_M": 4, "SPLIT_K": split,
            "num_warps": 4, "num_stages": 2, "USE_TMA": tma, "SWAP_AB": swap}  # fmt: skip
-    M, D = (70, 1024) if DEVICE == "cuda" else (37, 256)
-    for U in ((300, 304) if tma else (300,)) if DEVICE == "cuda" else (72,):  # 304: the TMA-store epilogue
-        xq, gq, uq, xs, gs, us = make_fp8_inputs(M, D, U, seed=22, per_row=True)
-        y_ref = reference_fp8(xq, gq, uq, xs, gs, us)
-        out_scale = (y_ref.abs().max().float() / FP8_MAX).reshape(1)
-        for _ in range(2):
-            q = poison_(torch.empty(M, U, dtype=FP8, device=DEVICE))
-            kern.launch_gated_mlp(xq, gq, uq, None, None, q, "silu", cfg, (xs, gs, us), out_scale)
-            assert_fp8_out_close(q, y_ref, out_scale, f"config {cfg}, U {U}")
+    for _ in range(2):
+        q = poison_(torch.empty(M, U, dtype=FP8, device=DEVICE))
+        kern.launch_gated_mlp(xq, gq, uq, None, None, q, "silu", cfg, (xs, gs, us), out_scale)
+        assert_fp8_out_close(q, y_ref, out_scale, f"config {cfg}")
 
 
 # ---------------------------------------------------------------------------------------------
