@@ -36,8 +36,8 @@ from fused_llm.packages import get_kernel
 
 
 def decode_configs(m: int, fp8: bool = False):
-    """The decode sweep (--decode): the default 64-row tiles against W @ x^T tiles (SWAP_AB: W's
-    rows on the MMA's 64-row side, 16 tokens on its narrow side, so a stage is mostly W and
+    """The decode sweep (--decode): x @ W^T 64-row tiles against W @ x^T tiles (SWAP_AB: W's
+    rows on the MMA's 64-row side, 16 or 64 tokens on its narrow side, so a stage is mostly W and
     longer K steps fit), K splits, and stages up to ~200 KiB of shared memory."""
     esize = 1 if fp8 else 2
     bk0 = 128 if fp8 else 64

@@ -263,9 +263,9 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, f
     (cuBLAS + Liger in the same run):
     * M <= 64 with TMA: W @ x^T tiles, 64 W rows x 16 or 64 tokens, K steps of 256 bytes (see
       the comment below; H100 `tune.py --decode`); the earlier x @ W^T 64 x 128 tiles (rows
-      past M zero-filled by the copy engine) were 3-10% slower there;
+      past M zero-filled by the copy engine) were 4-9% slower there (FP8: 26%);
     * M <= 64 without TMA: 16 x 128 (64 x 64 past 16 tokens) tiles with pointer loads
-      (mma.sync), within 3% of the TMA tiles of the time on an H200;
+      (mma.sync), within 3% of those earlier TMA tiles on an H200;
     * prefill: 128 x (128 + 128) TMA tiles, 8 warps (two accumulators = the unfused GEMM's
       128 x 256 tile), 16 row tiles per column sweep: 1.04x / 1.01x cuBLAS + Liger at 1024 /
       4096 tokens (0.99x / 0.94x cuBLAS alone); 64-wide or 4-warp tiles were 4-20% slower,
@@ -277,7 +277,7 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, f
     cover the GPU), so it is used only when the tiles cover less than half of the SMs."""
     if M <= 64 and tma:
         # W @ x^T tiles (SWAP_AB): 64 W rows per wgmma, the tokens on its narrow side, and
-        # K steps of 256 bytes. `tune.py --decode` on an H100 against the 64 x 128 x 64 x W^T
+        # K steps of 256 bytes. `tune.py --decode` on an H100 against the x W^T 64 x 128 x 64
         # tiles used before: 8B 80.0 / 81.0 / 83.8 us at M = 1 / 16 / 64 (was 87.9 / 86.0 /
         # 87.4; cuBLAS alone 81.4 / 83.0 / 87.5), 70B M = 1 309 us (328; cuBLAS 337), 405B
         # 1133 us (1223; cuBLAS 1189); FP8 8B M = 1 43.0 us (54.3; _scaled_mm 42.2).
