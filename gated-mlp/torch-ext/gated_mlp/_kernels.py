@@ -275,21 +275,21 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, f
       us against 355 / 5689, bit-identical results); 3 vs 4 stages differ by less than the run-to-run spread (~5%).
     A K split (W's read spread over more programs) lost at these sizes (112+ tiles already
     cover the GPU), so it is used only when the tiles cover less than half of the SMs."""
-    if M <= 64 and tma:
-        # W @ x^T tiles (SWAP_AB): 64 W rows per wgmma, the tokens on its narrow side, and
-        # K steps of 256 bytes. `tune.py --decode` on an H100 against the x W^T 64 x 128 x 64
-        # tiles used before: 8B 80.0 / 81.0 / 83.8 us at M = 1 / 16 / 64 (was 87.9 / 86.0 /
-        # 87.4; cuBLAS alone 81.4 / 83.0 / 87.5), 70B M = 1 309 us (328; cuBLAS 337), 405B
-        # 1133 us (1223; cuBLAS 1189); FP8 8B M = 1 43.0 us (54.3; _scaled_mm 42.2).
-        block_m = 16 if M <= 16 else 64
-        if fp8:
-            cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 256, "num_stages": 2}
+    if M <= 64:
+        cfg = {"BLOCK_M": 16 if M <= 16 else 64, "GROUP_M": 1, "num_warps": 4}
+        if not tma:
+            cfg.update(BLOCK_N=128, BLOCK_K=64, num_stages=4)
         else:
-            cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 128, "num_stages": 5 if M <= 16 else 4}
-        cfg.update(GROUP_M=1, num_warps=4, SWAP_AB=True)
-    elif M <= 64:
-        block_m = 16 if M <= 16 else 64
-        cfg = {"BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+            # W @ x^T tiles (SWAP_AB): 64 W rows per wgmma, the tokens on its narrow side, and
+            # K steps of 256 bytes. `tune.py --decode` on an H100 against the x W^T 64 x 128 x 64
+            # tiles used before: 8B 80.0 / 81.0 / 83.8 us at M = 1 / 16 / 64 (was 87.9 / 86.0 /
+            # 87.4; cuBLAS alone 81.4 / 83.0 / 87.5), 70B M = 1 309 us (328; cuBLAS 337), 405B
+            # 1133 us (1223; cuBLAS 1189); FP8 8B M = 1 43.0 us (54.3; _scaled_mm 42.2).
+            cfg.update(BLOCK_N=64, SWAP_AB=True)
+            if fp8:
+                cfg.update(BLOCK_K=256, num_stages=2)
+            else:
+                cfg.update(BLOCK_K=128, num_stages=5 if M <= 16 else 4)
     else:
         stages = 4 if M <= 2048 else 3
         cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 16, "num_warps": 8, "num_stages": stages}

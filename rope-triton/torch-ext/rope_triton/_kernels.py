@@ -374,6 +374,16 @@ def _rsqrt(v, COMPILED: tl.constexpr):
 
 
 @triton.jit
+def _grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(row block, column block) of tile number ``tile`` in grouped order: GROUP_M row blocks per
+    sweep over the column blocks, so tiles running together share x rows and W rows in L2."""
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_size, (tile % per_group) // group_size
+
+
+@triton.jit
 def _rms_matmul_rope_kernel(
     x_ptr, g_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
     M, N, K, K_SPLIT, eps,
@@ -410,13 +420,7 @@ def _rms_matmul_rope_kernel(
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     if GROUP_M > 1:
-        num_m = tl.num_programs(0)
-        per_group = GROUP_M * tl.num_programs(1)
-        pid = pid_n * num_m + pid_m
-        first_m = (pid // per_group) * GROUP_M
-        group_size = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % group_size
-        pid_n = (pid % per_group) // group_size
+        pid_m, pid_n = _grouped_tile(pid_n * tl.num_programs(0) + pid_m, tl.num_programs(0), tl.num_programs(1), GROUP_M)
     j_blocks: tl.constexpr = HALF // BLOCK_NH
     j0 = (pid_n % j_blocks) * BLOCK_NH
     lo_row0 = (pid_n // j_blocks) * HEAD_DIM + j0  # first W row (= output column) of the lower half
@@ -545,14 +549,9 @@ def _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, k0, K, BLOCK_K: tl.c
 
 @triton.jit
 def _whole_head_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """(row offset, column offset) of tile number ``tile`` in grouped order: GROUP_M row blocks
-    per sweep over the columns, so tiles running together share x rows and W rows in L2."""
-    num_n = tl.cdiv(N, BLOCK_N)
-    num_m = tl.cdiv(M, BLOCK_M)
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    return (first_m + (tile % per_group) % group_size) * BLOCK_M, ((tile % per_group) // group_size) * BLOCK_N
+    """(row offset, column offset) of tile number ``tile`` in grouped order (`_grouped_tile`)."""
+    pid_m, pid_n = _grouped_tile(tile, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
 
 
 @triton.jit
@@ -917,13 +916,7 @@ def launch_rms_matmul_rope(
     cfg["SPLIT_K"] = split
     cfg["EVEN_K"] = K % block_k == 0
     block_n = 2 * cfg["BLOCK_NH"]
-    if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        x_desc = TensorDescriptor.from_tensor(x, [cfg["BLOCK_M"], block_k])
-        w_desc = TensorDescriptor.from_tensor(w, [cfg["BLOCK_NH"], block_k])
-    else:
-        x_desc = w_desc = x  # not read
+    x_desc, w_desc = _descriptors(x, w, cfg["BLOCK_M"], cfg["BLOCK_NH"], block_k, tma)
     cfg["USE_TMA"] = bool(tma)
     assert (head_dim // 2) % cfg["BLOCK_NH"] == 0, cfg
     grid = (triton.cdiv(M, cfg["BLOCK_M"]), N // block_n, split)
@@ -959,9 +952,9 @@ def _descriptors(x, w, block_m: int, block_n: int, block_k: int, tma: bool):
     return TensorDescriptor.from_tensor(x, [block_m, block_k]), TensorDescriptor.from_tensor(w, [block_n, block_k])
 
 
-# Polls of a row block's counter (each an L2 atomic round trip, under a microsecond) before a
-# program sums the rows itself: first-round waits measured a few microseconds; the limit only
-# matters when the grid is not all resident (see `_shared_row_sums`).
+# Polls of the shares counter (each an L2 atomic round trip, under a microsecond) before a
+# program sums its rows itself: first-round waits measured a few microseconds; the limit only
+# matters when the grid is not all resident (see `_wait_for_shares`).
 _SPIN_LIMIT = 1 << 14
 
 
