@@ -44,30 +44,28 @@ WHOLE_HEAD_STAGES = (4, 5)
 PERSISTENT_TILES = ((64, 2, 4, 4), (64, 2, 4, 5), (128, 2, 8, 3), (128, 2, 8, 4))
 
 
-def configs(m: int, variants=("plain",), splits=(2, 4, 8), warps=(4,), stages=(4,), block_m=(16, 32, 64),
-            persistent=False, block_k=(64, 128), swap=(False,), row_sums=(False,)):  # fmt: skip
+def configs(m: int, variants=("plain",), splits=(1, 2, 4), warps=(4,), stages=(4,), block_m=(16, 32, 64),
+            persistent=False, block_k=(64, 128)):  # fmt: skip
     if persistent:  # weight folded, TMA
         for bm, heads, w, st in PERSISTENT_TILES:
             yield {"PERSISTENT": True, "BLOCK_M": bm, "HEADS": heads, "BLOCK_K": 64, "num_warps": w,
                    "num_stages": st, "USE_TMA": True, "FOLD": True}  # fmt: skip
         return
-    for cfg in _tiles(m, splits, block_m, block_k, swap, row_sums):
+    for cfg in _tiles(m, splits, block_m, block_k):
         for v, w, st in itertools.product(variants, warps, stages):
             yield {**cfg, **VARIANTS[v], **({"num_warps": w, "num_stages": st} if m <= 64 else {})}
 
 
-def _tiles(m: int, splits, block_m=(16, 32, 64), block_k=(64, 128), swap=(False,), row_sums=(False,)):
+def _tiles(m: int, splits, block_m=(16, 32, 64), block_k=(64, 128)):
     if m <= 64:
         # Row tiles of 16 / 32 at 32 - 64 tokens too: the row blocks of one column tile run
         # side by side (program_id 0 is the row block), so W is read from DRAM about once.
         # TMA operands only: the pointer-load variants were never the best in the earlier sweep.
-        # SWAP_AB (W x^T) tiles need 64 W rows per half: wgmma's 64-row side. The row-sums
-        # program (x^2 summed once per row block, not in every tile) serves unsplit tiles only.
-        for bm, bnh, bk, split, sw, rs in itertools.product(block_m, (32, 64), block_k, splits, swap, row_sums):
-            if bm > max(16, triton.next_power_of_2(m)) or (sw and bnh != 64) or (rs and split != 1):
+        for bm, bnh, bk, split in itertools.product(block_m, (32, 64), block_k, splits):
+            if bm > max(16, triton.next_power_of_2(m)):
                 continue
             yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "BLOCK_K": bk, "SPLIT_K": split,
-                   "num_warps": 4, "num_stages": 4, "USE_TMA": True, "SWAP_AB": sw, "ROW_SUMS_PROGRAM": rs}  # fmt: skip
+                   "num_warps": 4, "num_stages": 4, "USE_TMA": True}  # fmt: skip
     else:
         # Whole-head tiles first (`_rms_matmul_rope_heads_kernel`): BLOCK_M tokens x HEADS heads.
         for (bm, heads, warps), stages, group in itertools.product(WHOLE_HEAD_TILES, WHOLE_HEAD_STAGES, (16,)):
@@ -84,15 +82,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--tokens", type=int, nargs="*", default=[1, 16, 32, 64, 256, 1024, 4096])
     parser.add_argument("--variants", nargs="*", default=["plain"], choices=sorted(VARIANTS))
-    parser.add_argument("--splits", type=int, nargs="*", default=[2, 4, 8])
+    parser.add_argument("--splits", type=int, nargs="*", default=[1, 2, 4],
+                        help="decode tiles' K splits (8 never won; 1 won folded: results/tune_projection_decode_*)")
     parser.add_argument("--warps", type=int, nargs="*", default=[4], help="decode tiles")
     parser.add_argument("--stages", type=int, nargs="*", default=[4], help="decode tiles")
     parser.add_argument("--block-m", type=int, nargs="*", default=[16, 32, 64], help="decode tiles")
     parser.add_argument("--block-k", type=int, nargs="*", default=[64, 128], help="decode tiles")
-    parser.add_argument("--swap", type=int, nargs="*", default=[0], choices=(0, 1),
-                        help="decode tiles: 0 x W^T, 1 W x^T (SWAP_AB), or both")
-    parser.add_argument("--row-sums", type=int, nargs="*", default=[0], choices=(0, 1),
-                        help="decode tiles: 1 sums x^2 in a program of its own (ROW_SUMS_PROGRAM, unsplit tiles)")
     parser.add_argument("--prefill-tiles", type=int, default=28, help="the first N prefill tile shapes only")
     parser.add_argument("--persistent", action="store_true", help="the persistent kernel's tiles")
     args = parser.parse_args()
@@ -117,8 +112,7 @@ def main() -> None:
         folded = [rt.fold_rms_weight(ws, gs) for _, gs, ws, _, _ in sets] \
             if args.persistent or any(VARIANTS[v]["FOLD"] for v in args.variants) else []  # fmt: skip
         for n, cfg in enumerate(configs(m, args.variants, args.splits, args.warps, args.stages, args.block_m,
-                                        args.persistent, args.block_k, tuple(map(bool, args.swap)),
-                                        tuple(map(bool, args.row_sums)))):  # fmt: skip
+                                        args.persistent, args.block_k)):  # fmt: skip
             if m > 64 and not args.persistent and n >= args.prefill_tiles * len(args.variants):
                 break
             try:

@@ -390,34 +390,23 @@ def _projection_case(M: int, K: int, n_heads: int, head_dim: int, seed: int):
     return x, rms_w, w, cos, sin, ref_projection(x, rms_w, w, 1e-5, cos, sin, head_dim)
 
 
-SQ_MMA, SWAP = {"SQUARES_MMA": True}, {"SWAP_AB": True}
-ROW_SUMS = {"ROW_SUMS_PROGRAM": True}
-
-
 @pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
 @pytest.mark.parametrize(
-    "block_m, block_nh, block_k, split, group, folded, variant",
-    [(16, 16, 64, 1, 1, False, {}), (16, 16, 64, 3, 1, False, {}), (16, 32, 128, 2, 1, False, {}),
-     (32, 64, 64, 1, 1, False, {}), (64, 16, 128, 8, 1, False, {}), (16, 64, 64, 1, 2, False, {}),
-     (16, 16, 64, 3, 1, True, {}), (64, 64, 128, 2, 1, True, SQ_MMA), (32, 32, 64, 1, 2, True, SQ_MMA),
-     (16, 32, 64, 2, 1, False, SQ_MMA),
-     # W x^T tiles
-     (16, 64, 128, 3, 1, True, SWAP), (32, 64, 64, 2, 1, False, SWAP), (64, 64, 64, 1, 2, True, {**SQ_MMA, **SWAP}),
-     # x^2 from the row-sums program; SPIN_LIMIT 0: the tiles' fallback (rows summed from x)
-     (64, 64, 128, 1, 1, True, {**ROW_SUMS, **SQ_MMA}), (16, 32, 64, 1, 2, False, ROW_SUMS),
-     (32, 64, 64, 1, 1, True, {**ROW_SUMS, **SWAP}), (16, 16, 64, 1, 1, True, {**ROW_SUMS, "SPIN_LIMIT": 0})],
-    ids=str,
+    "block_m, block_nh, block_k, split, group, folded, squares_mma",
+    [(16, 16, 64, 1, 1, False, False), (16, 16, 64, 3, 1, False, False), (16, 32, 128, 2, 1, False, False),
+     (32, 64, 64, 1, 1, False, False), (64, 16, 128, 8, 1, False, False), (16, 64, 64, 1, 2, False, False),
+     (16, 16, 64, 3, 1, True, False), (64, 64, 128, 2, 1, True, True), (32, 32, 64, 1, 2, True, True),
+     (16, 32, 64, 2, 1, False, True), (16, 32, 256, 1, 1, True, True), (64, 32, 128, 1, 2, True, True)],
 )  # fmt: skip
-def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, group, folded, variant):
+def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, group, folded, squares_mma):
     """Every tile shape and K split the launcher can pick (narrow half-head tiles, whole heads,
     uneven splits, grouped tile order with a partial last group; the RMSNorm weight folded
-    into W or not; x^2 summed in registers, on the MMA as diag(x x^T), or by the row-sums
-    program; W x^T tiles), each called twice: the split-K and row-sums counters must be left
-    reset for the next call."""
+    into W or not; x^2 summed in registers or on the MMA as diag(x x^T)), each called twice:
+    the split-K arrival counters must be left reset for the next call."""
     M, K, head_dim, n_heads = 37, 448, 128, 4
     x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=3)
-    cfg = dict(BLOCK_M=block_m, BLOCK_NH=block_nh, BLOCK_K=block_k, SPLIT_K=split, GROUP_M=group, num_warps=4,
-               num_stages=2, **variant)  # fmt: skip
+    cfg = dict(BLOCK_M=block_m, BLOCK_NH=block_nh, BLOCK_K=block_k, SPLIT_K=split, GROUP_M=group,
+               SQUARES_MMA=squares_mma, num_warps=4, num_stages=2)  # fmt: skip
     g_arg, w_arg = (None, rt.fold_rms_weight(w, rms_w)) if folded else (rms_w, w)
     _launch_twice(x, g_arg, w_arg, cos, sin, head_dim, cfg, ref)
 
