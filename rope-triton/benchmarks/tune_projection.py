@@ -72,8 +72,11 @@ def _tiles(m: int, splits, block_m=(16, 32, 64), block_k=(64, 128)):
             yield {"BLOCK_M": bm, "HEADS": heads, "BLOCK_K": 64, "GROUP_M": group,
                    "num_warps": warps, "num_stages": stages, "USE_TMA": True}  # fmt: skip
         # Half-head tiles (`_rms_matmul_rope_kernel`, two dots per K step).
-        for (bm, warps), stages, group in itertools.product(((64, 4), (128, 4), (128, 8)), (3, 4), (1, 8)):
-            yield {"BLOCK_M": bm, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": group,
+        # (BLOCK_NH, BLOCK_K) 32, 128 at 6 stages: the shape that won unsplit at 64 tokens.
+        for (bm, warps), (bnh, bk), stages, group in itertools.product(
+            ((64, 4), (128, 4), (128, 8)), ((64, 64), (32, 128)), (3, 4, 6), (1, 8)
+        ):
+            yield {"BLOCK_M": bm, "BLOCK_NH": bnh, "BLOCK_K": bk, "SPLIT_K": 1, "GROUP_M": group,
                    "num_warps": warps, "num_stages": stages, "USE_TMA": True}  # fmt: skip
 
 

@@ -154,13 +154,15 @@ def _rms_norm_matmul_rope_fake(out, x, rms_weight, w, cos, sin, eps, head_dim, i
 
 
 # The one-launch kernel wins up to this many tokens; above it, impl="auto" runs the unfused
-# sequence. H100, Llama-3 8B [W_q; W_k], against the unfused sequence (`rms_matmul_rope_config`):
-# with rms_weight passed 1.07x at 16 tokens, 1.04x at 32, 0.89x at 64; with it folded into W
-# (rms_weight=None) 1.12x / 1.10x / 1.01x at 16 / 32 / 64, 0.94x - 0.78x at 256 - 1024 (whole-head
-# tiles). From FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED tokens on, on Hopper (TMA), the folded
-# form runs fused again: the persistent kernel measured 1.12x at 4096 tokens (0.95x at 2048).
+# sequence. H100, Llama-3 8B [W_q; W_k], `fused-llm bench rope-triton` against the unfused
+# sequence (`rms_matmul_rope_config`): with rms_weight passed 1.07x at 16 tokens, 1.05x at 32,
+# 0.86x at 64; with it folded into W (rms_weight=None; unsplit tiles on Hopper) 1.15-1.20x at
+# 1 - 64 tokens, 1.04x at 128 (tune sweep), 0.95x - 0.77x at 256 - 1024 (whole-head tiles).
+# From FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED tokens on, on Hopper (TMA), the folded form
+# runs fused again: the persistent kernel measured 1.06-1.12x at 4096 tokens (0.95x at 2048).
 FUSED_PROJECTION_MAX_TOKENS = 32
 FUSED_PROJECTION_MAX_TOKENS_FOLDED = 64
+FUSED_PROJECTION_MAX_TOKENS_FOLDED_TMA = 128  # Hopper (TMA): the 65 - 128 token tiles were timed there only
 FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED = 4096
 _PROJECTION_IMPLS = ("auto", "fused", "unfused")
 
@@ -483,7 +485,7 @@ def rms_norm_matmul_rope(
     the matmul, the RMS scale applied to the fp32 accumulator, RoPE in the epilogue.
     ``"unfused"`` is RMSNorm (rounded to x's dtype) -> cuBLAS -> RoPE in place, three launches.
     ``"auto"`` (default) picks fused up to ``FUSED_PROJECTION_MAX_TOKENS`` tokens
-    (``FUSED_PROJECTION_MAX_TOKENS_FOLDED`` with rms_weight=None), where it measured faster,
+    (``FUSED_PROJECTION_MAX_TOKENS_FOLDED`` with rms_weight=None, ``..._TMA`` on Hopper), where it measured faster,
     and unfused above, except that with rms_weight=None on Hopper it picks fused again from
     ``FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED`` tokens (the persistent prefill kernel). Off
     the GPU (no Triton) both run the torch reference."""
@@ -532,7 +534,9 @@ def rms_norm_matmul_rope(
         if rms_weight is not None:
             impl = "fused" if M <= FUSED_PROJECTION_MAX_TOKENS else "unfused"
         else:
+            tma = triton_enabled_for(x2) and _triton_kernels()._use_tma(x2, w)
+            decode = M <= (FUSED_PROJECTION_MAX_TOKENS_FOLDED_TMA if tma else FUSED_PROJECTION_MAX_TOKENS_FOLDED)
             prefill = M >= FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED and _persistent_prefill(x2, w, head_dim)
-            impl = "fused" if M <= FUSED_PROJECTION_MAX_TOKENS_FOLDED or prefill else "unfused"
+            impl = "fused" if decode or prefill else "unfused"
     ops.rms_norm_matmul_rope(out, x2, rms_weight, w, c2, s2, float(eps), head_dim, impl)
     return out.view(*x.shape[:-1], w.shape[0])

@@ -780,6 +780,7 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
     | 16 | 22.3-22.4 | 20.8 (16 x (32 + 32), K 128, split 4) | 18.6 (16 x (32 + 32), K 256, 4 stages) |
     | 32 | 22.7-23.0 | 22.0 (16 x (32 + 32), K 64, split 4) | 19.0 (16 x (64 + 64), K 256, 4 stages) |
     | 64 | 23.1-23.3 | 26.2 (best of 72; 64-row tiles 27.7) | 19.7 (64 x (32 + 32), K 128, 6 stages) |
+    | 128 | 24.0 | - | 23.1 (64 x (64 + 64), K 64, 6 stages; whole-head tiles 24.4) |
     | 1024 | 68.6 | 125 (64 x (64 + 64), K 64) | 94 (same, grouped order, x^2 on the MMA) |
 
     Per K step, with the weight passed, every x tile goes through registers (x * g rounded
@@ -790,7 +791,8 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
     Folded decode tiles on sm90 are unsplit (SPLIT_K 1: one program per column tile, 40-80 of
     them on 132 SMs, no fp32 partials, no second pass): earlier sweeps only offered splits of
     2 - 8, and those took 19.7 / 19.8 / 20.2 / 23.0 us at 1 / 16 / 32 / 64 tokens
-    (results/tune_projection_decode_split1_*). Also measured and not kept (b72a360,
+    (results/tune_projection_decode_split1_*; 128 tokens: results/tune_projection_128_256_*,
+    where at 256 tokens the whole-head tiles stayed the best, 0.93x). Also measured and not kept (b72a360,
     results/tune_projection_decode_*): W x^T tiles (the tokens on wgmma's narrow side, which
     won in gated-mlp) at most 1% faster with a split and slower without one; SPLIT_K 3; and
     summing x^2 once per row block in a program of its own instead of in every tile (21.3 us at
@@ -798,9 +800,13 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
     1.2 us faster. Without TMA (sm80, ROCm: never timed) the earlier split tiles stay; their
     shared memory also fits an A100."""
     half = head_dim // 2
-    if M <= 64 and folded and tma:
-        cfg = {"BLOCK_M": 64, "BLOCK_NH": 32, "BLOCK_K": 128, "num_stages": 6} if M > 32 else \
-              {"BLOCK_M": 16, "BLOCK_NH": 64 if M > 16 else 32, "BLOCK_K": 256}  # fmt: skip
+    if M <= 128 and folded and tma:
+        if M > 64:  # 2 row blocks: 80 tiles of 64 x (64 + 64) (the 64-token shape makes 160: 2 waves)
+            cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "num_stages": 6}
+        elif M > 32:
+            cfg = {"BLOCK_M": 64, "BLOCK_NH": 32, "BLOCK_K": 128, "num_stages": 6}
+        else:
+            cfg = {"BLOCK_M": 16, "BLOCK_NH": 64 if M > 16 else 32, "BLOCK_K": 256}
         cfg.update(SPLIT_K=1, SQUARES_MMA=True)
     elif M <= 16:
         cfg = {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 128, "SPLIT_K": 2} if folded else \
