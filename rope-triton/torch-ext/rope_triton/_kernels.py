@@ -385,7 +385,7 @@ def _grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _rms_matmul_rope_kernel(
-    x_ptr, g_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
+    x_ptr, g_ptr, w_ptr, x_desc, w_desc, g_desc, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
     M, N, K, K_SPLIT, eps,
     s_xm, s_wn, s_cm, s_cj, s_om,
     HEAD_DIM: tl.constexpr,
@@ -446,25 +446,23 @@ def _rms_matmul_rope_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if USE_TMA:  # sm90: the copy engine, zero-filled past M and K
             x = x_desc.load([pid_m * BLOCK_M, k0])
-            if HAS_G:
-                g = tl.load(g_ptr + k0 + ks, mask=(k0 + ks) < K, other=0.0)
             w_lo = w_desc.load([lo_row0, k0])
             w_hi = w_desc.load([lo_row0 + HALF, k0])
         elif EVEN_K:  # no K mask: keeps the loads vectorized (K % BLOCK_K == 0, the usual case)
             x = tl.load(x_rows + k0, mask=rmask[:, None], other=0.0)
-            if HAS_G:
-                g = tl.load(g_ptr + k0 + ks)
             w_lo = tl.load(w_lo_tile + k0)
             w_hi = tl.load(w_hi_tile + k0)
         else:
             kmask = (k0 + ks) < k_hi
             x = tl.load(x_rows + k0, mask=rmask[:, None] & kmask[None, :], other=0.0)
-            if HAS_G:
-                g = tl.load(g_ptr + k0 + ks, mask=kmask, other=0.0)
             w_lo = tl.load(w_lo_tile + k0, mask=kmask[None, :], other=0.0)
             w_hi = tl.load(w_hi_tile + k0, mask=kmask[None, :], other=0.0)
         squares = _add_squares(x, squares, SQUARES_MMA, COMPILED)
-        xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype) if HAS_G else x
+        if HAS_G:
+            g = _load_g(g_desc, g_ptr, k0, K, BLOCK_K, EVEN_K, USE_TMA)
+            xg = (x.to(tl.float32) * g.to(tl.float32)).to(x.dtype)
+        else:
+            xg = x
         acc_lo = _dot_t(xg, w_lo, acc_lo, COMPILED)
         acc_hi = _dot_t(xg, w_hi, acc_hi, COMPILED)
     sumsq = _row_sums(squares, BLOCK_M, SQUARES_MMA)
@@ -540,6 +538,21 @@ def _load_x(x_desc, x_rows, off_m, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.cons
 
 
 @triton.jit
+def _load_g(g_desc, g_ptr, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr):
+    """One K step's RMSNorm weights [1, BLOCK_K]. Through TMA where x and W come that way, so the
+    load joins their software pipeline: a pointer load in the K loop is not pipelined (the
+    compiled loop issues it synchronously), so every K step waited an L2 round trip for it."""
+    if USE_TMA:
+        g = g_desc.load([0, k0])
+    elif EVEN_K:
+        g = tl.load(g_ptr + k0 + tl.arange(0, BLOCK_K))[None, :]
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        g = tl.load(g_ptr + ks, mask=ks < K, other=0.0)[None, :]
+    return g
+
+
+@triton.jit
 def _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
               USE_TMA: tl.constexpr):  # fmt: skip
     """One K step's x [BLOCK_M, BLOCK_K] and W [BLOCK_N, BLOCK_K] tiles (see `_load_x`)."""
@@ -556,7 +569,7 @@ def _whole_head_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G
 
 @triton.jit
 def _rms_matmul_rope_heads_kernel(
-    x_ptr, g_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr,
+    x_ptr, g_ptr, w_ptr, x_desc, w_desc, g_desc, cos_ptr, sin_ptr, out_ptr,
     M, N, K, eps,
     s_xm, s_wn, s_cm, s_cj, s_om,
     HEAD_DIM: tl.constexpr,
@@ -592,10 +605,12 @@ def _rms_matmul_rope_heads_kernel(
     w_rows = w_ptr + ((off_n + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[:, None] * s_wn + ks[None, :]
     for k0 in range(0, K, BLOCK_K):
         x, w = _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, k0, K, BLOCK_K, EVEN_K, USE_TMA)
-        if HAS_G:
-            g = tl.load(g_ptr + k0 + ks, mask=(k0 + ks) < K, other=0.0)
         squares = _add_squares(x, squares, SQUARES_MMA, COMPILED)
-        xg = (x.to(tl.float32) * g.to(tl.float32)[None, :]).to(x.dtype) if HAS_G else x
+        if HAS_G:
+            g = _load_g(g_desc, g_ptr, k0, K, BLOCK_K, EVEN_K, USE_TMA)
+            xg = (x.to(tl.float32) * g.to(tl.float32)).to(x.dtype)
+        else:
+            xg = x
         acc = _dot_t(xg, w, acc, COMPILED)
     acc = acc * _rsqrt(_row_sums(squares, BLOCK_M, SQUARES_MMA) / K + eps, COMPILED)[:, None]
     _rope_heads_epilogue(acc, rows64, rows < M, off_n, N, cos_ptr, sin_ptr, out_ptr, s_cm, s_cj, s_om, BLOCK_M, HEADS,
@@ -774,31 +789,35 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
     feed the MMAs unmodified. The best of `benchmarks/tune_projection.py` on an H100 (Llama-3
     8B [W_q; W_k], 5120 x 4096, bf16; harness timing, inputs past L2; results/tune_projection_*):
 
-    | tokens | unfused (RMSNorm + cuBLAS + RoPE) | weight passed | weight folded, TMA (sm90) |
+    | tokens | unfused (RMSNorm + cuBLAS + RoPE) | weight passed, TMA (sm90) | weight folded, TMA (sm90) |
     |---|---|---|---|
-    | 1 | 21.4 us | 21.0 (16 x (64 + 64), K 128, split 2) | 18.3 (16 x (32 + 32), K 256, 4 stages) |
-    | 16 | 22.3-22.4 | 20.8 (16 x (32 + 32), K 128, split 4) | 18.6 (16 x (32 + 32), K 256, 4 stages) |
-    | 32 | 22.7-23.0 | 22.0 (16 x (32 + 32), K 64, split 4) | 19.0 (16 x (64 + 64), K 256, 4 stages) |
-    | 64 | 23.1-23.3 | 26.2 (best of 72; 64-row tiles 27.7) | 19.7 (64 x (32 + 32), K 128, 6 stages) |
-    | 128 | 24.0 | - | 23.1 (64 x (64 + 64), K 64, 6 stages; whole-head tiles 24.4) |
-    | 1024 | 68.6 | 125 (64 x (64 + 64), K 64) | 94 (same, grouped order, x^2 on the MMA) |
+    | 1 | 21.4-21.5 us | 18.9 (16 x (32 + 32), K 256) | 18.3 (16 x (32 + 32), K 256) |
+    | 16 | 22.3-22.4 | 19.0 (16 x (32 + 32), K 256) | 18.6 (16 x (32 + 32), K 256) |
+    | 32 | 22.7-23.0 | 20.6 (16 x (64 + 64), K 256) | 19.0 (16 x (64 + 64), K 256) |
+    | 64 | 23.1-23.3 | 26.3 (32 x (64 + 64), K 128) | 19.7 (64 x (32 + 32), K 128, 6 stages) |
+    | 128 | 24.0 | 38.6 (whole-head tiles) | 23.1 (64 x (64 + 64), K 64, 6 stages; whole-head tiles 24.4) |
+    | 1024 | 68.6-69.2 | 126.5 (64 x (64 + 64), K 64) | 86.5-94 (whole heads: 64 x 256, x^2 on the MMA) |
+
+    All unsplit (SPLIT_K 1: one program per column tile, 40-80 of them on 132 SMs, no fp32
+    partials, no second pass) and 4 stages unless stated. Earlier sweeps offered K splits of
+    2 - 8 only, and those took 19.7 / 19.8 / 20.2 / 23.0 us folded at 1 / 16 / 32 / 64 tokens
+    (results/tune_projection_decode_split1_*; 128 and 256 tokens: results/tune_projection_128_256_*,
+    where at 256 the whole-head tiles stayed the best, 0.93x). The weight-passed numbers are
+    with g read through TMA (results/tune_projection_weight_passed_*): before, its pointer load
+    was the one load of the K loop outside the software pipeline, and the best tiles took
+    21.0 / 20.8 / 22.0 / 26.2 us at 1 / 16 / 32 / 64 tokens.
 
     Per K step, with the weight passed, every x tile goes through registers (x * g rounded
     back to bf16) before the MMA, in every column tile; that costs most where the x tiles are
     largest (64 rows, prefill). Folded, x^2 can also go to the tensor cores as the diagonal of
-    x x^T (SQUARES_MMA; exact: bf16 squares fit fp32), which won at 64 tokens and prefill.
+    x x^T (SQUARES_MMA; exact: bf16 squares fit fp32), which won folded from 1 token on.
 
-    Folded decode tiles on sm90 are unsplit (SPLIT_K 1: one program per column tile, 40-80 of
-    them on 132 SMs, no fp32 partials, no second pass): earlier sweeps only offered splits of
-    2 - 8, and those took 19.7 / 19.8 / 20.2 / 23.0 us at 1 / 16 / 32 / 64 tokens
-    (results/tune_projection_decode_split1_*; 128 tokens: results/tune_projection_128_256_*,
-    where at 256 tokens the whole-head tiles stayed the best, 0.93x). Also measured and not kept (b72a360,
-    results/tune_projection_decode_*): W x^T tiles (the tokens on wgmma's narrow side, which
-    won in gated-mlp) at most 1% faster with a split and slower without one; SPLIT_K 3; and
-    summing x^2 once per row block in a program of its own instead of in every tile (21.3 us at
-    64 tokens against 19.7), though a scratch build without any x^2 ran the 64-row unsplit tile
-    1.2 us faster. Without TMA (sm80, ROCm: never timed) the earlier split tiles stay; their
-    shared memory also fits an A100."""
+    Also measured and not kept (b72a360, results/tune_projection_decode_*): W x^T tiles (the
+    tokens on wgmma's narrow side, which won in gated-mlp) at most 1% faster with a split and
+    slower without one; SPLIT_K 3; and summing x^2 once per row block in a program of its own
+    instead of in every tile (21.3 us at 64 tokens against 19.7), though a scratch build
+    without any x^2 ran the 64-row unsplit tile 1.2 us faster. Without TMA (sm80, ROCm: never
+    timed) the earlier split tiles stay; their shared memory also fits an A100."""
     half = head_dim // 2
     if M <= 128 and folded and tma:
         if M > 64:  # 2 row blocks: 80 tiles of 64 x (64 + 64) (the 64-token shape makes 160: 2 waves)
@@ -808,6 +827,10 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
         else:
             cfg = {"BLOCK_M": 16, "BLOCK_NH": 64 if M > 16 else 32, "BLOCK_K": 256}
         cfg.update(SPLIT_K=1, SQUARES_MMA=True)
+    elif M <= 64 and tma:  # weight passed: x^2 in registers (the x tile is there for x * g anyway)
+        cfg = {"BLOCK_M": 32, "BLOCK_NH": 64, "BLOCK_K": 128} if M > 32 else \
+              {"BLOCK_M": 16, "BLOCK_NH": 64 if M > 16 else 32, "BLOCK_K": 256}  # fmt: skip
+        cfg.update(SPLIT_K=1)
     elif M <= 16:
         cfg = {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 128, "SPLIT_K": 2} if folded else \
               {"BLOCK_M": 16, "BLOCK_NH": 32, "BLOCK_K": 128, "SPLIT_K": 4}  # fmt: skip
@@ -920,7 +943,7 @@ def launch_rms_matmul_rope(
     cfg = dict(cfg) if cfg is not None else {}
     tma = cfg.pop("USE_TMA", None)
     if tma is None:
-        tma = _use_tma(x, w)
+        tma = _use_tma(x, w, g)
     if not cfg:
         cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None, tma=tma)
     if cfg.pop("PERSISTENT", False):  # `_rms_matmul_rope_persistent_kernel`
@@ -938,7 +961,7 @@ def launch_rms_matmul_rope(
     cfg["SPLIT_K"] = split
     cfg["EVEN_K"] = K % block_k == 0
     block_n = 2 * cfg["BLOCK_NH"]
-    x_desc, w_desc = _descriptors(x, w, cfg["BLOCK_M"], cfg["BLOCK_NH"], block_k, tma)
+    x_desc, w_desc, g_desc = _descriptors(x, w, g, cfg["BLOCK_M"], cfg["BLOCK_NH"], block_k, tma)
     cfg["USE_TMA"] = bool(tma)
     assert (head_dim // 2) % cfg["BLOCK_NH"] == 0, cfg
     grid = (triton.cdiv(M, cfg["BLOCK_M"]), N // block_n, split)
@@ -950,28 +973,34 @@ def launch_rms_matmul_rope(
     else:
         part = sq = counters = out  # not read
     _rms_matmul_rope_kernel[grid](
-        x, g if g is not None else x, w, x_desc, w_desc, cos, sin, out, part, sq, counters,
+        x, g if g is not None else x, w, x_desc, w_desc, g_desc, cos, sin, out, part, sq, counters,
         M, N, K, k_split, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
         HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_G=g is not None, COMPILED=not _interpreting(), **cfg,
     )  # fmt: skip
 
 
-def _use_tma(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Hopper's copy engine: CUDA sm90, 16-byte aligned bases and row strides."""
+def _use_tma(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor | None = None) -> bool:
+    """Hopper's copy engine: CUDA sm90, 16-byte aligned bases and row strides (g, the RMSNorm
+    weight where passed, read as one row [1, K])."""
+    rows = (x, w) if g is None else (x, w, g.view(1, -1))
     return (
         x.is_cuda and torch.version.hip is None and not _interpreting()
         and torch.cuda.get_device_capability(x.device)[0] == 9
-        and all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (x, w))
+        and all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in rows)
     )  # fmt: skip
 
 
-def _descriptors(x, w, block_m: int, block_n: int, block_k: int, tma: bool):
+def _descriptors(x, w, g, block_m: int, block_n: int, block_k: int, tma: bool):
+    """TMA descriptors of x, w and g (the RMSNorm weight as one row [1, K]; None: folded), or
+    placeholders (never read) on the pointer path."""
     if not tma:
-        return x, x  # not read
+        return x, x, x
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor.from_tensor(x, [block_m, block_k]), TensorDescriptor.from_tensor(w, [block_n, block_k])
+    g_desc = TensorDescriptor.from_tensor(g.view(1, -1), [1, block_k]) if g is not None else x
+    return (TensorDescriptor.from_tensor(x, [block_m, block_k]), TensorDescriptor.from_tensor(w, [block_n, block_k]),
+            g_desc)  # fmt: skip
 
 
 # Polls of the shares counter (each an L2 atomic round trip, under a microsecond) before a
@@ -997,7 +1026,7 @@ def _launch_persistent(x, w, cos, sin, out, eps: float, head_dim: int, cfg: dict
     if programs < num_m:
         return False
     sq = torch.empty((triton.cdiv(programs, num_m), num_m * block_m), dtype=torch.float32, device=x.device)
-    x_desc, w_desc = _descriptors(x, w, block_m, block_n, block_k, tma)
+    x_desc, w_desc, _ = _descriptors(x, w, None, block_m, block_n, block_k, tma)
     _rms_matmul_rope_persistent_kernel[(programs,)](
         x, w, x_desc, w_desc, cos, sin, out, sq, _split_counters(x.device, 2),
         M, N, K, eps,
@@ -1015,10 +1044,10 @@ def _launch_heads(x, g, w, cos, sin, out, eps: float, head_dim: int, cfg: dict, 
     block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
     block_n = cfg["HEADS"] * head_dim
     assert head_dim & (head_dim - 1) == 0, "whole-head tiles need a power-of-two head_dim"
-    x_desc, w_desc = _descriptors(x, w, block_m, block_n, block_k, tma)
+    x_desc, w_desc, g_desc = _descriptors(x, w, g, block_m, block_n, block_k, tma)
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
     _rms_matmul_rope_heads_kernel[grid](
-        x, g if g is not None else x, w, x_desc, w_desc, cos, sin, out,
+        x, g if g is not None else x, w, x_desc, w_desc, g_desc, cos, sin, out,
         M, N, K, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
         HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_G=g is not None, EVEN_K=K % block_k == 0,
