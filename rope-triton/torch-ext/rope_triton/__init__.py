@@ -155,11 +155,11 @@ def _rms_norm_matmul_rope_fake(out, x, rms_weight, w, cos, sin, eps, head_dim, i
 
 # The one-launch kernel wins up to this many tokens; above it, impl="auto" runs the unfused
 # sequence. H100, Llama-3 8B [W_q; W_k], `fused-llm bench rope-triton` against the unfused
-# sequence (`rms_matmul_rope_config`): with rms_weight passed 1.07x at 16 tokens, 1.05x at 32,
-# 0.86x at 64; with it folded into W (rms_weight=None; unsplit tiles on Hopper) 1.15-1.20x at
-# 1 - 64 tokens, 1.04x at 128 (tune sweep), 0.95x - 0.77x at 256 - 1024 (whole-head tiles).
+# sequence (`rms_matmul_rope_config`): with rms_weight passed 1.14-1.18x at 1-16 tokens, 1.09x
+# at 32, 0.86x at 64; with it folded into W (rms_weight=None; unsplit tiles on Hopper)
+# 1.16-1.21x at 1 - 64 tokens, 1.04x at 128, 0.95x - 0.76x at 256 - 1024 (whole-head tiles).
 # From FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED tokens on, on Hopper (TMA), the folded form
-# runs fused again: the persistent kernel measured 1.06-1.12x at 4096 tokens (0.95x at 2048).
+# runs fused again: the persistent kernel measured 1.05-1.12x at 4096 tokens (0.95x at 2048).
 FUSED_PROJECTION_MAX_TOKENS = 32
 FUSED_PROJECTION_MAX_TOKENS_FOLDED = 64
 FUSED_PROJECTION_MAX_TOKENS_FOLDED_TMA = 128  # Hopper (TMA): the 65 - 128 token tiles were timed there only
