@@ -460,6 +460,18 @@ def test_rms_norm_matmul_rope_leading_dims_and_half_tables():
     assert rt.rms_norm_matmul_rope(x[:, :0], rms_w, w, 1e-6, angle[:, :0].cos(), angle[:, :0].sin(), head_dim=64).shape == (2, 0, 128)
 
 
+@pytest.mark.parametrize("impl", ["fused", "unfused"])
+def test_rms_norm_matmul_rope_strided_rms_weight(impl):
+    """An RMSNorm weight that is a strided view (every other element of a buffer) is read by
+    its values, not as if it were contiguous."""
+    x, rms_w, w, cos, sin, ref = _projection_case(5, 256, 2, 64, seed=5)
+    buf = torch.stack([rms_w, torch.full_like(rms_w, 7.0)], dim=1).reshape(-1)  # rms_w at even offsets
+    strided = buf[::2]
+    assert strided.stride() == (2,) and torch.equal(strided, rms_w)
+    out = rt.rms_norm_matmul_rope(x, strided, w, 1e-5, cos, sin, head_dim=64, impl=impl)
+    assert_projection_close(out, ref, impl)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: clear errors naming the argument, before anything is written
 # ---------------------------------------------------------------------------------------------

@@ -524,6 +524,8 @@ def rms_norm_matmul_rope(
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    if rms_weight is not None:  # K elements: the kernels read it with unit stride (as one TMA row on sm90)
+        rms_weight = rms_weight.contiguous()
     M = x2.shape[0]
     if cos.numel() // cos.shape[-1] != M:
         raise ValueError(f"cos: expected one row per token ({M} rows, x's leading dims), got shape {tuple(cos.shape)}")
