@@ -40,18 +40,16 @@ VARIANTS = {  # how the RMSNorm weight and sum(x^2) are handled (see the kernel'
 # 128 x (1 or 2 heads) in 4 or 8 warps and GROUP_M 8, all slower than 64 x 2 heads, 4 warps):
 WHOLE_HEAD_TILES = ((64, 2, 4), (64, 1, 4), (64, 4, 8), (64, 2, 8))  # (BLOCK_M, HEADS, num_warps)
 WHOLE_HEAD_STAGES = (4, 5)
-# `_rms_matmul_rope_persistent_kernel` (--persistent) and `_rms_matmul_rope_stream_k_kernel`
-# (--stream-k): (BLOCK_M, HEADS, num_warps, num_stages)
+# `_rms_matmul_rope_persistent_kernel` (--persistent): (BLOCK_M, HEADS, num_warps, num_stages)
 PERSISTENT_TILES = ((64, 2, 4, 4), (64, 2, 4, 5), (128, 2, 8, 3), (128, 2, 8, 4))
 
 
 def configs(m: int, variants=("plain",), splits=(1, 2, 4), warps=(4,), stages=(4,), block_m=(16, 32, 64),
-            persistent=False, block_k=(64, 128), stream_k=False):  # fmt: skip
-    if persistent or stream_k:  # weight folded, TMA
-        for kind, on in (("PERSISTENT", persistent), ("STREAM_K", stream_k)):
-            for bm, heads, w, st in PERSISTENT_TILES if on else ():
-                yield {kind: True, "BLOCK_M": bm, "HEADS": heads, "BLOCK_K": 64, "num_warps": w,
-                       "num_stages": st, "USE_TMA": True, "FOLD": True}  # fmt: skip
+            persistent=False, block_k=(64, 128)):  # fmt: skip
+    if persistent:  # weight folded, TMA
+        for bm, heads, w, st in PERSISTENT_TILES:
+            yield {"PERSISTENT": True, "BLOCK_M": bm, "HEADS": heads, "BLOCK_K": 64, "num_warps": w,
+                   "num_stages": st, "USE_TMA": True, "FOLD": True}  # fmt: skip
         return
     for cfg in _tiles(m, splits, block_m, block_k):
         for v, w, st in itertools.product(variants, warps, stages):
@@ -95,9 +93,7 @@ def main() -> None:
     parser.add_argument("--block-k", type=int, nargs="*", default=[64, 128], help="decode tiles")
     parser.add_argument("--prefill-tiles", type=int, default=28, help="the first N prefill tile shapes only")
     parser.add_argument("--persistent", action="store_true", help="the persistent kernel's tiles")
-    parser.add_argument("--stream-k", action="store_true", help="the stream-K kernel's tiles")
     args = parser.parse_args()
-    fused_prefill = args.persistent or args.stream_k  # folded-weight prefill kernels only
     rt = get_kernel("rope-triton")
     kern = rt._triton_kernels()
     results = []
@@ -117,10 +113,10 @@ def main() -> None:
         default = kern.rms_matmul_rope_config(m, x.shape[1], ref.HEAD_DIM)
         rows = []
         folded = [rt.fold_rms_weight(ws, gs) for _, gs, ws, _, _ in sets] \
-            if fused_prefill or any(VARIANTS[v]["FOLD"] for v in args.variants) else []  # fmt: skip
+            if args.persistent or any(VARIANTS[v]["FOLD"] for v in args.variants) else []  # fmt: skip
         for n, cfg in enumerate(configs(m, args.variants, args.splits, args.warps, args.stages, args.block_m,
-                                        args.persistent, args.block_k, args.stream_k)):  # fmt: skip
-            if m > 64 and not fused_prefill and n >= args.prefill_tiles * len(args.variants):
+                                        args.persistent, args.block_k)):  # fmt: skip
+            if m > 64 and not args.persistent and n >= args.prefill_tiles * len(args.variants):
                 break
             try:
                 def call(i, cfg=cfg):
@@ -136,7 +132,7 @@ def main() -> None:
             except Exception as exc:  # a shape Triton cannot compile (shared memory) is skipped
                 print(f"  M={m} {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
         rows.sort(key=lambda r: r[0])
-        if fused_prefill:  # against the folded kernel the configuration picks now
+        if args.persistent:  # against the folded kernel the configuration picks now
             default = kern.rms_matmul_rope_config(m, x.shape[1], ref.HEAD_DIM, folded=True)
             t_default = timed(lambda i: rt.rms_norm_matmul_rope(sets[i][0], None, folded[i], ref.EPS, *sets[i][3:],
                                                                 impl="fused"))  # fmt: skip
@@ -144,7 +140,7 @@ def main() -> None:
             t_default = timed(lambda i: rt.rms_norm_matmul_rope(*sets[i][:3], ref.EPS, *sets[i][3:]))
         print(f"M={m} ({len(sets)} input sets): unfused {t_unfused:.2f} us, cuBLAS alone {t_cublas:.2f} us; "
               f"default {t_default:.2f} us {default}")
-        for t, cfg in rows if fused_prefill else rows[:5]:
+        for t, cfg in rows if args.persistent else rows[:5]:
             print(f"   {t:8.2f} us  {t_unfused / t:5.2f}x unfused  {cfg}")
         results.append(dict(tokens=m, unfused_us=t_unfused, cublas_us=t_cublas, default_us=t_default,
                             configs=[dict(us=t, **cfg) for t, cfg in rows]))

@@ -448,31 +448,6 @@ def test_rms_norm_matmul_rope_persistent(M, K, block_m, heads, head_dim, n_heads
     _launch_twice(x, None, rt.fold_rms_weight(w, rms_w), cos, sin, head_dim, cfg, ref)
 
 
-@pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton kernel's tile configurations")
-@pytest.mark.parametrize(
-    "M, K, block_m, heads, head_dim, n_heads, programs, reversed_",
-    [(37, 448, 16, 2, 64, 5, None, False), (37, 448, 16, 2, 64, 5, None, True), (37, 448, 16, 2, 64, 5, 11, True),
-     (70, 320, 32, 1, 128, 3, 7, False), (300, 1024, 64, 2, 128, 10, 11, True), (5, 128, 16, 1, 64, 2, 4, True),
-     (5, 128, 16, 1, 64, 2, 9, False), (37, 128, 16, 2, 64, 5, 4, True), (37, 128, 16, 2, 64, 5, 4, False),
-     (64, 256, 16, 4, 32, 4, 2, False)],
-)  # fmt: skip
-def test_rms_norm_matmul_rope_stream_k(M, K, block_m, heads, head_dim, n_heads, programs, reversed_):
-    """The prefill kernel of whole rounds and a stream-K last round
-    (`_rms_matmul_rope_stream_k_kernel`): a last round split between 2 and more programs, no
-    whole round (more programs than tiles: ranges inside one tile), one K step a program, more
-    programs than K steps (clamped), programs with empty ranges in the last round (2 K steps
-    over 4 programs), rows and K not multiples of the tile, a partial last column tile, and more
-    row blocks than programs (the launcher falls back to per-tile x^2).
-    The interpreter runs programs one at a time: in launch order a tile's finisher runs before
-    the programs holding its rest, gives up waiting and computes the tile whole (their late
-    partials are then dropped); reversed, the partials are in when it runs and are added up.
-    Each config twice: every counter and flag must be left at zero."""
-    x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=11)
-    cfg = dict(STREAM_K=True, BLOCK_M=block_m, HEADS=heads, BLOCK_K=64, num_warps=4, num_stages=2,
-               REVERSED=reversed_, **({"PROGRAMS": programs} if programs else {}))  # fmt: skip
-    _launch_twice(x, None, rt.fold_rms_weight(w, rms_w), cos, sin, head_dim, cfg, ref)
-
-
 def test_rms_norm_matmul_rope_leading_dims_and_half_tables():
     x = torch.randn(2, 3, 256, dtype=torch.bfloat16, device=DEVICE)
     rms_w = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)

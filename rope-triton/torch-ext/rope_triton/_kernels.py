@@ -630,23 +630,22 @@ def _load_shares(sq_ptr, rows, n_shares, m_pad, ready, MAX_SHARES: tl.constexpr)
 
 
 @triton.jit
-def _wait_count(count_ptr, target, SPIN_LIMIT: tl.constexpr):
-    """True once the count reaches ``target`` (acquire loads): every first-round program has
-    published its share of sum(x^2), or a partial is in. False past SPIN_LIMIT polls: the grid
-    was not all resident (another kernel holds SMs, or Triton's interpreter runs programs one at
-    a time), and the caller does the work itself, so a program never waits on one that cannot
-    start."""
+def _wait_for_shares(count_ptr, n_prog, SPIN_LIMIT: tl.constexpr):
+    """True once every program of the first round has published its share of sum(x^2) (acquire
+    loads of the count). False past SPIN_LIMIT polls: the grid was not all resident (another
+    kernel holds SMs, or Triton's interpreter runs programs one at a time), and the caller sums
+    its rows itself, so a program never waits on one that cannot start."""
     seen = tl.atomic_add(count_ptr, 0, sem="acquire")
     polls = seen * 0
-    while (seen < target) & (polls < SPIN_LIMIT):
+    while (seen < n_prog) & (polls < SPIN_LIMIT):
         seen = tl.atomic_add(count_ptr, 0, sem="acquire")
         polls += 1
-    return seen >= target
+    return seen >= n_prog
 
 
 @triton.jit
 def _x_row_sums(x_ptr, rows, M, K, s_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """sum(x^2) of rows read straight from x (the fallback of `_wait_count`)."""
+    """sum(x^2) of rows read straight from x (the fallback of `_wait_for_shares`)."""
     ks = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm
     sums = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -757,7 +756,7 @@ def _rms_matmul_rope_persistent_kernel(
             tl.debug_barrier()  # every thread's sums stored before the count releases them
             tl.atomic_add(count_ptr, 1, sem="release")
         if ready == 0:
-            ready = _wait_count(count_ptr, n_prog, SPIN_LIMIT)
+            ready = _wait_for_shares(count_ptr, n_prog, SPIN_LIMIT)
             if ready:
                 sums = _load_shares(sq_ptr, rows, tile_shares, m_pad, ready, MAX_SHARES)
             else:
@@ -765,171 +764,6 @@ def _rms_matmul_rope_persistent_kernel(
         acc = acc * _rsqrt(sums / K + eps, COMPILED)[:, None]
         _rope_heads_epilogue(acc, rows.to(tl.int64), rows < M, off_n, N, cos_ptr, sin_ptr, out_ptr, s_cm, s_cj, s_om,
                              BLOCK_M, HEADS, HEAD_DIM, HALF)  # fmt: skip
-    done = tl.atomic_add(count_ptr + 1, 1, sem="acq_rel")
-    if done == n_prog - 1:  # every program is past its waits
-        tl.atomic_xchg(count_ptr, 0)
-        tl.atomic_xchg(count_ptr + 1, 0)
-
-
-@triton.jit
-def _k_steps(acc, x_desc, w_desc, x_rows, w_rows, off_m, off_n, k_lo, k_hi, K, BLOCK_K: tl.constexpr,
-             EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, COMPILED: tl.constexpr):  # fmt: skip
-    """acc + x[off_m:, k] @ W[off_n:, k]^T over K steps [k_lo, k_hi) (the software-pipelined loop)."""
-    for step in range(k_lo, k_hi):
-        x, w = _load_x_w(x_desc, w_desc, x_rows, w_rows, off_m, off_n, step * BLOCK_K, K, BLOCK_K, EVEN_K, USE_TMA)
-        acc = _dot_t(x, w, acc, COMPILED)
-    return acc
-
-
-@triton.jit
-def _finish_heads_tile(acc, ready, off_m, off_n, x_ptr, sq_ptr, count_ptr, cos_ptr, sin_ptr, out_ptr,
-                       M, N, K, eps, n_prog, num_m, m_pad, s_xm, s_cm, s_cj, s_om,
-                       HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HEADS: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_K: tl.constexpr, MAX_SHARES: tl.constexpr, SPIN_LIMIT: tl.constexpr,
-                       COMPILED: tl.constexpr):  # fmt: skip
-    """A whole tile's epilogue: its rows' sum(x^2) from the published shares (waiting for them
-    the first time, ``ready``), or from x itself if the wait gave up; RMS scale; RoPE; store.
-    Returns ``ready``."""
-    rows = off_m + tl.arange(0, BLOCK_M)
-    if ready == 0:
-        ready = _wait_count(count_ptr, n_prog, SPIN_LIMIT)
-    if ready:
-        sums = _load_shares(sq_ptr, rows, _shares_of(off_m // BLOCK_M, n_prog, num_m), m_pad, ready, MAX_SHARES)
-    else:
-        sums = _x_row_sums(x_ptr, rows, M, K, s_xm, BLOCK_M, BLOCK_K)
-    acc = acc * _rsqrt(sums / K + eps, COMPILED)[:, None]
-    _rope_heads_epilogue(acc, rows.to(tl.int64), rows < M, off_n, N, cos_ptr, sin_ptr, out_ptr, s_cm, s_cj, s_om,
-                         BLOCK_M, HEADS, HEAD_DIM, HALF)  # fmt: skip
-    return ready
-
-
-@triton.jit
-def _rms_matmul_rope_stream_k_kernel(
-    x_ptr, w_ptr, x_desc, w_desc, cos_ptr, sin_ptr, out_ptr, part_ptr, sq_ptr, count_ptr,
-    M, N, K, eps,
-    s_xm, s_wn, s_cm, s_cj, s_om,
-    HEAD_DIM: tl.constexpr,
-    HALF: tl.constexpr,
-    HEADS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    MAX_SHARES: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    USE_TMA: tl.constexpr,
-    SPIN_LIMIT: tl.constexpr,
-    REVERSED: tl.constexpr,
-    COMPILED: tl.constexpr,
-):  # fmt: skip
-    """Prefill, RMSNorm weight folded into W; one program per SM; tiles of BLOCK_M tokens x
-    HEADS whole heads in grouped order. The whole rounds of tiles run data-parallel (program p:
-    tiles p, p + P, ..., all programs at the same K step, so a K slice of x and W serves every
-    tile from L2); the short last round is cut stream-K: its tiles' K steps laid end to end and
-    split into one equal range per program. 1024 tokens make 160 tiles of 128 x 256 on 132
-    SMs: one whole round, then 28 tiles' work shared by all 132 programs instead of a second
-    round 21% full. (Stream-K over all the tiles measured 1.4-2x slower: programs at different
-    K steps of tiles that share W rows read W from DRAM again, 126 us against 88 at 1024
-    tokens.)
-
-    A program's range in the last round: the end of one tile (its first segment, unless the
-    range starts at a tile), whole tiles, then the start of another (its last). A segment not
-    starting at K step 0 stores its fp32 partial to part[pid] and sets flag pid (release); the
-    program holding the tile's K step 0 (the last segment of its range) runs its own K steps,
-    then waits for the flags of the programs after it that hold the rest (acquire), adds their
-    partials in program order (deterministic for a given program count) and runs the epilogue.
-    A wait gives up after SPIN_LIMIT polls (a grid not all resident; the interpreter, which
-    runs programs one at a time) and the finisher computes the rest of the tile itself; flag
-    value 2 tells a late program its partial is not wanted (and to zero the flag).
-
-    sum(x^2): first, program p sums row block p % num_m over share p // num_m of K (x x^T on
-    the MMA), publishes it (sq[share]) and counts it (release); a program's first epilogue
-    waits for all shares (see `_rms_matmul_rope_persistent_kernel`).
-
-    count_ptr: [0] shares published, [1] programs done, [2 + p] program p's partial flag, all
-    zero at rest (the last program out zeroes [0] and [1], a finisher the flags it consumed)."""
-    BLOCK_N: tl.constexpr = HEADS * HEAD_DIM
-    n_prog = tl.num_programs(0)
-    pid = tl.program_id(0)
-    if REVERSED:  # tests: the interpreter then runs the programs holding the rest of a tile first
-        pid = n_prog - 1 - pid
-    num_m = tl.cdiv(M, BLOCK_M)
-    n_tiles = num_m * tl.cdiv(N, BLOCK_N)
-    n_full = n_tiles // n_prog * n_prog
-    k_steps = tl.cdiv(K, BLOCK_K)
-    m_pad = num_m * BLOCK_M
-    ks = tl.arange(0, BLOCK_K)
-    offs_tile = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    # this program's share of sum(x^2)
-    sq_m = pid % num_m
-    share = pid // num_m
-    sq_shares = _shares_of(sq_m, n_prog, num_m)
-    sq_rows = sq_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    sq_x_rows = x_ptr + (sq_rows % M).to(tl.int64)[:, None] * s_xm + ks[None, :]
-    squares = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
-    for step in range(share * k_steps // sq_shares, (share + 1) * k_steps // sq_shares):
-        xs = _load_x(x_desc, sq_x_rows, sq_m * BLOCK_M, step * BLOCK_K, K, BLOCK_K, EVEN_K, USE_TMA)
-        squares = _dot_t(xs, xs, squares, COMPILED)
-    tl.store(sq_ptr + share * m_pad + sq_rows, _row_sums(squares, BLOCK_M, True))
-    tl.debug_barrier()  # every thread's sums stored before the count releases them
-    tl.atomic_add(count_ptr, 1, sem="release")
-    ready = pid < 0  # all shares seen (a tensor: reassigned in the loops)
-
-    for tile in range(pid, n_full, n_prog):  # the whole rounds
-        off_m, off_n = _whole_head_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        rows = off_m + tl.arange(0, BLOCK_M)
-        x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm + ks[None, :]
-        w_rows = w_ptr + ((off_n + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[:, None] * s_wn + ks[None, :]
-        acc = _k_steps(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), x_desc, w_desc, x_rows, w_rows, off_m, off_n,
-                       0, k_steps, K, BLOCK_K, EVEN_K, USE_TMA, COMPILED)  # fmt: skip
-        ready = _finish_heads_tile(acc, ready, off_m, off_n, x_ptr, sq_ptr, count_ptr, cos_ptr, sin_ptr, out_ptr, M, N,
-                                   K, eps, n_prog, num_m, m_pad, s_xm, s_cm, s_cj, s_om, HEAD_DIM, HALF, HEADS,
-                                   BLOCK_M, BLOCK_K, MAX_SHARES, SPIN_LIMIT, COMPILED)  # fmt: skip
-
-    # the last round, stream-K: program q holds iterations [q * total // P, (q + 1) * total // P)
-    total = (n_tiles - n_full) * k_steps  # < 2^31: fewer tiles than programs
-    it = pid * total // n_prog
-    it_end = (pid + 1) * total // n_prog
-    while it < it_end:
-        tile = it // k_steps
-        k_lo = it - tile * k_steps
-        k_hi = tl.minimum(k_steps, k_lo + (it_end - it))
-        off_m, off_n = _whole_head_tile(n_full + tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        rows = off_m + tl.arange(0, BLOCK_M)
-        x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm + ks[None, :]
-        w_rows = w_ptr + ((off_n + tl.arange(0, BLOCK_N)) % N).to(tl.int64)[:, None] * s_wn + ks[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = _k_steps(acc, x_desc, w_desc, x_rows, w_rows, off_m, off_n, k_lo, k_hi, K, BLOCK_K, EVEN_K, USE_TMA,
-                       COMPILED)  # fmt: skip
-        if (k_lo == 0) & (k_hi < k_steps):  # the rest of this tile: programs pid + 1 .. last (non-empty ranges)
-            # Waited for after this program's own K steps: with ranges shorter than a tile the
-            # others run at the same time as this one's steps, not before them.
-            last = ((tile + 1) * k_steps * n_prog - 1) // total
-            all_in = pid >= 0
-            for q in range(pid + 1, last + 1):
-                if (q + 1) * total // n_prog > q * total // n_prog:
-                    all_in = all_in & _wait_count(count_ptr + 2 + q, 1, SPIN_LIMIT)
-            if all_in:
-                for q in range(pid + 1, last + 1):
-                    if (q + 1) * total // n_prog > q * total // n_prog:
-                        acc += tl.load(part_ptr + q * (BLOCK_M * BLOCK_N) + offs_tile, cache_modifier=".cg")
-                        tl.atomic_xchg(count_ptr + 2 + q, 0)
-            else:  # not all in: claim every flag (2: not wanted) and compute the rest of the tile here
-                for q in range(pid + 1, last + 1):
-                    if (q + 1) * total // n_prog > q * total // n_prog:
-                        if tl.atomic_xchg(count_ptr + 2 + q, 2, sem="acq_rel") == 1:
-                            tl.atomic_xchg(count_ptr + 2 + q, 0)
-                acc = _k_steps(acc, x_desc, w_desc, x_rows, w_rows, off_m, off_n, k_hi, k_steps, K, BLOCK_K, EVEN_K,
-                               USE_TMA, COMPILED)  # fmt: skip
-        if k_lo == 0:
-            ready = _finish_heads_tile(acc, ready, off_m, off_n, x_ptr, sq_ptr, count_ptr, cos_ptr, sin_ptr, out_ptr, M,
-                                       N, K, eps, n_prog, num_m, m_pad, s_xm, s_cm, s_cj, s_om, HEAD_DIM, HALF, HEADS,
-                                       BLOCK_M, BLOCK_K, MAX_SHARES, SPIN_LIMIT, COMPILED)  # fmt: skip
-        else:  # the end of a tile (this program's first segment): its finisher adds the partial
-            tl.store(part_ptr + pid * (BLOCK_M * BLOCK_N) + offs_tile, acc)
-            tl.debug_barrier()  # every thread's partial stored before the flag releases it
-            if tl.atomic_xchg(count_ptr + 2 + pid, 1, sem="release") == 2:  # the finisher gave up on it
-                tl.atomic_xchg(count_ptr + 2 + pid, 0)
-        it += k_hi - k_lo
     done = tl.atomic_add(count_ptr + 1, 1, sem="acq_rel")
     if done == n_prog - 1:  # every program is past its waits
         tl.atomic_xchg(count_ptr, 0)
@@ -1012,7 +846,8 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
         # 1.12x at 4096 (128 x 256, 8 warps; whole-head tiles there: 0.95x). At 256 - 1024
         # tokens the whole-head kernel was as fast or faster (results/tune_projection_persistent_*;
         # its TAIL_SPLIT 2 / 4 rows are a K split of a short last round, measured slower
-        # everywhere and removed).
+        # everywhere and removed). A stream-K last round (9eac92f) was slower too: 94 us at
+        # 1024 tokens against 88, 275 at 4096 against 259 (results/tune_projection_stream_k_*).
         cfg = {"PERSISTENT": True, "BLOCK_M": 128 if M > 2048 else 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64,
                "num_warps": 8 if M > 2048 else 4, "num_stages": 3 if M > 2048 else 4}  # fmt: skip
     elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256:
@@ -1112,11 +947,6 @@ def launch_rms_matmul_rope(
         tma = _use_tma(x, w, g)
     if not cfg:
         cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None, tma=tma)
-    if cfg.pop("STREAM_K", False):  # `_rms_matmul_rope_stream_k_kernel`
-        assert g is None, "the stream-K kernel takes the RMSNorm weight folded into w"
-        if _launch_stream_k(x, w, cos, sin, out, eps, head_dim, cfg, tma):
-            return
-        cfg = _whole_head_config(head_dim)  # more row blocks than programs: x^2 in every tile
     if cfg.pop("PERSISTENT", False):  # `_rms_matmul_rope_persistent_kernel`
         assert g is None, "the persistent kernel takes the RMSNorm weight folded into w"
         if _launch_persistent(x, w, cos, sin, out, eps, head_dim, cfg, tma):
@@ -1176,7 +1006,7 @@ def _descriptors(x, w, g, block_m: int, block_n: int, block_k: int, tma: bool):
 
 # Polls of the shares counter (each an L2 atomic round trip, under a microsecond) before a
 # program sums its rows itself: first-round waits measured a few microseconds; the limit only
-# matters when the grid is not all resident (see `_wait_count`).
+# matters when the grid is not all resident (see `_wait_for_shares`).
 _SPIN_LIMIT = 1 << 14
 
 
@@ -1205,38 +1035,6 @@ def _launch_persistent(x, w, cos, sin, out, eps: float, head_dim: int, cfg: dict
         HEAD_DIM=head_dim, HALF=head_dim // 2, MAX_SHARES=triton.next_power_of_2(sq.shape[0]),
         EVEN_K=K % block_k == 0, USE_TMA=bool(tma), SPIN_LIMIT=4 if _interpreting() else _SPIN_LIMIT,
         COMPILED=not _interpreting(), **{"GROUP_M": 16, **cfg},
-    )  # fmt: skip
-    return True
-
-
-def _launch_stream_k(x, w, cos, sin, out, eps: float, head_dim: int, cfg: dict, tma: bool) -> bool:
-    """`_rms_matmul_rope_stream_k_kernel`: one program per SM (``cfg["PROGRAMS"]`` to override;
-    in the interpreter, one more than the row blocks, so tiles split), at most one per K step
-    of all tiles (every range non-empty: each holder of a tile's rest sets its flag). False,
-    having launched nothing, where there are more row blocks than programs (each row block
-    needs a share of x^2)."""
-    M, K = x.shape
-    N = w.shape[0]
-    block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
-    block_n = cfg["HEADS"] * head_dim
-    assert head_dim & (head_dim - 1) == 0, "whole-head tiles need a power-of-two head_dim"
-    num_m = triton.cdiv(M, block_m)
-    programs = cfg.pop("PROGRAMS", None)
-    if programs is None:
-        programs = num_m + 1 if _interpreting() else torch.cuda.get_device_properties(x.device).multi_processor_count
-    programs = min(programs, num_m * triton.cdiv(N, block_n) * triton.cdiv(K, block_k))
-    if programs < num_m:
-        return False
-    sq = torch.empty((triton.cdiv(programs, num_m), num_m * block_m), dtype=torch.float32, device=x.device)
-    part = torch.empty((programs, block_m, block_n), dtype=torch.float32, device=x.device)
-    x_desc, w_desc, _ = _descriptors(x, w, None, block_m, block_n, block_k, tma)
-    _rms_matmul_rope_stream_k_kernel[(programs,)](
-        x, w, x_desc, w_desc, cos, sin, out, part, sq, _split_counters(x.device, 2 + programs),
-        M, N, K, eps,
-        x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
-        HEAD_DIM=head_dim, HALF=head_dim // 2, MAX_SHARES=triton.next_power_of_2(sq.shape[0]),
-        EVEN_K=K % block_k == 0, USE_TMA=bool(tma), SPIN_LIMIT=4 if _interpreting() else _SPIN_LIMIT,
-        COMPILED=not _interpreting(), **{"GROUP_M": 16, "REVERSED": False, **cfg},
     )  # fmt: skip
     return True
 
