@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p_build.add_argument("--capabilities", help="comma-separated subset of cuda-capabilities, e.g. 8.0")
     p_build.add_argument("--check-cuda", action="store_true", help="only compile-check the framework-free .cu files with nvcc")
 
-    p_bench = sub.add_parser("bench", help="benchmark a package against its peers (GPU)")
+    p_bench = sub.add_parser("bench", help="benchmark a package against its peers, or `e2e`: a kernelized model (GPU)")
     p_bench.add_argument("package", metavar="PKG")
     p_bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for the harness (--quick, --out DIR, --providers a,b)")
 
@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             build_packages(args.packages, args.backend, clean=args.clean, capabilities=caps)
             return 0
         if args.command == "bench":
+            if args.package == "e2e":
+                from . import bench_e2e
+
+                return bench_e2e.main(args.rest)
             from . import bench
 
             return bench.main(args.package, args.rest)

@@ -193,6 +193,10 @@ def kernelize(
         # Every activation and MLP is inside a fused layer: no bare swaps that would never run.
         for layer_name in ("SiLU", "GeluTanh", "GeLU", "LlamaMLP"):
             mapping.pop(layer_name, None)
+    if fusable and len(fusable) == len(layers):
+        # The rotary swap is process-wide (one function object shared by every model of the
+        # family, an eager copy included); the fused layers call rope-triton themselves.
+        mapping.pop("rotary_pos_emb", None)
     import logging
 
     # kernels warns for every tagged module the mapping leaves out (the dropped activations).
