@@ -33,9 +33,12 @@ def _hooks_unset() -> bool:
     try:
         from triton import knobs
 
-        return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+        hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     except (ImportError, AttributeError):
         return False
+    # Triton 3.6 keeps each hook as a HookChain (an empty list of calls when none is set);
+    # earlier versions keep None.
+    return all(h is None or (hasattr(h, "calls") and not h.calls) for h in hooks)
 
 
 def plans_enabled() -> bool:
