@@ -112,6 +112,13 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     if getattr(layer, "fused_llm_decoder", False):
         return
     _fuse_qkv(layer.self_attn)
+    attn = layer.self_attn
+    # Fixed per layer: read once here, not on every token step.
+    layer.fused_llm_activation = HIDDEN_ACTS[layer.mlp.config.hidden_act]
+    window = getattr(attn, "sliding_window", None)  # Qwen2 / Qwen3 keep it per layer
+    if window is None and "Mistral" in type(attn).__name__:
+        window = getattr(attn.config, "sliding_window", None)
+    layer.fused_llm_sliding_window = window
     layer.forward = types.MethodType(_make_forward(kernels), layer)
     layer.fused_llm_decoder = True
 
@@ -144,16 +151,13 @@ def _make_forward(k: Kernels):
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, attn.layer_idx)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_attention)
-        if getattr(attn, "sliding_window", None) is not None:
-            kwargs.setdefault("sliding_window", attn.sliding_window)
-        elif getattr(attn.config, "sliding_window", None) is not None and "Mistral" in type(attn).__name__:
-            kwargs.setdefault("sliding_window", attn.config.sliding_window)
+        if self.fused_llm_sliding_window is not None:
+            kwargs.setdefault("sliding_window", self.fused_llm_sliding_window)
         out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
         out = attn.o_proj(out.reshape(*input_shape, -1))
 
         h, residual = fused_add_rms_norm(out, hidden_states, post_norm.weight, post_norm.variance_epsilon)
-        act = HIDDEN_ACTS[mlp.config.hidden_act]
-        h = gated_mlp(h, mlp.gate_proj.weight, mlp.up_proj.weight, activation=act,
+        h = gated_mlp(h, mlp.gate_proj.weight, mlp.up_proj.weight, activation=self.fused_llm_activation,
                       bias_gate=mlp.gate_proj.bias, bias_up=mlp.up_proj.bias)
         down = mlp.down_proj
         if down.bias is not None:
