@@ -396,6 +396,7 @@ def launch_gated_mlp(
     key = None
     if cfg is None and x.is_cuda:
         key = (
+            x.get_device(),  # a plan launches on the GPU it was made on (its SM count picked the tiles)
             x.shape, x.stride(), w_gate.shape, w_gate.stride(), w_up.stride(), out.stride(), x.dtype, out.dtype,
             w_gate.data_ptr(), w_up.data_ptr(), activation,
             None if not has_bias else (bias_gate.dtype, bias_up.dtype),

@@ -293,6 +293,7 @@ def launch_rope(
     key = None
     if cfg is None and q.is_cuda:
         key = (
+            q.get_device(),  # a plan launches on the GPU it was made on
             q.shape, q.stride(), k.shape, k.stride(), q_out.stride(), k_out.stride(), q.dtype,
             None if cos is None else (cos.shape, cos.stride(), sin.stride(), cos.dtype),
             None if pos is None else (pos.shape, pos.stride(), pos.dtype), inv_freq is not None,
