@@ -421,6 +421,9 @@ def _opcheck_cases():
     return {
         "rms_norm": (ops.rms_norm, (torch.empty_like(x), x, w, EPS)),
         "fused_add_rms_norm": (ops.fused_add_rms_norm, (torch.empty_like(x), torch.empty_like(x), x, r, w, EPS)),
+        # the allocating forms behind the Python API's common case ([..., hidden] inputs)
+        "rms_norm_alloc": (ops.rms_norm_alloc, (x.view(1, 5, 256), w, EPS)),
+        "fused_add_rms_norm_alloc": (ops.fused_add_rms_norm_alloc, (x, r, w, EPS)),
         "rms_norm_static_fp8": (ops.rms_norm_static_fp8, (fp8(), x, w, s, EPS)),
         "fused_add_rms_norm_static_fp8": (ops.fused_add_rms_norm_static_fp8, (fp8(), torch.empty_like(x), x, r, w, s, EPS)),
         "rms_norm_dynamic_fp8": (ops.rms_norm_dynamic_fp8, (fp8(), torch.empty(5, 2, device=DEVICE), x, w, EPS, 128, None)),
