@@ -3,9 +3,10 @@ machine without a GPU: gfx942 (MI300X), sm80 (A100) and sm90 (H100 / H200).
 
 CI has no GPU, so without this the only Triton code it exercises is the interpreter's (which
 has no register allocation, no shared memory, no MFMA / wgmma lowering and no libdevice).
-Triton compiles ahead of time for a named ``GPUTarget`` without a driver: the wheel carries
-ptxas (sm80 / sm90: PTX -> cubin) and the AMD backend's LLVM, lld and ocml / ockl bitcode
-(gfx942: AMDGCN -> hsaco).
+Triton compiles ahead of time for a named ``GPUTarget`` without a driver, with nothing but its
+wheel: PTX -> cubin with the ptxas it ships (Triton 3.9: CUDA 12.9's for sm80, its
+``ptxas-blackwell``, CUDA 13.4's, from sm90 on; no nvcc), AMDGCN -> hsaco in process (its LLVM
+and lld, and the ocml / ockl bitcode it ships for libdevice calls).
 
 What is compiled is what the launchers would launch on each target, found by running them:
 
@@ -104,7 +105,7 @@ DEVICES: dict[str, Device] = {
 
 def _is_jit_decorator(node: ast.expr) -> bool:
     target = node.func if isinstance(node, ast.Call) else node
-    return isinstance(target, ast.Attribute) and target.attr == "jit" or isinstance(target, ast.Name) and target.id == "jit"
+    return (isinstance(target, ast.Attribute) and target.attr == "jit") or (isinstance(target, ast.Name) and target.id == "jit")
 
 
 def entry_kernels(path: Path) -> list[str]:
@@ -135,7 +136,8 @@ def kernel_sources(names: list[str] | None = None) -> list[KernelSource]:
     for name in names or packages.kernel_packages():
         py_dir = packages.package_dir(name) / "torch-ext" / name.replace("-", "_")
         for path in sorted(py_dir.glob("*.py")):
-            if "triton.jit" in path.read_text() or "@jit" in path.read_text():
+            text = path.read_text()
+            if "triton.jit" in text or "@jit" in text:
                 kernels = entry_kernels(path)
                 if kernels:
                     found.append(KernelSource(name, path, tuple(kernels)))
@@ -475,7 +477,9 @@ def _check_params(kernel, launch: Launch, backend, where: str) -> None:
     if len(launch.args) > len(params):
         raise CheckError(f"{where}: {len(launch.args)} positional arguments for the {len(params)} parameters {params}")
     given = set(params[: len(launch.args)])
-    options = set(backend.parse_options({}).__dict__)
+    with warnings.catch_warnings():
+        _worker_init()
+        options = set(backend.parse_options({}).__dict__)
     unknown = [k for k in launch.kwargs if k not in params and k not in options]
     doubled = [k for k in launch.kwargs if k in given]
     missing = [p.name for p in kernel.params if p.name not in given and p.name not in launch.kwargs and not p.has_default]
@@ -527,13 +531,26 @@ def build_jobs(sources: list[KernelSource], targets: list[str]) -> list[Job]:
             for scenario in SCENARIOS[source.package](module, dev):
                 where = f"{source.package} {target} '{scenario.label}'"
                 with record_launches(module) as launches:
-                    scenario.launch()
+                    try:
+                        scenario.launch()
+                    except Exception as err:  # noqa: BLE001 - re-raised with the scenario named
+                        raise CheckError(
+                            f"{where}: the launcher raised {type(err).__name__}: {err} (while recorded, `kernel[grid](...)` "
+                            "launches nothing and returns None; a launcher that reads the device, e.g. torch.cuda "
+                            "properties of a meta tensor, needs that value passed in its cfg)"
+                        ) from err
                 if not launches:
                     raise CheckError(f"{where}: the launcher launched no kernel")
                 for launch in launches:
                     kernel = _jit_function(module, launch.kernel)
                     _check_params(kernel, launch, backend, f"{where}, {source.module}.{launch.kernel}")
-                    signature, constexprs, attrs, options = _specialize(kernel, launch, backend)
+                    try:
+                        signature, constexprs, attrs, options = _specialize(kernel, launch, backend)
+                    except (TypeError, KeyError, AttributeError) as err:
+                        import triton
+
+                        raise CheckError(f"{where}, {source.module}.{launch.kernel}: Triton {triton.__version__}'s binder "
+                                         f"rejected the launch: {type(err).__name__}: {err}") from err  # fmt: skip
                     key = repr((source.package, launch.kernel, target, signature, sorted(constexprs.items()),
                                 sorted(attrs.items()), sorted(options.items())))  # fmt: skip
                     if key in jobs:
