@@ -515,7 +515,14 @@ def _specialize(kernel, launch: Launch, backend) -> tuple[dict, dict, dict, dict
 
 def build_jobs(sources: list[KernelSource], targets: list[str]) -> list[Job]:
     """Every scenario of every package on every target, recorded, checked and specialized;
-    identical specializations merged (their labels listed together)."""
+    identical specializations merged (their labels listed together). TRITON_INTERPRET is unset
+    meanwhile: the launchers read it at each call (COMPILED=False under it takes the
+    interpreter's branches, e.g. tl.cos for libdevice's cos)."""
+    with no_interpreter():
+        return _build_jobs(sources, targets)
+
+
+def _build_jobs(sources: list[KernelSource], targets: list[str]) -> list[Job]:
     from triton.compiler.compiler import make_backend
 
     jobs: dict[str, Job] = {}
@@ -551,6 +558,9 @@ def build_jobs(sources: list[KernelSource], targets: list[str]) -> list[Job]:
 
                         raise CheckError(f"{where}, {source.module}.{launch.kernel}: Triton {triton.__version__}'s binder "
                                          f"rejected the launch: {type(err).__name__}: {err}") from err  # fmt: skip
+                    if "COMPILED" in signature and constexprs.get((list(signature).index("COMPILED"),)) is not True:
+                        raise CheckError(f"{where}, {source.module}.{launch.kernel}: launched with COMPILED != True (the "
+                                         "interpreter's branches), which no GPU runs")  # fmt: skip
                     key = repr((source.package, launch.kernel, target, signature, sorted(constexprs.items()),
                                 sorted(attrs.items()), sorted(options.items())))  # fmt: skip
                     if key in jobs:
