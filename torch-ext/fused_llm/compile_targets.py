@@ -253,6 +253,10 @@ class Scenario:
     launch: Callable[[], None]
 
 
+def _tokens(m: int) -> str:
+    return "1 token" if m == 1 else f"{m} tokens"
+
+
 def _empty(shape, dtype, device="meta"):
     import torch
 
@@ -272,9 +276,10 @@ _DECODE, _DECODE_BATCH, _PREFILL = (1, 1, "decode, 1 token"), (32, 1, "decode, 3
 # Which variants are compiled, and why not every combination: a variant is compiled where its
 # code differs (each constexpr branch of the kernel, each dtype's conversions and MMA operand
 # type, each configuration the config function picks), not at every shape that leads to the
-# same code. Every token count below picks a different configuration on some target; the 148
-# specializations of the full cross product (3 rotary shapes x 6 variants, 7 projection token
-# counts x 2 weight forms x 2 dtypes, ...) took 413 s on 2 busy cores, this set about a third.
+# same code. Every token count below picks a different configuration on some target. The full
+# cross product first tried (3 rotary shapes x 6 variants, 7 projection token counts x 2 weight
+# forms x 2 dtypes, ...: 148 specializations) took 413 s on this 2-core machine shared with other
+# jobs; this set, 100 specializations from 115 launches, 163 s of CPU time (160-210 s there).
 
 
 def _rope_triton_scenarios(module, dev: Device) -> list[Scenario]:
@@ -352,7 +357,7 @@ def _rope_triton_scenarios(module, dev: Device) -> list[Scenario]:
             m.launch_rms_matmul_rope(x, g, w, cos, cos, y, 1e-6, D, cfg={**cfg, "USE_TMA": dev.tma})
 
         weight = "folded into W" if folded else "passed"
-        return Scenario(f"projection, fused, RMSNorm weight {weight}, {dtype}, {M} tokens", launch)
+        return Scenario(f"projection, fused, RMSNorm weight {weight}, {dtype}, {_tokens(M)}", launch)
 
     out += [projection(M, folded, "bfloat16") for M in (1, 32, 64, 128, 1024, 4096) for folded in (False, True)]
     out.append(projection(1, True, "float16"))
@@ -416,15 +421,15 @@ def _gated_mlp_scenarios(module, dev: Device) -> list[Scenario]:
     # 1: decode (M specialized as 1; split over K on every target); 64: the largest decode
     # tile; 1024 and 4096: prefill (4 and 3 stages); 70B at 256: sm90's split last wave.
     for M in (1, 64, 1024, 4096):
-        case(f"Llama-3 8B MLP, bfloat16, {M} tokens", M, _MLP, _HIDDEN, "bfloat16")
+        case(f"Llama-3 8B MLP, bfloat16, {_tokens(M)}", M, _MLP, _HIDDEN, "bfloat16")
     case("Llama-3 70B MLP, bfloat16, 256 tokens (a split last wave on sm90)", 256, _MLP_70B, _HIDDEN_70B, "bfloat16")
     case("Llama-3 8B MLP, float16, 1 token", 1, _MLP, _HIDDEN, "float16")
     case("Llama-3 8B MLP, bfloat16, GeGLU with biases, 1024 tokens", 1024, _MLP, _HIDDEN, "bfloat16", activation="gelu_tanh",
          bias=True)  # fmt: skip
     for M in (1, 1024):
-        case(f"Llama-3 8B MLP, {dev.fp8} per-token / per-channel scales, bfloat16 out, {M} tokens", M, _MLP, _HIDDEN, dev.fp8,
+        case(f"Llama-3 8B MLP, {dev.fp8} per-token / per-channel scales, bfloat16 out, {_tokens(M)}", M, _MLP, _HIDDEN, dev.fp8,
              "bfloat16", scales="token")  # fmt: skip
-        case(f"Llama-3 8B MLP, {dev.fp8} per-tensor scales, {dev.fp8} out, {M} tokens", M, _MLP, _HIDDEN, dev.fp8, dev.fp8,
+        case(f"Llama-3 8B MLP, {dev.fp8} per-tensor scales, {dev.fp8} out, {_tokens(M)}", M, _MLP, _HIDDEN, dev.fp8, dev.fp8,
              scales="tensor")  # fmt: skip
     return out
 
@@ -462,9 +467,9 @@ class Job:
     @property
     def config(self) -> str:
         """The launch's constexpr values and options, short (for reports)."""
-        shown = {k[0] if isinstance(k, tuple) and len(k) == 1 else k: v for k, v in self.constexprs.items()}
         names = list(self.signature)
-        text = ", ".join(f"{names[k]}={v}" for k, v in shown.items() if isinstance(k, int) and self.signature[names[k]] == "constexpr")
+        text = ", ".join(f"{names[k[0]]}={v}" for k, v in self.constexprs.items()
+                         if len(k) == 1 and self.signature[names[k[0]]] == "constexpr")  # fmt: skip
         return f"{text}, num_warps={self.options.get('num_warps')}, num_stages={self.options.get('num_stages')}"
 
 
@@ -713,11 +718,13 @@ KNOWN_ISSUES: list[KnownIssue] = [
 ]
 
 
+def _issues_of(job: Job) -> list[KnownIssue]:
+    return [i for i in KNOWN_ISSUES if (i.package, i.kernel, i.target) == (job.package, job.kernel, job.target) and i.applies(job)]
+
+
 def known_issue(job: Job, status: str) -> KnownIssue | None:
-    for issue in KNOWN_ISSUES:
-        if (issue.package, issue.kernel, issue.target, issue.status) == (job.package, job.kernel, job.target, status) and issue.applies(job):
-            return issue
-    return None
+    """The KNOWN_ISSUES entry that explains ``status`` for ``job``, if any."""
+    return next((i for i in _issues_of(job) if i.status == status), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -780,7 +787,7 @@ def run_check(
                         issue = known_issue(job, result.status)
                         if issue is None and result.status == "ok":
                             # a known issue that did not happen: reported as unexpected (stale entry)
-                            stale = [i for i in KNOWN_ISSUES if (i.package, i.kernel, i.target) == (job.package, job.kernel, job.target) and i.applies(job)]
+                            stale = _issues_of(job)
                             if stale:
                                 result.known = f"listed in KNOWN_ISSUES ({stale[0].status}) but compiled fine: remove the entry"
                         elif issue is not None:
