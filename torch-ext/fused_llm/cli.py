@@ -82,6 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("package", metavar="PKG")
     p_bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for the harness (--quick, --out DIR, --providers a,b)")
 
+    p_targets = sub.add_parser(
+        "check-targets", help="compile every Triton kernel for gfx942, sm80 and sm90 (no GPU needed)",
+        description="Compile every Triton entry kernel, as its launcher would launch it, for gfx942, sm80 and sm90, "
+        "and check each binary (see fused_llm.compile_targets).",
+    )
+    from . import compile_targets
+
+    compile_targets.add_arguments(p_targets)
+
     p_demo = sub.add_parser("demo", help="build, kernelize a small Llama, compare with eager (and time it on a GPU)")
     p_demo.add_argument("--no-build", action="store_true", help="use the existing builds")
 
@@ -101,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             from . import bench
 
             return bench.main(args.package, args.rest)
+        if args.command == "check-targets":
+            return compile_targets.command(args)
         if args.command == "demo":
             from . import demo
 
