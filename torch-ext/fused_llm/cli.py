@@ -10,7 +10,7 @@ import warnings
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import builder, packages
+from . import abi, builder, packages
 
 console = Console(stderr=True)
 
@@ -67,6 +67,17 @@ def check_cuda(names: list[str]) -> int:
     return 1 if failures else 0
 
 
+def check_abi(names: list[str], manylinux: str, python_abi: str) -> int:
+    """Hugging Face's ABI check (kernel-abi-check) on every variant in PKG/build/."""
+    failed = 0
+    for name in names or packages.kernel_packages():
+        for result in abi.check_package(packages.package_dir(name), manylinux, python_abi):
+            color = "green" if result.ok else "red"
+            console.print(f"[{color}]{'ok' if result.ok else 'FAILED'}[/] {result.summary()}", highlight=False)
+            failed += not result.ok
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     p_build.add_argument("--clean", action="store_true", help="remove PKG/build and PKG/.build-cache (object files) first")
     p_build.add_argument("--capabilities", help="comma-separated subset of cuda-capabilities, e.g. 8.0")
     p_build.add_argument("--check-cuda", action="store_true", help="only compile-check the framework-free .cu files with nvcc")
+
+    p_abi = sub.add_parser("check-abi", help="run Hugging Face's ABI check (kernel-abi-check) on every built variant")
+    p_abi.add_argument("packages", nargs="*", metavar="PKG", help="package names (default: all)")
+    p_abi.add_argument("--manylinux", default="manylinux_2_28", help="manylinux policy (default: the Hub's, manylinux_2_28)")
+    p_abi.add_argument("--python-abi", default="3.9", help="oldest CPython the abi3 .so must load in (default: 3.9)")
 
     p_bench = sub.add_parser("bench", help="benchmark a package against its peers (GPU)")
     p_bench.add_argument("package", metavar="PKG")
@@ -93,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             caps = [c.strip() for c in args.capabilities.split(",") if c.strip()] if args.capabilities else None
             build_packages(args.packages, args.backend, clean=args.clean, capabilities=caps)
             return 0
+        if args.command == "check-abi":
+            return check_abi(args.packages, args.manylinux, args.python_abi)
         if args.command == "bench":
             from . import bench
 
@@ -101,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             from . import demo
 
             return demo.main(build=not args.no_build)
-    except (builder.BuildError, FileNotFoundError) as err:
+    except (builder.BuildError, FileNotFoundError, abi.AbiCheckUnavailable) as err:
         console.print(f"[red]error:[/] {err}")
         return 2
     return 0
