@@ -48,7 +48,7 @@ def load(out: dict) -> None:
 
     import fused_llm
     from fused_llm import hub, packages
-    from fused_llm.kernel_config import kernel_config
+    from fused_llm.transformers_config import kernel_config
     from fused_llm.testing import device
 
     assert constants.HF_HUB_OFFLINE and "LOCAL_KERNELS" not in os.environ, "run by tests/test_hub.py only"
@@ -96,7 +96,7 @@ def load(out: dict) -> None:
     dev = device()
     if dev == "cpu":
         # transformers 5.22.2 accepts a KernelConfig only for GPU-like devices (see
-        # fused_llm/kernel_config.py); kernels itself swaps CPU layers.
+        # fused_llm/transformers_config.py); kernels itself swaps CPU layers.
         from transformers.utils import kernel_config as hf_kernel_config
 
         hf_kernel_config.KERNELS_SUPPORTED_DEVICE_TYPES.append("cpu")

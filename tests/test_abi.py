@@ -87,6 +87,51 @@ def test_compat_header_keeps_a_probe_within_manylinux_2_28(tmp_path):
     assert lib.fused_llm_probe(b"40") == 1 + 40 + 2
 
 
+# What torch's CUDA headers reach through c10::str() (std::ostringstream), its siblings, and
+# GCC 11's allocator overflow path; at -O0 nothing is inlined, so every call is a reference.
+STREAMS_PROBE = """
+#include <memory>
+#include <new>
+#include <sstream>
+#include <string>
+extern "C" int fused_llm_streams(int v, char* out) {
+  std::ostringstream os; os << "o" << v;
+  std::stringstream ss; ss << "s" << v;
+  std::istringstream is; std::string src = "12 34"; is.str(src); int a = 0, b = 0; is >> a >> b;
+  std::stringbuf sb; sb.sputn("b", 1);
+  std::string r = os.str() + ss.str() + is.str() + sb.str() + std::to_string(a + b);
+  try { std::allocator<long> al; (void)al.allocate(~std::size_t(0) / 4); } catch (const std::bad_array_new_length&) { r += "!"; }
+  for (std::size_t i = 0; i <= r.size(); ++i) out[i] = r.c_str()[i];
+  return static_cast<int>(r.size());
+}
+"""
+
+
+@pytest.mark.skipif(CXX is None, reason="needs a C++ compiler")
+@pytest.mark.parametrize("std", ["c++17", "c++20"])
+def test_glibcxx_compat_source_keeps_string_streams_within_gcc_8(tmp_path, std):
+    (tmp_path / "probe.cpp").write_text(STREAMS_PROBE)
+    (tmp_path / builder.GLIBCXX_COMPAT_NAME).write_text(builder.GLIBCXX_COMPAT_CPP)
+
+    def build(name: str, *sources: str) -> Path:
+        so = tmp_path / name
+        cmd = [CXX, f"-std={std}", "-O0", "-fPIC", "-shared", *(str(tmp_path / s) for s in sources), "-o", str(so)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return so
+
+    plain = abi.check_object(build("plain.so", "probe.cpp"))
+    fixed_so = build("fixed.so", "probe.cpp", builder.GLIBCXX_COMPAT_NAME)
+    fixed = abi.check_object(fixed_so)
+    assert not fixed, "\n".join(map(str, fixed))
+    if plain:  # gcc >= 11 here: the default constructors (3.4.26), str() const& (3.4.29, C++20)
+        assert all(p.needs.startswith("GLIBCXX 3.4.") for p in plain), plain
+        assert "_ZNSt7__cxx1119basic_ostringstreamIcSt11char_traitsIcESaIcEEC1Ev" in {p.symbol for p in plain}
+    # The local definitions behave as the library's: output, parsing, the overflow exception.
+    buf = ctypes.create_string_buffer(64)
+    assert ctypes.CDLL(str(fixed_so)).fused_llm_streams(42, buf) == 15 and buf.value == b"o42s4212 34b46!"
+
+
 @pytest.mark.skipif(CXX is None or GLIBC is None or GLIBC < (2, 32), reason="needs a C++ compiler and glibc >= 2.32")
 def test_a_failing_variant_says_why(tmp_path, capsys):
     pkg = tmp_path / "broken"

@@ -24,7 +24,7 @@ import torch
 
 import fused_llm
 from fused_llm import hub, integration, packages
-from fused_llm.kernel_config import kernel_config, registered_layer_names
+from fused_llm.transformers_config import kernel_config, registered_layer_names
 from fused_llm.testing import device
 
 ROOT = packages.repo_root()
