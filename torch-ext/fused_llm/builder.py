@@ -761,11 +761,11 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
     compat = ["-include", str(gen_dir / GLIBC_COMPAT_NAME)]
 
     compiled = [s for s in config.torch_src if s.endswith((".cpp", ".cc", ".cu"))]
-    compiled.append(str(gen_dir / GLIBCXX_COMPAT_NAME))  # absolute: config.path / abs == abs
     cuda_flags: list[str] = []
     archs: list[str] | None = None
     for k in sections:
         compiled += [s for s in k.src if s.endswith((".cpp", ".cc", ".cu"))]
+    compiled.append(str(gen_dir / GLIBCXX_COMPAT_NAME))  # absolute: config.path / abs == abs
     # No -std here: torch's cpp_extension passes its own minimum (c++20 for torch 2.13) and a
     # later -std of ours would override it.
     cflags = ["-O3", PY_LIMITED_API, *compat, *BACKEND_DEFINES[backend], *config.torch_cxx_flags]
