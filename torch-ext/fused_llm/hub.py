@@ -28,6 +28,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -195,8 +196,6 @@ class HubRepo:
 def write_hub_repo(pkg_dir: Path, dest: Path) -> HubRepo:
     """Write the package's Hub-shaped repository to ``dest`` (a bare Git repository, replaced
     if it exists) from ``pkg_dir/build/``; see the module docstring for its shape."""
-    import shutil
-
     plan = upload_plan(pkg_dir)
     dest = Path(dest)
     shutil.rmtree(dest, ignore_errors=True)
@@ -215,7 +214,7 @@ def write_hub_repo(pkg_dir: Path, dest: Path) -> HubRepo:
         for repo_path, local in sorted(files.items()):
             data = local.read_bytes()
             if _is_lfs(repo_path, patterns):
-                data, oid = _lfs_pointer(local.read_bytes())
+                data, oid = _lfs_pointer(data)
                 obj = dest / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
                 obj.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(local, obj)
