@@ -116,7 +116,10 @@ def load(out: dict) -> None:
     _unswap_rotary()
     config = kernel_config(saved)
     out["kernel_config_mapping"] = {k: v if isinstance(v, str) else list(v) for k, v in config.kernel_mapping.items()}
-    model = AutoModelForCausalLM.from_pretrained(saved, use_kernels=True, kernel_config=config).to(dev).eval()
+    # from_pretrained kernelizes for the device the weights load on: a GPU run loads them
+    # there (device_map needs accelerate, which the GPU image has; CPU is the default).
+    placement = {"device_map": dev} if dev != "cpu" else {}
+    model = AutoModelForCausalLM.from_pretrained(saved, use_kernels=True, kernel_config=config, **placement).eval()
     report = fused_llm.integration._report(model)
     out["from_pretrained"] = {"swaps": _swaps(report), "kept": len(report.kept), "max_diff": _max_diff(model, tokens, ref)}
 

@@ -293,8 +293,11 @@ def test_kernel_config_swaps_what_kernelize_swaps(saved_llama):
 
     # Hub names, pinned to branch v1 (LOCAL_KERNELS points them at the builds, see conftest.py).
     _unswap_rotary()
-    model = AutoModelForCausalLM.from_pretrained(saved_llama, use_kernels=True, kernel_config=kernel_config(saved_llama, revision="v1"))
-    model = model.to(DEVICE).eval()
+    # from_pretrained kernelizes for the device the weights load on (device_map needs accelerate:
+    # the GPU image has it, CPU is the default).
+    placement = {"device_map": DEVICE} if DEVICE != "cpu" else {}
+    model = AutoModelForCausalLM.from_pretrained(saved_llama, use_kernels=True, kernel_config=kernel_config(saved_llama, revision="v1"), **placement)
+    model = model.eval()
     assert _swaps(model) == expected
     torch.testing.assert_close(_logits(model, tokens), ref, rtol=1e-4, atol=1e-4)
 
@@ -321,7 +324,8 @@ def _unswap_rotary() -> None:
 def test_kernel_config_local_paths_in_from_pretrained(saved_llama):
     from transformers import AutoModelForCausalLM
 
-    AutoModelForCausalLM.from_pretrained(saved_llama, use_kernels=True, kernel_config=kernel_config(saved_llama, source="local"))
+    placement = {"device_map": DEVICE} if DEVICE != "cpu" else {}
+    AutoModelForCausalLM.from_pretrained(saved_llama, use_kernels=True, kernel_config=kernel_config(saved_llama, source="local"), **placement)
 
 
 # ---------------------------------------------------------------------------------------
@@ -373,3 +377,18 @@ def test_kernels_benchmark_runs_and_verifies_every_package(hub_cache, where):
         results = found[target]["result"]["results"]
         assert results and all(r.get("verified") is not False for r in results), results
         assert any(r.get("verified") for r in results), "every package's workloads check their output"
+
+
+@pytest.mark.kernels_ci
+def test_cli_hub_repo(tmp_path, capsys):
+    from fused_llm import cli
+
+    assert cli.main(["hub-repo", *NAMES, "--out", str(tmp_path / "repos"), "--hf-cache", str(tmp_path / "cache")]) == 0
+    err = capsys.readouterr().err
+    for name in NAMES:
+        assert (tmp_path / "repos" / f"{name}.git").is_dir() and name in err
+        for repo_type in ("kernels", "models"):
+            assert (tmp_path / "cache" / f"{repo_type}--fused-llm--{name}" / "refs" / "v1").is_file()
+    # An arch package built on one machine has one backend's variant: the report says which are missing.
+    if any(not packages.package_dir(n).joinpath("build", "torch-cpu").is_dir() for n in NAMES):
+        assert "not a complete upload" in err
