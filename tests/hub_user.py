@@ -48,7 +48,7 @@ def load(out: dict) -> None:
 
     import fused_llm
     from fused_llm import hub, packages
-    from fused_llm.transformers_config import kernel_config
+    from fused_llm.transformers_config import kernel_config, kernelized_report
     from fused_llm.testing import device
 
     assert constants.HF_HUB_OFFLINE and "LOCAL_KERNELS" not in os.environ, "run by tests/test_hub.py only"
@@ -120,13 +120,13 @@ def load(out: dict) -> None:
     # there (device_map needs accelerate, which the GPU image has; CPU is the default).
     placement = {"device_map": dev} if dev != "cpu" else {}
     model = AutoModelForCausalLM.from_pretrained(saved, use_kernels=True, kernel_config=config, **placement).eval()
-    report = fused_llm.integration._report(model)
+    report = kernelized_report(model)
     out["from_pretrained"] = {"swaps": _swaps(report), "kept": len(report.kept), "max_diff": _max_diff(model, tokens, ref)}
 
     _unswap_rotary()
     model = AutoModelForCausalLM.from_pretrained(saved).to(dev).eval()
     model.set_use_kernels(True, kernel_config(model))
-    report = fused_llm.integration._report(model)
+    report = kernelized_report(model)
     out["set_use_kernels"] = {"swaps": _swaps(report), "kept": len(report.kept), "max_diff": _max_diff(model, tokens, ref)}
 
 

@@ -24,7 +24,7 @@ import torch
 
 import fused_llm
 from fused_llm import hub, integration, packages
-from fused_llm.transformers_config import kernel_config, registered_layer_names
+from fused_llm.transformers_config import kernel_config, kernelized_report, registered_layer_names
 from fused_llm.testing import device
 
 ROOT = packages.repo_root()
@@ -252,7 +252,7 @@ def saved_llama(tmp_path_factory):
 
 
 def _swaps(model) -> list[tuple[str, str, str]]:
-    return sorted(integration._report(model).swapped)
+    return sorted(kernelized_report(model).swapped)
 
 
 def _logits(model, tokens):

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <tuple>
 
 #include <ATen/ATen.h>
 
@@ -10,6 +11,13 @@ void rms_norm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, do
 
 void fused_add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x,
                         const at::Tensor& residual, const at::Tensor& weight, double eps);
+
+// Allocating forms (the Python API's fast path; see torch_binding.cpp).
+at::Tensor rms_norm_alloc(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_alloc(const at::Tensor& x,
+                                                           const at::Tensor& residual,
+                                                           const at::Tensor& weight, double eps);
 
 void rms_norm_static_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                          const at::Tensor& scale, double eps);

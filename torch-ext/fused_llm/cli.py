@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p_hub.add_argument("--out", required=True, help="directory for the repositories (OUT/PKG.git, bare Git)")
     p_hub.add_argument("--hf-cache", help="also lay branch v1 into this Hugging Face cache (HF_HUB_CACHE), as `hf download --repo-type kernel --revision v1` would")
 
-    p_bench = sub.add_parser("bench", help="benchmark a package against its peers (GPU)")
+    p_bench = sub.add_parser("bench", help="benchmark a package against its peers, or `e2e`: a kernelized model (GPU)")
     p_bench.add_argument("package", metavar="PKG")
     p_bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for the harness (--quick, --out DIR, --providers a,b)")
 
@@ -142,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check-abi":
             return check_abi(args.packages, args.manylinux, args.python_abi)
         if args.command == "bench":
+            if args.package == "e2e":
+                from . import bench_e2e
+
+                return bench_e2e.main(args.rest)
             from . import bench
 
             return bench.main(args.package, args.rest)

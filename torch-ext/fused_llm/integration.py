@@ -78,6 +78,10 @@ class KernelizeReport:
 
     swapped: list[tuple[str, str, str]] = field(default_factory=list)  # (module, class, layer)
     kept: list[tuple[str, str]] = field(default_factory=list)  # (module, class)
+    # Decoder layers running fused_llm.decoder's forward (module, class), and those that kept
+    # transformers' forward with the reason (module, class, reason).
+    fused_decoders: list[tuple[str, str]] = field(default_factory=list)
+    unfused_decoders: list[tuple[str, str, str]] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -87,18 +91,32 @@ class KernelizeReport:
         return out
 
     def __str__(self) -> str:
-        lines = [f"  {n:3d} x {what}" for what, n in self.counts().items()]
+        from .decoder import STEPS
+
+        lines = []
+        if self.fused_decoders:
+            classes = sorted({cls for _, cls in self.fused_decoders})
+            lines.append(f"  {len(self.fused_decoders):3d} x {', '.join(classes)} -> fused decoder layer ({STEPS})")
+        for name, cls, reason in self.unfused_decoders:
+            lines.append(f"  {name} ({cls}) keeps its forward: {reason}")
+        lines += [f"  {n:3d} x {what}" for what, n in self.counts().items()]
         kept = {cls for _, cls in self.kept}
         if kept:
             lines.append(f"  kept their own forward: {len(self.kept)} ({', '.join(sorted(kept))})")
         return "kernelized:\n" + ("\n".join(lines) if lines else "  nothing")
 
 
-def _report(model: nn.Module) -> KernelizeReport:
+def _report(model: nn.Module, fused: list[str]) -> KernelizeReport:
+    """What runs where. Modules inside fused decoder layers are not listed one by one: the
+    fused forward calls the kernels itself (their swapped forwards would run only if called
+    directly)."""
     report = KernelizeReport()
     seen_funcs: set[int] = set()
+    inside = tuple(f"{name}." for name in fused)
 
     def visit(name: str, module: nn.Module, label: str | None = None) -> None:
+        if name.startswith(inside):
+            return
         cls = type(module)
         layer_name = getattr(cls, "kernel_layer_name", None)
         if layer_name not in LAYERS:
@@ -148,21 +166,121 @@ def kernelize(
     source: Source = "local",
     device: str | None = None,
     use_fallback: bool = True,
+    fuse_decoder_layers: bool = True,
 ) -> KernelizeReport:
     """Swap our kernels into ``model`` (in place) and report what was swapped.
 
     ``mode`` defaults to ``kernels.Mode.INFERENCE``; ``device`` to the model's (``cuda``,
-    ``rocm`` or ``cpu``). Only our mapping is active inside the call."""
+    ``rocm`` or ``cpu``). Only our mapping is active inside the call. With
+    ``fuse_decoder_layers`` (default), Llama / Mistral / Qwen2 / Qwen3 decoder layers in
+    float16 / bfloat16 get `fused_llm.decoder`'s forward (fused residual add + RMSNorm, one QKV
+    GEMM, rope-triton, gated-mlp); the others keep theirs with the module-level swaps.
+    Kernelize after loading the weights and moving the model: the fused layer makes the q / k
+    / v weights views of one fused tensor at this point."""
     from kernels import Mode, use_kernel_mapping
     from kernels import kernelize as hub_kernelize
+
+    from . import decoder
 
     mode = Mode.INFERENCE if mode is None else mode
     mapping = kernel_mapping(source)
     if "LlamaMLP" in mapping:
         tag_mlp_classes()
-    with use_kernel_mapping(mapping, inherit_mapping=False):
-        hub_kernelize(model, mode=mode, device=device, use_fallback=use_fallback)
-    return _report(model)
+    # Training keeps transformers' forward: the fused layer has no backward.
+    layers = _decoder_layers(model) if fuse_decoder_layers and not (mode & Mode.TRAINING) else []
+    fusable = [(name, layer) for name, layer, reason in layers if reason is None]
+    if fusable and _all_inside(model, [name for name, _ in fusable], ("SiLU", "GeluTanh", "GeLU", "LlamaMLP")):
+        # Every activation and MLP is inside a fused layer: no bare swaps that would never run.
+        for layer_name in ("SiLU", "GeluTanh", "GeLU", "LlamaMLP"):
+            mapping.pop(layer_name, None)
+    if fusable and len(fusable) == len(layers):
+        # The rotary swap is process-wide (one function object shared by every model of the
+        # family, an eager copy included); the fused layers call rope-triton themselves.
+        mapping.pop("rotary_pos_emb", None)
+    import logging
+
+    # kernels warns for every tagged module the mapping leaves out (the dropped activations).
+    kernels_log = logging.getLogger("kernels.layer.layer")
+    level = kernels_log.level
+    if fusable:
+        kernels_log.setLevel(logging.ERROR)
+    try:
+        with use_kernel_mapping(mapping, inherit_mapping=False):
+            hub_kernelize(model, mode=mode, device=device, use_fallback=use_fallback)
+    finally:
+        kernels_log.setLevel(level)
+    if fusable:
+        kernels = decoder.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "gated-mlp")))
+        for _, layer in fusable:
+            decoder.install(layer, kernels)
+    report = _report(model, [name for name, _ in fusable])
+    report.fused_decoders = [(name, type(layer).__name__) for name, layer in fusable]
+    report.unfused_decoders = [(name, type(layer).__name__, reason) for name, layer, reason in layers if reason is not None]
+    return report
+
+
+def _decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module, str | None]]:
+    from . import decoder
+
+    classes = decoder.decoder_classes()
+    return [(name, m, decoder.unsupported_reason(m)) for name, m in model.named_modules() if isinstance(m, classes)]
+
+
+def _all_inside(model: nn.Module, prefixes: list[str], layer_names: tuple[str, ...]) -> bool:
+    """Whether every module tagged with one of ``layer_names`` lies inside one of ``prefixes``."""
+    inside = tuple(f"{p}." for p in prefixes)
+    return all(
+        name.startswith(inside)
+        for name, m in model.named_modules()
+        if getattr(type(m), "kernel_layer_name", None) in layer_names
+    )
+
+
+def _load(package: str, source: Source):
+    """A kernel package as kernelize's mapping loads it: the local build, or the Hub's ``v1``."""
+    if source == "local":
+        return packages.get_kernel(package)
+    import kernels
+
+    return kernels.get_kernel(packages.hub_repo_id(package), revision=f"v{packages.HUB_VERSION}")
+
+
+# Architecture presets with Llama-3-8B-like sizes by default; tests and the e2e bench build
+# models from them with random weights (no download). (config class, hidden, intermediate,
+# heads, kv heads, vocab, extra config).
+MODEL_PRESETS: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                                  num_key_value_heads=8, vocab_size=128256, rope_theta=5e5)),
+    "mistral": ("MistralConfig", dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                                      num_key_value_heads=8, vocab_size=32768, sliding_window=None)),
+    "qwen2": ("Qwen2Config", dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+                                  num_key_value_heads=4, vocab_size=152064)),
+    "qwen3": ("Qwen3Config", dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
+                                  num_key_value_heads=8, vocab_size=151936, head_dim=128)),
+}
+
+
+def build_model(model_type: str, layers: int, device="cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0, **overrides):
+    """A causal LM of ``model_type`` (see MODEL_PRESETS) with random weights, ``.eval()``."""
+    import transformers
+
+    if model_type not in MODEL_PRESETS:
+        raise ValueError(f"model_type: expected one of {sorted(MODEL_PRESETS)}, got {model_type!r}")
+    config_name, sizes = MODEL_PRESETS[model_type]
+    config = getattr(transformers, config_name)(**{**sizes, "num_hidden_layers": layers, **overrides})
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def tiny_model(model_type: str, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A 2-layer, hidden-256 model of ``model_type`` for tests and the demo."""
+    return build_model(
+        model_type, 2, device, dtype, seed, hidden_size=256, intermediate_size=688, num_attention_heads=8,
+        num_key_value_heads=4, vocab_size=512, max_position_embeddings=256, head_dim=32, rms_norm_eps=1e-5,
+        **({"sliding_window": 16} if model_type == "mistral" else {}),
+    )
 
 
 def tiny_llama(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0):

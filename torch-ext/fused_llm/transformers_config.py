@@ -5,6 +5,9 @@ and ``model.set_use_kernels(True, kernel_config(model))`` then swap the same mod
 ``fused_llm.kernelize`` (the same ``LAYERS`` mapping), through transformers' code path: it
 validates the mapping against the names the model registers, builds ``kernels`` repositories
 from it and calls ``kernels.kernelize`` with the mode the model's ``training`` flag implies.
+What a KernelConfig cannot carry is ``fused_llm.kernelize``'s own step for fp16 / bf16 models,
+the fused decoder layer (``fused_llm.decoder``: not a hub layer of a kernel package), so on
+those models the two paths differ by exactly that; in float32 they swap the same modules.
 
 transformers 5.22.2 accepts a KernelConfig only for the devices in its
 ``KERNELS_SUPPORTED_DEVICE_TYPES`` (cuda, rocm, xpu, npu, neuron, tpu, mps): on a CPU model it
@@ -20,7 +23,7 @@ from typing import Literal
 from torch import nn
 
 from . import packages
-from .integration import LAYERS, tag_mlp_classes
+from .integration import LAYERS, KernelizeReport, _report, tag_mlp_classes
 
 
 def registered_layer_names(model: nn.Module) -> set[str]:
@@ -94,3 +97,9 @@ def kernel_config(
     if not mapping:
         raise ValueError(f"the model registers none of our layer names {sorted(LAYERS)}")
     return KernelConfig(mapping, use_local_kernel=source == "local", inherit_mapping=False)
+
+
+def kernelized_report(model: nn.Module) -> KernelizeReport:
+    """What runs where after transformers' kernelize (``from_pretrained(use_kernels=True)``,
+    ``set_use_kernels``): the report ``fused_llm.kernelize`` returns, with no fused decoder."""
+    return _report(model, [])

@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 
 from . import _reference, layers
+from ._light_ops import define_op
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -158,8 +159,7 @@ def _require_compiled(impl: str, x: torch.Tensor) -> None:
         raise ValueError(f"impl: 'sm90' needs a GPU of capability 9.0 (Hopper; built for sm_90a), got {major}.{minor}")
 
 
-@torch.library.custom_op(add_op_namespace_prefix("gated_mlp"), mutates_args=("out",))
-def _gated_mlp_op(
+def _run_gated_mlp(
     out: torch.Tensor,
     x: torch.Tensor,
     w_gate: torch.Tensor,
@@ -184,25 +184,7 @@ def _gated_mlp_op(
         _reference.gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("gated_mlp"))
-def _gated_mlp_fake(out, x, w_gate, w_up, bias_gate, bias_up, activation, impl="auto") -> None:
-    return None
-
-
-@torch.library.custom_op(add_op_namespace_prefix("gated_mlp_fp8"), mutates_args=("out",))
-def _gated_mlp_fp8_op(
-    out: torch.Tensor,
-    x: torch.Tensor,
-    w_gate: torch.Tensor,
-    w_up: torch.Tensor,
-    x_scale: torch.Tensor,
-    w_gate_scale: torch.Tensor,
-    w_up_scale: torch.Tensor,
-    bias_gate: Optional[torch.Tensor],
-    bias_up: Optional[torch.Tensor],
-    out_scale: Optional[torch.Tensor],
-    activation: str,
-) -> None:
+def _gated_mlp_fp8_op(out, x, w_gate, w_up, x_scale, w_gate_scale, w_up_scale, bias_gate, bias_up, out_scale, activation) -> None:
     """FP8 x [M, D], w_gate / w_up [U, D]; fp32 scales x [1] or [M], weights [1] or [U]; writes
     out [M, U] (bf16 / fp16, or FP8 divided by out_scale [1])."""
     scales = (x_scale, w_gate_scale, w_up_scale)
@@ -212,9 +194,24 @@ def _gated_mlp_fp8_op(
         _reference.gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation, scales, out_scale)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("gated_mlp_fp8"))
-def _gated_mlp_fp8_fake(out, x, w_gate, w_up, x_scale, w_gate_scale, w_up_scale, bias_gate, bias_up, out_scale, activation) -> None:
+def _returns_nothing(*args) -> None:
+    """The fake implementation of ops that only write their declared output."""
     return None
+
+
+# Low-dispatch-cost ops (see _light_ops; an eager gated_mlp call runs _run_gated_mlp directly).
+define_op(
+    add_op_namespace_prefix("gated_mlp"),
+    "(Tensor(a!) out, Tensor x, Tensor w_gate, Tensor w_up, Tensor? bias_gate, Tensor? bias_up, str activation, "
+    "str impl=\"auto\") -> ()",
+    _run_gated_mlp, _returns_nothing,
+)
+define_op(
+    add_op_namespace_prefix("gated_mlp_fp8"),
+    "(Tensor(a!) out, Tensor x, Tensor w_gate, Tensor w_up, Tensor x_scale, Tensor w_gate_scale, Tensor w_up_scale, "
+    "Tensor? bias_gate, Tensor? bias_up, Tensor? out_scale, str activation) -> ()",
+    _gated_mlp_fp8_op, _returns_nothing,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +314,8 @@ def gated_mlp(
     if impl in COMPILED_IMPLS and not _rows_ready(x2):
         x2 = x2.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
     out = torch.empty((x2.shape[0], U), dtype=x.dtype, device=x.device)
-    ops.gated_mlp(out, x2, w_gate, w_up, bias_gate, bias_up, activation, impl)
+    run = ops.gated_mlp if torch.compiler.is_compiling() else _run_gated_mlp
+    run(out, x2, w_gate, w_up, bias_gate, bias_up, activation, impl)
     return out.view(*x.shape[:-1], U)
 
 

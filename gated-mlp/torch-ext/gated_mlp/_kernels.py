@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._triton_launch import Address, HostDescriptor, PlanTable, aligned16
+
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
@@ -319,6 +321,34 @@ def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, f
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
+# The arguments that change between calls sharing a launch plan, in the kernel's parameter order.
+_GATED_VARYING = ("x", "wg", "wu", "bg_ptr", "bu_ptr", "out_ptr", "part_ptr", "count_ptr", "xs_ptr", "gs_ptr", "us_ptr", "os_ptr")
+_GATED_PLANS = PlanTable(_gated_mlp_kernel)
+
+
+class _GatedPlan:
+    """A launch plan of `_gated_mlp_kernel` plus what a call builds around it: x's descriptor
+    (TMA), the K-split partials, the weights' cached descriptors (or addresses)."""
+
+    __slots__ = ("launch", "weights", "x_block", "part_shape", "counters")
+
+    def __init__(self, launch, weights, x_block, part_shape, counters):
+        self.launch, self.weights, self.x_block = launch, weights, x_block
+        self.part_shape, self.counters = part_shape, counters
+
+    def __call__(self, x, bias_gate, bias_up, out, scales, out_scale) -> None:
+        xa = x if self.x_block is None else HostDescriptor(x, x.shape, x.stride(), self.x_block)
+        if self.part_shape is not None:
+            part, counters = torch.empty(self.part_shape, dtype=torch.float32, device=x.device), self.counters
+        else:
+            part = counters = out
+        xs, gs, us = scales if scales is not None else (out, out, out)
+        has_bias = bias_gate is not None
+        self.launch(
+            xa, *self.weights, bias_gate if has_bias else out, bias_up if has_bias else out, out, part, counters,
+            xs, gs, us, out_scale if out_scale is not None else out,
+        )
+
 
 def _split_counters(device: torch.device, n: int) -> torch.Tensor:
     """The split-K arrival counters: zeroed once per device and left zeroed by the kernel (the
@@ -357,6 +387,25 @@ def launch_gated_mlp(
 
         gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation, scales, out_scale)
         return
+    has_bias = bias_gate is not None
+    quant_out = out.element_size() == 1
+    # A launch plan per call signature (see _triton_launch): the configuration, the weights'
+    # descriptors and the argument list are functions of this key (the weights' addresses
+    # included: their descriptors are cached), and a repeated key skips the configuration,
+    # the descriptor checks and the JIT's argument binding.
+    key = None
+    if cfg is None and x.is_cuda:
+        key = (
+            x.shape, x.stride(), w_gate.shape, w_gate.stride(), w_up.stride(), out.stride(), x.dtype, out.dtype,
+            w_gate.data_ptr(), w_up.data_ptr(), activation,
+            None if not has_bias else (bias_gate.dtype, bias_up.dtype),
+            None if scales is None else tuple(t.numel() for t in scales), out_scale is not None,
+            aligned16(*[t for t in (x, out, bias_gate, bias_up, out_scale, *(scales or ())) if t is not None]),
+        )
+        plan = _GATED_PLANS.get(key)
+        if plan is not None:
+            plan(x, bias_gate, bias_up, out, scales, out_scale)
+            return
     fp8 = x.element_size() == 1
     cfg = dict(cfg) if cfg is not None else {}
     tma = cfg.pop("USE_TMA", None)
@@ -382,24 +431,35 @@ def launch_gated_mlp(
         ua = TensorDescriptor.from_tensor(w_up, [block_n, block_k])
     else:
         xa, ga, ua = x, w_gate, w_up
-    has_bias = bias_gate is not None
+    part_shape = (n_split, split, 2, block_m, block_n)
     if split > 1:
-        part = torch.empty((n_split, split, 2, block_m, block_n), dtype=torch.float32, device=x.device)
+        part = torch.empty(part_shape, dtype=torch.float32, device=x.device)
         counters = _split_counters(x.device, n_split)
     else:
         part = counters = out  # not read
     xs, gs, us = scales if scales is not None else (out, out, out)  # not read when unscaled
-    quant_out = out.element_size() == 1
-    _gated_mlp_kernel[(n_full + n_split * split if split > 1 else num_m * num_n,)](
+    grid = (n_full + n_split * split if split > 1 else num_m * num_n,)
+    args = (
         xa, ga, ua,
         bias_gate if has_bias else out, bias_up if has_bias else out, out, part, counters,
         xs, gs, us, out_scale if quant_out else out,
         M, N, K, k_split, n_full,
         x.stride(0), w_gate.stride(0), w_up.stride(0), out.stride(0),
         1 if scales is not None and xs.numel() > 1 else 0, 1 if scales is not None and gs.numel() > 1 else 0,
+    )  # fmt: skip
+    kwargs = dict(
         SPLIT_K=split, ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=has_bias, USE_TMA=tma,
         EVEN_K=K % block_k == 0, SCALED=scales is not None, QUANT_OUT=quant_out,
         FP8_MAX=torch.finfo(out.dtype).max if quant_out else 0.0,
         FP8_MIN_EXP=-7 if out.dtype == torch.float8_e4m3fnuz else -6, UPCAST=fp8 and not tma,
         COMPILED=not _interpreting(), **cfg,
     )  # fmt: skip
+    launch = _GATED_PLANS.launch_and_plan(key, grid, _GATED_VARYING, args, kwargs)
+    if launch is not None:
+        weights = (
+            (HostDescriptor(Address(w_gate), ga.shape, ga.strides, ga.block_shape),
+             HostDescriptor(Address(w_up), ua.shape, ua.strides, ua.block_shape))
+            if tma else (w_gate.data_ptr(), w_up.data_ptr())
+        )  # fmt: skip
+        _GATED_PLANS.plans[key] = _GatedPlan(launch, weights, (block_m, block_k) if tma else None,
+                                             part_shape if split > 1 else None, counters if split > 1 else None)

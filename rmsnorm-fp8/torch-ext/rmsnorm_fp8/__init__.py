@@ -200,6 +200,13 @@ def _dynamic_scales(x: torch.Tensor, x2: torch.Tensor, group_size: int | None, s
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm of ``x`` scaled by ``weight``; output in x's dtype (``out`` may be ``x``)."""
+    if out is None and not torch.compiler.is_compiling():
+        # The common case in one C++ call that checks and allocates (24 -> ~10 us of host
+        # time a call on the H100 host); what it refuses gets the checks below, which say why.
+        try:
+            return ops.rms_norm_alloc.default(x, weight, eps)
+        except (RuntimeError, TypeError):
+            pass
     x2, weight, eps = _prologue(x, weight, eps)
     out, o2 = _out(out, x, x2, x.dtype)
     ops.rms_norm(o2, x2, weight, eps)
@@ -218,6 +225,11 @@ def fused_add_rms_norm(
     """``v = x + residual``; returns ``(rms_norm(v), v)``. With ``inplace=True`` ``v`` is
     written into ``residual`` (as inference engines do); ``out`` may be a given tensor,
     ``x`` included."""
+    if out is None and not inplace and not torch.compiler.is_compiling():
+        try:  # the common case in one C++ call, as in rms_norm
+            return ops.fused_add_rms_norm_alloc.default(x, residual, weight, eps)
+        except (RuntimeError, TypeError):
+            pass
     x2, weight, eps = _prologue(x, weight, eps)
     r2, res_out, ro2 = _residual(residual, x, x2, inplace)
     out, o2 = _out(out, x, x2, x.dtype)
@@ -326,6 +338,25 @@ def _rms_norm_fake(out, x, weight, eps) -> None:
 @torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm"))
 def _fused_add_rms_norm_fake(out, residual_out, x, residual, weight, eps) -> None:
     return None
+
+
+@torch.library.register_fake(add_op_namespace_prefix("rms_norm_alloc"))
+def _rms_norm_alloc_fake(x, weight, eps) -> torch.Tensor:
+    _same_device(x, weight)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("fused_add_rms_norm_alloc"))
+def _fused_add_rms_norm_alloc_fake(x, residual, weight, eps) -> tuple[torch.Tensor, torch.Tensor]:
+    _same_device(x, residual, weight)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _same_device(*tensors: torch.Tensor) -> None:
+    # A meta tensor among real ones sends the call here (the Meta key outranks CPU / CUDA):
+    # refuse, so the Python API falls back to its checks and names the argument.
+    if len({t.device for t in tensors}) > 1:
+        raise RuntimeError("arguments on different devices")
 
 
 @torch.library.register_fake(add_op_namespace_prefix("rms_norm_static_fp8"))

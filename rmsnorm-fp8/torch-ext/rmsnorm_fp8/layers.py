@@ -33,6 +33,11 @@ class RMSNorm(nn.Module):
             variance = hidden_states.float().pow(2).mean(-1, keepdim=True)
             normed = hidden_states.float() * torch.rsqrt(variance + self.variance_epsilon)
             return weight * normed.to(hidden_states.dtype)
+        if not torch.compiler.is_compiling():
+            try:  # one C++ call that checks and allocates (the package's rms_norm fast path)
+                return ops.rms_norm_alloc.default(hidden_states, weight, float(self.variance_epsilon))
+            except RuntimeError:
+                pass
         x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
         x2 = x.reshape(-1, x.shape[-1])
         out = torch.empty_like(x2)

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._triton_launch import PlanTable, aligned16
+
 try:  # the backend-dispatching libdevice (CUDA: __nv_*, ROCm: __ocml_*)
     from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - older Triton
@@ -225,6 +227,12 @@ def _rope_kernel(
         )  # fmt: skip
 
 
+# The tensors of a rope launch, in the kernel's parameter order: what changes between calls
+# that share a launch plan.
+_ROPE_VARYING = ("q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "cos_ptr", "sin_ptr", "pos_ptr", "inv_freq_ptr")
+_ROPE_PLANS = PlanTable(_rope_kernel)
+
+
 def _interpreting() -> bool:
     """Triton's interpreter (CPU tensors, TRITON_INTERPRET=1): the kernels take their
     COMPILED=False branches, which avoid what it lacks (libdevice, bf16 tl.dot). It also rounds
@@ -277,10 +285,28 @@ def launch_rope(
     pos: [B or 1, S] int; inv_freq: [rotary_dim / 2] fp32 (then cos/sin are None). ``cfg``:
     a `rope_config` dict, to override it (tuning, tests)."""
     B, S, HQ, D = q.shape
-    HK = k.shape[2]
     T = B * S
     if T == 0:
         return
+    # A launch plan per call signature (see _triton_launch): everything below is a function of
+    # this key, and a repeated key skips the JIT's per-call argument binding (decode: 40 -> 10 us).
+    key = None
+    if cfg is None and q.is_cuda:
+        key = (
+            q.shape, q.stride(), k.shape, k.stride(), q_out.stride(), k_out.stride(), q.dtype,
+            None if cos is None else (cos.shape, cos.stride(), sin.stride(), cos.dtype),
+            None if pos is None else (pos.shape, pos.stride(), pos.dtype), inv_freq is not None,
+            rotary_dim, interleaved, hf_rounding, table_rows,
+            q_out.data_ptr() == q.data_ptr(), k_out.data_ptr() == k.data_ptr(),
+            aligned16(*[t for t in (q, k, q_out, k_out, cos, sin, pos, inv_freq) if t is not None]),
+        )
+        plan = _ROPE_PLANS.get(key)
+        if plan is not None:
+            dummy = q
+            plan(q, k, q_out, k_out, cos if cos is not None else dummy, sin if sin is not None else dummy,
+                 pos if pos is not None else dummy, inv_freq if inv_freq is not None else dummy)
+            return
+    HK = k.shape[2]
     half = rotary_dim // 2
     block_p = triton.next_power_of_2(half)
     if cfg is None:
@@ -303,7 +329,7 @@ def launch_rope(
     p_ss = pos.stride(1) if pos is not None else 0
     cfg = {"COS_FIRST": False, **cfg}
     grid = (triton.cdiv(T, cfg["BLOCK_S"]), hq_blocks + hk_blocks)
-    _rope_kernel[grid](
+    args = (
         q, k, q_out, k_out,
         cos if cos is not None else dummy, sin if sin is not None else dummy,
         pos if pos is not None else dummy, inv_freq if inv_freq is not None else dummy,
@@ -313,12 +339,15 @@ def launch_rope(
         c_sb, c_ss, c_srow, c_sj,
         p_sb, p_ss,
         HQ, HK, hq_blocks, 0,
+    )  # fmt: skip
+    kwargs = dict(
         HALF=half, ROT=rotary_dim, HEAD_DIM=D, BLOCK_P=block_p,
         BLOCK_TAIL=triton.next_power_of_2(max(D - rotary_dim, 1)),
         INTERLEAVED=interleaved, HF_ROUNDING=hf_rounding, COPY_TAIL=copy_tail,
         HAS_POS=has_pos, FROM_POSITIONS=from_positions, COMPILED=not _interpreting(),
         **cfg,
     )  # fmt: skip
+    _ROPE_PLANS.launch_and_plan(key, grid, _ROPE_VARYING, args, kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,160 @@
+"""Per-shape launch plans for Triton kernels: the host cost of a launch whose shapes repeat.
+
+Why: at decode shapes the GPU work of one op is 2-80 us, and the host cost of Triton's JIT
+launch path is in the same range. On the lent H100 host (2026-11-23, Triton 3.6) one launch of
+rope-triton's 40-argument kernel cost 39.7 us through ``kernel[grid](...)`` (argument binding,
+specialization of every argument, cache-key hashing) and 9.9 us through the compiled kernel's
+own launcher with the argument list of an earlier call; one ``torch.add`` cost 7.3 us.
+
+A plan is made by one ordinary JIT launch and remembers the compiled kernel, the grid and
+the full argument list. Later calls with the same key swap in the arguments that change
+(tensors, tensor descriptors) and call the launcher directly. The key is the caller's
+business and must determine everything else: every integer argument (Triton specializes
+integers on == 1 and % 16 == 0) and, for every tensor argument, dtype and whether its address
+is 16-byte aligned (Triton specializes pointers on that).
+
+Only on GPUs, with Triton's launch hooks unset (a profiler hooking launches sees every launch
+through the JIT path instead), and never under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Hashable, Sequence
+
+import torch
+
+# Entries per plan table: decode repeats a handful of keys; prefill lengths vary, so the
+# table is cleared when full rather than growing without bound (a miss costs one JIT launch).
+MAX_PLANS = 512
+
+
+def _hooks_unset() -> bool:
+    try:
+        from triton import knobs
+
+        hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    except (ImportError, AttributeError):
+        return False
+    # Triton 3.6 keeps each hook as a HookChain (an empty list of calls when none is set);
+    # earlier versions keep None.
+    return all(h is None or (hasattr(h, "calls") and not h.calls) for h in hooks)
+
+
+def plans_enabled() -> bool:
+    """Plans replace JIT launches: not under Triton's interpreter, not when disabled with
+    ``FUSED_LLM_LAUNCH_PLANS=0`` (to compare), not when launch hooks are installed."""
+    return (
+        os.environ.get("TRITON_INTERPRET") != "1"
+        and os.environ.get("FUSED_LLM_LAUNCH_PLANS", "1") != "0"
+        and _hooks_unset()
+    )
+
+
+class LaunchPlan:
+    """A compiled kernel, its grid and argument list; ``plan(*varying)`` launches it with the
+    varying arguments (in the order the plan was made with) swapped in, on the current stream."""
+
+    __slots__ = ("_launcher", "_function", "_metadata", "_grid", "_args", "_slots", "_device")
+
+    def __init__(self, kernel: Any, grid: Sequence[int], args: list, slots: Sequence[int], device: int):
+        self._launcher = kernel.run
+        self._function = kernel.function
+        self._metadata = kernel.packed_metadata
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        self._grid = grid
+        self._slots = tuple(slots)
+        # The varying slots are filled per call: the template holds no tensor of the first
+        # call (it would keep that call's activations alive for the life of the plan).
+        self._args = [None if i in self._slots else a for i, a in enumerate(args)]
+        self._device = device
+
+    def __call__(self, *varying: Any) -> None:
+        args = list(self._args)
+        for slot, value in zip(self._slots, varying):
+            args[slot] = value
+        g0, g1, g2 = self._grid
+        stream = torch._C._cuda_getCurrentRawStream(self._device)
+        self._launcher(g0, g1, g2, stream, self._function, self._metadata, None, None, None, *args)
+
+
+class PlanTable:
+    """Plans of one Triton kernel by key. ``launch(key, grid, varying_names, args, kwargs)``
+    launches through the plan for ``key`` when there is one, else through the JIT (and keeps
+    a plan of that launch). ``varying_names`` are the kernel parameters whose values change
+    between calls with the same key (tensors, descriptors), in the order of ``args`` of later
+    calls: the plan is called as ``plan(*[bound[name] for name in varying_names])``."""
+
+    def __init__(self, jit_fn: Any):
+        self.jit_fn = jit_fn
+        self.plans: dict[Hashable, LaunchPlan] = {}
+        # Triton's interpreter hands out InterpretedFunction objects without these: no plans.
+        names = list(getattr(jit_fn, "arg_names", ()))
+        self._index = {name: i for i, name in enumerate(names)}
+        self._defaults = {p.name: p.default for p in getattr(jit_fn, "params", ()) if _has_default(p)}
+
+    def get(self, key: Hashable) -> LaunchPlan | None:
+        return self.plans.get(key)
+
+    def launch_and_plan(self, key: Hashable | None, grid: Sequence[int], varying: Sequence[str], args: Sequence, kwargs: dict) -> LaunchPlan | None:
+        """One JIT launch; when ``key`` is not None and plans are enabled, keep its plan and
+        return it."""
+        kernel = self.jit_fn[tuple(grid)](*args, **kwargs)
+        if key is None or kernel is None or not plans_enabled() or not hasattr(kernel, "packed_metadata"):
+            return None
+        names = self.jit_fn.arg_names
+        full = list(args)
+        for name in names[len(args):]:
+            if name in kwargs:
+                full.append(kwargs[name])
+            elif name in self._defaults:
+                full.append(self._defaults[name])
+            else:  # an argument the JIT filled in some other way: no plan
+                return None
+        device = torch.cuda.current_device()
+        if len(self.plans) >= MAX_PLANS:
+            self.plans.clear()
+        plan = LaunchPlan(kernel, grid, full, [self._index[n] for n in varying], device)
+        self.plans[key] = plan
+        return plan
+
+
+def _has_default(param: Any) -> bool:
+    import inspect
+
+    return getattr(param, "default", inspect.Parameter.empty) is not inspect.Parameter.empty
+
+
+class Address:
+    """An address with a dtype, standing in for a tensor as a descriptor's base: a cached
+    descriptor of a weight then keeps no reference to the weight (the plan's key holds the
+    address, so a later tensor at that address with the same key is described correctly)."""
+
+    __slots__ = ("_ptr", "dtype")
+
+    def __init__(self, tensor: torch.Tensor):
+        self._ptr = tensor.data_ptr()
+        self.dtype = tensor.dtype
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+
+class HostDescriptor:
+    """What the launcher reads of a host tensor descriptor (base, shape, strides, padding),
+    without ``triton.tools.tensor_descriptor.TensorDescriptor``'s per-construction checks
+    (2.8 us on the H100 host): only for plans, whose first (JIT) launch validated the same
+    shapes, strides and alignment with a real descriptor."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding")
+
+    def __init__(self, base, shape, strides, block_shape, padding: str = "zero"):
+        self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, padding
+
+
+def aligned16(*tensors: torch.Tensor) -> tuple[bool, ...]:
+    """Whether each tensor's address is a multiple of 16 bytes (Triton's pointer specialization)."""
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+__all__ = ["Address", "HostDescriptor", "LaunchPlan", "PlanTable", "aligned16", "plans_enabled", "MAX_PLANS"]

@@ -1,0 +1,331 @@
+"""``fused-llm bench e2e``: a kernelized transformers model against the model it came from.
+
+One run, one GPU, one process. A model with random weights built in code (a Llama-3-8B-shaped
+preset by default, fewer layers), copied three ways: eager (not kernelized), kernelized
+(``fused_llm.kernelize``), and the Liger-patched model (``apply_liger_kernel_to_llama``, the
+peer users pick instead; Llama only). For each:
+
+* prefill tokens/s at (1, 512), (1, 2048), (4, 2048): ``model(ids, use_cache=False,
+  logits_to_keep=1)``, eager and ``torch.compile(dynamic=False)``; median of CUDA-event timings;
+* decode ms/step at batch 1, 8, 32 after a 512-token prompt: ``generate`` with the dynamic
+  cache (eager forward) and with ``cache_implementation="static"`` (transformers compiles the
+  forward, CUDA graphs included); a step = (time of N2 new tokens - time of N1) / (N2 - N1);
+* host time of one decode step (the forward's wall time without a synchronization, the GPU
+  idle before it), peak memory of the (4, 2048) prefill, top-1 agreement of the logits with
+  eager on random tokens next to the noise floor (compiled eager against eager);
+* host time per call of each op on the kernelize path at decode shapes, next to one
+  ``torch.add`` of the same input (measured in the same run).
+
+Writes JSON, CSV and a PNG with the GPU, date and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import datetime
+import gc
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from . import integration, packages
+
+PREFILL = [(1, 512), (1, 2048), (4, 2048)]
+DECODE_BATCHES = [1, 8, 32]
+PROMPT = 512
+
+
+def _sync() -> None:
+    torch.cuda.synchronize()
+
+
+def _median_ms(fn, warmup: int, reps: int) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _prefill(model, ids):
+    with torch.inference_mode():
+        return model(ids, use_cache=False, logits_to_keep=1)
+
+
+def _generate_ms(model, prompt, new_tokens: int, static: bool) -> float:
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    if static:
+        kwargs["cache_implementation"] = "static"
+    with torch.inference_mode():
+        _sync()
+        t0 = time.perf_counter()
+        model.generate(prompt, **kwargs)
+        _sync()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def decode_ms_per_step(model, prompt, static: bool, n1: int, n2: int) -> float:
+    """Decode time per token: the difference of two generate lengths, so the prefill and the
+    fixed cost of generate cancel. Two warm-ups each (the static cache compiles on the first)."""
+    for n in (n1, n2):
+        _generate_ms(model, prompt, n, static)
+        _generate_ms(model, prompt, n, static)
+    t1 = min(_generate_ms(model, prompt, n1, static) for _ in range(2))
+    t2 = min(_generate_ms(model, prompt, n2, static) for _ in range(2))
+    return (t2 - t1) / (n2 - n1)
+
+
+def decode_host_ms(model, batch: int, vocab: int, device) -> float:
+    """Host time of one decode forward with a dynamic cache: the wall time of the call with the
+    GPU idle before it and no synchronization inside (the median of 10)."""
+    from transformers import DynamicCache
+
+    ids = torch.randint(0, vocab, (batch, PROMPT), device=device)
+    times = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        step = ids[:, -1:]
+        for i in range(12):
+            _sync()
+            t0 = time.perf_counter()
+            model(step, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[2:])
+
+
+def top1_agreement(model, ref_logits, ids) -> float:
+    with torch.inference_mode():
+        logits = model(ids).logits
+    return (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
+
+
+def op_host_us(dtype: torch.dtype, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> dict[str, float]:
+    """Host time per call at decode shapes (1 token), each op's public function, and one
+    torch.add of the same input: 300 calls without synchronizing, wall time / 300."""
+    rms = packages.get_kernel("rmsnorm-fp8")
+    swiglu = packages.get_kernel("swiglu-fp8")
+    rope = packages.get_kernel("rope-triton")
+    gmlp = packages.get_kernel("gated-mlp")
+    dev = "cuda"
+    x = torch.randn(1, 1, hidden, device=dev, dtype=dtype)
+    w = torch.randn(hidden, device=dev, dtype=dtype)
+    q = torch.randn(1, heads, 1, head_dim, device=dev, dtype=dtype)
+    k = torch.randn(1, kv_heads, 1, head_dim, device=dev, dtype=dtype)
+    cos = torch.randn(1, 1, head_dim, device=dev, dtype=dtype)
+    gu = torch.randn(1, 2 * intermediate, device=dev, dtype=dtype)
+    wg = torch.randn(intermediate, hidden, device=dev, dtype=dtype)
+    wu = torch.randn(intermediate, hidden, device=dev, dtype=dtype)
+    calls = {
+        "torch.add": lambda: torch.add(x, x),
+        "rms_norm": lambda: rms.rms_norm(x, w, 1e-5),
+        "fused_add_rms_norm": lambda: rms.fused_add_rms_norm(x, x, w, 1e-5),
+        "rotary (apply_rotary_transformers)": lambda: rope.apply_rotary_transformers(q, k, cos, cos),
+        "silu_and_mul": lambda: swiglu.silu_and_mul(gu),
+        "gated_mlp": lambda: gmlp.gated_mlp(x, wg, wu),
+    }
+    out = {}
+    for name, fn in calls.items():
+        for _ in range(30):
+            fn()
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(300):
+            fn()
+        out[name] = (time.perf_counter() - t0) / 300 * 1e6
+        _sync()
+    return out
+
+
+def run(args) -> dict:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console(stderr=True)
+    device = torch.device("cuda")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    for name in packages.kernel_packages():
+        packages.use_local_build(name)
+    eager = integration.build_model(args.model, args.layers, device, dtype)
+    cfg = eager.config
+    models = {"eager": eager}
+    kern = copy.deepcopy(eager)
+    report = integration.kernelize(kern)
+    models["kernelized"] = kern
+    if args.model == "llama" and not args.no_liger:
+        try:
+            from liger_kernel.transformers import apply_liger_kernel_to_llama
+
+            liger = copy.deepcopy(eager)
+            apply_liger_kernel_to_llama(model=liger, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                        fused_linear_cross_entropy=False)
+            models["liger"] = liger
+        except ImportError:
+            console.print("liger-kernel not installed: no Liger column")
+    prefill = PREFILL[:1] + PREFILL[2:] if args.quick else PREFILL
+    batches = DECODE_BATCHES[:2] if args.quick else DECODE_BATCHES
+    n1, n2 = (8, 24) if args.quick else (16, 64)
+    reps = 5 if args.quick else 10
+    stages = [s for s in ("prefill", "decode") if args.only in (None, s)]
+    rows: list[dict] = []
+    total = len(models) * (2 * len(prefill) * ("prefill" in stages) + 2 * len(batches) * ("decode" in stages))
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with Progress(console=console) as progress:
+        task = progress.add_task("e2e", total=total)
+        if "prefill" in stages:
+            for compiled in (False, True):
+                for name, model in models.items():
+                    runner = torch.compile(model, dynamic=False) if compiled else model
+                    for batch, seq in prefill:
+                        ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+                        torch.cuda.reset_peak_memory_stats()
+                        ms = _median_ms(lambda: _prefill(runner, ids), 3, reps)
+                        rows.append(dict(stage="prefill", setting="compiled" if compiled else "eager", model=name,
+                                         batch=batch, tokens=seq, ms=ms, tokens_per_s=batch * seq / ms * 1e3,
+                                         peak_mib=torch.cuda.max_memory_allocated() / 2**20))
+                        progress.advance(task)
+                    del runner
+                    torch._dynamo.reset()
+                    gc.collect()
+        if "decode" in stages:
+            for static in (False, True):
+                for name, model in models.items():
+                    for batch in batches:
+                        prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), generator=gen).to(device)
+                        ms = decode_ms_per_step(model, prompt, static, n1, n2)
+                        row = dict(stage="decode", setting="static-cache generate" if static else "dynamic-cache generate",
+                                   model=name, batch=batch, tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3)
+                        if not static:
+                            row["host_ms"] = decode_host_ms(model, batch, cfg.vocab_size, device)
+                        rows.append(row)
+                        progress.advance(task)
+                    if hasattr(model, "_compiled_call"):
+                        del model._compiled_call
+                    torch._dynamo.reset()
+                    gc.collect()
+    ids = torch.randint(0, cfg.vocab_size, (2, 512), generator=gen).to(device)
+    with torch.inference_mode():
+        ref = eager(ids).logits
+    agreement = {name: top1_agreement(m, ref, ids) for name, m in models.items() if name != "eager"}
+    agreement["compiled eager (noise floor)"] = top1_agreement(torch.compile(eager, dynamic=False), ref, ids)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    ops = op_host_us(dtype, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
+    import kernels
+    import transformers
+    import triton
+
+    return dict(
+        gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+        versions=dict(torch=torch.__version__, triton=triton.__version__, transformers=transformers.__version__,
+                      kernels=kernels.__version__, python=platform.python_version()),
+        model=args.model, layers=args.layers, dtype=args.dtype, quick=args.quick,
+        kernelize_report=str(report), rows=rows, top1_agreement=agreement, op_host_us=ops,
+    )
+
+
+def ratios(result: dict) -> list[dict]:
+    """kernelized / eager, kernelized / liger per (stage, setting, batch, tokens): speed ratios
+    (> 1: the kernelized model is faster)."""
+    by = {(r["stage"], r["setting"], r["batch"], r["tokens"], r["model"]): r for r in result["rows"]}
+    out = []
+    for (stage, setting, batch, tokens, model), r in by.items():
+        if model != "kernelized":
+            continue
+        row = dict(stage=stage, setting=setting, batch=batch, tokens=tokens, kernelized_ms=round(r["ms"], 3))
+        for peer in ("eager", "liger"):
+            p = by.get((stage, setting, batch, tokens, peer))
+            if p:
+                row[f"{peer}_ms"] = round(p["ms"], 3)
+                row[f"vs_{peer}"] = round(p["ms"] / r["ms"], 3)
+        out.append(row)
+    return out
+
+
+def write(result: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = result["gpu"].replace(" ", "-")
+    stem = out_dir / f"e2e_{result['model']}{result['layers']}L_{result['dtype']}{'_quick' if result['quick'] else ''}_{gpu}"
+    result["ratios"] = ratios(result)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    with stem.with_suffix(".csv").open("w", newline="") as f:
+        keys = sorted({k for r in result["rows"] for k in r})
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(result["rows"])
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rats = result["ratios"]
+        labels = [f"{r['stage']} {r['setting']}\nB={r['batch']} T={r['tokens']}" for r in rats]
+        fig, ax = plt.subplots(figsize=(max(8, len(rats) * 0.7), 5))
+        xs = range(len(rats))
+        ax.bar([x - 0.2 for x in xs], [r.get("vs_eager", 0) for r in rats], 0.4, label="vs not kernelized")
+        ax.bar([x + 0.2 for x in xs], [r.get("vs_liger", 0) for r in rats], 0.4, label="vs Liger")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(list(xs), labels, rotation=70, fontsize=7)
+        ax.set_ylabel("speed ratio (> 1: kernelized faster)")
+        ax.set_title(f"{result['model']} {result['layers']} layers {result['dtype']}, {result['gpu']}, {result['date']}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(stem.with_suffix(".png"), dpi=110)
+    except ImportError:
+        pass
+    return stem
+
+
+def print_summary(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(result["kernelize_report"])
+    table = Table(title=f"e2e {result['model']} {result['layers']}L {result['dtype']} on {result['gpu']}")
+    for col in ("stage", "setting", "B", "T", "kernelized ms", "eager ms", "vs eager", "liger ms", "vs liger"):
+        table.add_column(col)
+    for r in ratios(result):
+        table.add_row(r["stage"], r["setting"], str(r["batch"]), str(r["tokens"]), f"{r['kernelized_ms']:.3f}",
+                      f"{r.get('eager_ms', float('nan')):.3f}", f"{r.get('vs_eager', float('nan')):.3f}",
+                      f"{r.get('liger_ms', float('nan')):.3f}", f"{r.get('vs_liger', float('nan')):.3f}")
+    console.print(table)
+    console.print("top-1 agreement with eager:", result["top1_agreement"])
+    add = result["op_host_us"]["torch.add"]
+    console.print("host us per call:", {k: f"{v:.1f} ({v / add:.2f}x torch.add)" for k, v in result["op_host_us"].items()})
+    host = {(r["model"], r["batch"]): r["host_ms"] for r in result["rows"] if "host_ms" in r}
+    if host:
+        console.print("host ms per decode step (dynamic cache):", host)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fused-llm bench e2e", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="llama", choices=sorted(integration.MODEL_PRESETS))
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--quick", action="store_true", help="fewer shapes and steps (about 2 minutes)")
+    parser.add_argument("--only", choices=["prefill", "decode"], help="one stage")
+    parser.add_argument("--no-liger", action="store_true")
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("fused-llm bench e2e times models on a CUDA GPU; none is visible to torch here.")
+        return 2
+    result = run(args)
+    stem = write(result, args.out or packages.repo_root() / "benchmarks" / "results")
+    print_summary(result)
+    print(f"wrote {stem}.json / .csv / .png")
+    return 0

@@ -1,0 +1,170 @@
+"""The fused decoder layer that ``kernelize`` installs in Llama / Mistral / Qwen2 / Qwen3 models.
+
+transformers' decoder layer issues ~45 torch ops per token step (RMSNorm alone is 8:
+casts, pow, mean, add, rsqrt, two muls); at decode each costs host time while the GPU waits.
+This forward computes the same layer in 9 ops and launches:
+
+    rms_norm (rmsnorm-fp8)                       input_layernorm
+    one GEMM of [W_q; W_k; W_v]                  q_proj, k_proj, v_proj
+    apply_rotary_transformers (rope-triton)      apply_rotary_pos_emb, transformers' rounding
+    cache update + the model's attention         unchanged (sdpa / eager / flash: the config's)
+    o_proj
+    fused_add_rms_norm (rmsnorm-fp8)             residual add + post_attention_layernorm
+    gated_mlp (gated-mlp)                        gate_proj, up_proj, act_fn, * (no [.., 2U] tensor)
+    addmm (down_proj with the residual add)      down_proj + residual (one rounding instead of two)
+
+The q / k / v weights become views of one fused [W_q; W_k; W_v] tensor (no second copy);
+the layer keeps every module, so state_dict(), the original submodules and ``.to()`` work.
+Under torch.compile the packages' functions trace as their registered ops.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+# transformers' hidden_act names -> gated-mlp's activations (gelu_new / gelu_pytorch_tanh: tanh form)
+HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+
+# (transformers module, decoder layer class): the families whose layer this forward computes.
+DECODER_CLASSES = (
+    ("transformers.models.llama.modeling_llama", "LlamaDecoderLayer"),
+    ("transformers.models.mistral.modeling_mistral", "MistralDecoderLayer"),
+    ("transformers.models.qwen2.modeling_qwen2", "Qwen2DecoderLayer"),
+    ("transformers.models.qwen3.modeling_qwen3", "Qwen3DecoderLayer"),
+)
+
+STEPS = "rms_norm, QKV GEMM, rope-triton rotary, attention, o_proj, fused_add_rms_norm, gated-mlp, down_proj + residual"
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The three packages the fused layer calls (loaded modules)."""
+
+    rmsnorm: types.ModuleType
+    rope: types.ModuleType
+    gated_mlp: types.ModuleType
+
+
+def decoder_classes() -> tuple[type, ...]:
+    import importlib
+
+    found = []
+    for module_name, class_name in DECODER_CLASSES:
+        try:
+            found.append(getattr(importlib.import_module(module_name), class_name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def unsupported_reason(layer: nn.Module) -> str | None:
+    """Why this decoder layer keeps its own forward, or None when the fused one computes it."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None:
+        return "no self_attn / mlp"
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        if not isinstance(getattr(attn, name, None), nn.Linear):
+            return f"self_attn.{name} is not an nn.Linear"
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        if not isinstance(getattr(mlp, name, None), nn.Linear):
+            return f"mlp.{name} is not an nn.Linear"
+    act = getattr(getattr(mlp, "config", None), "hidden_act", None)
+    if act not in HIDDEN_ACTS:
+        return f"activation {act!r} (gated-mlp has {sorted(set(HIDDEN_ACTS.values()))})"
+    weights = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight]
+    dtype = weights[0].dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {dtype} (gated-mlp takes float16 / bfloat16)"
+    if any(w.dtype != dtype or w.device != weights[0].device for w in weights):
+        return "projection weights of different dtypes or devices"
+    for norm in ("input_layernorm", "post_attention_layernorm"):
+        w = getattr(getattr(layer, norm, None), "weight", None)
+        if not isinstance(w, torch.Tensor) or w.dtype != dtype:
+            return f"{norm} weight missing or not in {dtype}"
+    return None
+
+
+def _fuse_qkv(attn: nn.Module) -> None:
+    """Make q / k / v_proj's weights (and biases) views of one [W_q; W_k; W_v] tensor, kept on
+    the attention module as ``fused_qkv_weight`` / ``fused_qkv_bias`` (not in state_dict)."""
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    with torch.no_grad():
+        weight = torch.cat([p.weight for p in projs], dim=0)
+        bias = torch.cat([p.bias for p in projs], dim=0) if attn.q_proj.bias is not None else None
+        start = 0
+        for p in projs:
+            rows = p.weight.shape[0]
+            p.weight = nn.Parameter(weight[start:start + rows], requires_grad=False)
+            if bias is not None:
+                p.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
+            start += rows
+    attn.register_buffer("fused_qkv_weight", weight, persistent=False)
+    attn.register_buffer("fused_qkv_bias", bias, persistent=False)
+
+
+def install(layer: nn.Module, kernels: Kernels) -> None:
+    """Give ``layer`` (a supported decoder layer, see `unsupported_reason`) the fused forward."""
+    if getattr(layer, "fused_llm_decoder", False):
+        return
+    _fuse_qkv(layer.self_attn)
+    layer.forward = types.MethodType(_make_forward(kernels), layer)
+    layer.fused_llm_decoder = True
+
+
+def _make_forward(k: Kernels):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    rms_norm, fused_add_rms_norm = k.rmsnorm.rms_norm, k.rmsnorm.fused_add_rms_norm
+    apply_rotary, gated_mlp = k.rope.apply_rotary_transformers, k.gated_mlp.gated_mlp
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=False, position_embeddings=None, **kwargs):
+        attn, mlp = self.self_attn, self.mlp
+        in_norm, post_norm = self.input_layernorm, self.post_attention_layernorm
+        input_shape = hidden_states.shape[:-1]
+        head_dim = attn.head_dim
+        n_q = attn.q_proj.out_features
+        n_kv = attn.k_proj.out_features
+
+        h = rms_norm(hidden_states, in_norm.weight, in_norm.variance_epsilon)
+        qkv = F.linear(h, attn.fused_qkv_weight, attn.fused_qkv_bias)
+        q = qkv[..., :n_q].view(*input_shape, -1, head_dim)
+        key = qkv[..., n_q:n_q + n_kv].view(*input_shape, -1, head_dim)
+        value = qkv[..., n_q + n_kv:].view(*input_shape, -1, head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before the rotary
+            q, key = attn.q_norm(q), attn.k_norm(key)
+        cos, sin = position_embeddings
+        q, key = apply_rotary(q, key, cos, sin, 2)  # [B, S, H, D] (unsqueeze_dim 2)
+        q, key, value = q.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, attn.layer_idx)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_attention)
+        if getattr(attn, "sliding_window", None) is not None:
+            kwargs.setdefault("sliding_window", attn.sliding_window)
+        elif getattr(attn.config, "sliding_window", None) is not None and "Mistral" in type(attn).__name__:
+            kwargs.setdefault("sliding_window", attn.config.sliding_window)
+        out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+        out = attn.o_proj(out.reshape(*input_shape, -1))
+
+        h, residual = fused_add_rms_norm(out, hidden_states, post_norm.weight, post_norm.variance_epsilon)
+        act = HIDDEN_ACTS[mlp.config.hidden_act]
+        h = gated_mlp(h, mlp.gate_proj.weight, mlp.up_proj.weight, activation=act,
+                      bias_gate=mlp.gate_proj.bias, bias_up=mlp.up_proj.bias)
+        down = mlp.down_proj
+        if down.bias is not None:
+            return residual + down(h)
+        hidden = residual.shape[-1]
+        return torch.addmm(residual.view(-1, hidden), h.view(-1, h.shape[-1]), down.weight.t()).view(residual.shape)
+
+    return forward
+
+
+def _eager_attention(*args, **kwargs):
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    return eager_attention_forward(*args, **kwargs)
