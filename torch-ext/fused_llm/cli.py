@@ -10,7 +10,7 @@ import warnings
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import builder, packages
+from . import abi, builder, packages
 
 console = Console(stderr=True)
 
@@ -67,6 +67,40 @@ def check_cuda(names: list[str]) -> int:
     return 1 if failures else 0
 
 
+def check_abi(names: list[str], manylinux: str, python_abi: str) -> int:
+    """Hugging Face's ABI check (kernel-abi-check) on every variant in PKG/build/."""
+    failed = 0
+    for name in names or packages.kernel_packages():
+        for result in abi.check_package(packages.package_dir(name), manylinux, python_abi):
+            color = "green" if result.ok else "red"
+            console.print(f"[{color}]{'ok' if result.ok else 'FAILED'}[/] {result.summary()}", highlight=False)
+            failed += not result.ok
+    return 1 if failed else 0
+
+
+def hub_repo(names: list[str], out: str, hf_cache: str | None) -> int:
+    """Write each package's Hub-shaped repository (what kernel-builder upload would make of
+    PKG/build/) under OUT, and optionally lay its version branch into a Hugging Face cache."""
+    from pathlib import Path
+
+    from . import hub
+
+    for name in names or packages.kernel_packages():
+        repo = hub.write_hub_repo(packages.package_dir(name), Path(out) / f"{name}.git")
+        plan = hub.upload_plan(packages.package_dir(name))
+        console.print(f"[green]wrote[/] {repo.git_dir} ({repo.repo_id}): branch {repo.branch} {repo.commit()[:12]}, "
+                      f"main {repo.commit(hub.MAIN)[:12]}; variants {', '.join(plan.variants)}", highlight=False)
+        if plan.missing_backends:
+            console.print(f"  [yellow]not a complete upload:[/] build.toml claims {', '.join(plan.missing_backends)} "
+                          f"but build/ has no variant for it (build those on a machine that can, into {name}/build/)", highlight=False)
+        if hf_cache:
+            snapshot = hub.install_in_hf_cache(repo, Path(hf_cache), repo_type="kernel")
+            # `kernels benchmark` (kernels 0.17.2) downloads the repo as a model repo.
+            hub.install_in_hf_cache(repo, Path(hf_cache), repo_type="model")
+            console.print(f"  in the cache: {snapshot}", highlight=False)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     p_build.add_argument("--clean", action="store_true", help="remove PKG/build and PKG/.build-cache (object files) first")
     p_build.add_argument("--capabilities", help="comma-separated subset of cuda-capabilities, e.g. 8.0")
     p_build.add_argument("--check-cuda", action="store_true", help="only compile-check the framework-free .cu files with nvcc")
+
+    p_abi = sub.add_parser("check-abi", help="run Hugging Face's ABI check (kernel-abi-check) on every built variant")
+    p_abi.add_argument("packages", nargs="*", metavar="PKG", help="package names (default: all)")
+    p_abi.add_argument("--manylinux", default="manylinux_2_28", help="manylinux policy (default: the Hub's, manylinux_2_28)")
+    p_abi.add_argument("--python-abi", default="3.9", help="oldest CPython the abi3 .so must load in (default: 3.9)")
+
+    p_hub = sub.add_parser("hub-repo", help="write each package's Hub-shaped repository (branch v1 from build/), optionally into a Hugging Face cache")
+    p_hub.add_argument("packages", nargs="*", metavar="PKG", help="package names (default: all)")
+    p_hub.add_argument("--out", required=True, help="directory for the repositories (OUT/PKG.git, bare Git)")
+    p_hub.add_argument("--hf-cache", help="also lay branch v1 into this Hugging Face cache (HF_HUB_CACHE), as `hf download --repo-type kernel --revision v1` would")
 
     p_bench = sub.add_parser("bench", help="benchmark a package against its peers, or `e2e`: a kernelized model (GPU)")
     p_bench.add_argument("package", metavar="PKG")
@@ -102,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             caps = [c.strip() for c in args.capabilities.split(",") if c.strip()] if args.capabilities else None
             build_packages(args.packages, args.backend, clean=args.clean, capabilities=caps)
             return 0
+        if args.command == "hub-repo":
+            return hub_repo(args.packages, args.out, args.hf_cache)
+        if args.command == "check-abi":
+            return check_abi(args.packages, args.manylinux, args.python_abi)
         if args.command == "bench":
             if args.package == "e2e":
                 from . import bench_e2e
@@ -116,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             from . import demo
 
             return demo.main(build=not args.no_build)
-    except (builder.BuildError, FileNotFoundError) as err:
+    except (builder.BuildError, FileNotFoundError, abi.AbiCheckUnavailable) as err:
         console.print(f"[red]error:[/] {err}")
         return 2
     return 0
