@@ -493,7 +493,10 @@ GLIBCXX_COMPAT_CPP = """\
 #include <string>
 
 #if defined(__GLIBCXX__) && _GLIBCXX_USE_CXX11_ABI && defined(__ELF__) && !defined(__CUDACC__)
-#define FLLM_LOCAL __attribute__((visibility("hidden"), used))
+// weak: where g++ links libstdc++ statically (the GPU machine's /opt/gcc 13 pulls
+// libstdc++.a(functexcept.o) into gated-mlp's CUTLASS objects), the library's own strong
+// definition wins instead of colliding; against libstdc++.so these stay the ones used.
+#define FLLM_LOCAL __attribute__((visibility("hidden"), used, weak))
 #define FLLM_CXX11(name) "_ZNSt7__cxx11" name
 #define FLLM_CXX11_CONST(name) "_ZNKSt7__cxx11" name
 #define FLLM_CXX11_CONST_LREF(name) "_ZNKRSt7__cxx11" name
