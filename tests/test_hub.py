@@ -47,7 +47,10 @@ def hub_cache(tmp_path_factory):
 
 def run_user(base: Path, *args: str, timeout: int = 600) -> dict:
     """tests/hub_user.py in a fresh interpreter, offline, with no LOCAL_KERNELS."""
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_KERNELS", "KERNELS_CACHE", "HF_HUB_CACHE", "HF_HOME")}
+    # Nor TRITON_INTERPRET, which the Triton packages' test conftests set for this process: a
+    # user's process runs without it (with it, `kernels benchmark` of the Triton packages fails).
+    dropped = ("LOCAL_KERNELS", "KERNELS_CACHE", "HF_HUB_CACHE", "HF_HOME", "TRITON_INTERPRET")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(base / "cache"), HF_HOME=str(base / "hf-home"),
                HF_HUB_DISABLE_TELEMETRY="1", FUSED_LLM_ROOT=str(ROOT),
                PYTHONPATH=os.pathsep.join([str(ROOT / "torch-ext"), env.get("PYTHONPATH", "")]))
