@@ -780,3 +780,24 @@ def test_silu_and_mul_alloc_matches_the_checked_path(activation):
         swiglu_fp8.silu_and_mul(x, activation=activation, out=checked)
         assert fast.shape == checked.shape
         torch.testing.assert_close(fast, checked, rtol=0, atol=0)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and streams")
+def test_cuda_graph_capture_and_side_stream():
+    # silu_and_mul's allocating path on a non-default stream and inside a captured CUDA graph
+    # replayed on new inputs gives the bits of the same call on the default stream.
+    x = make_x(1, 14336, torch.bfloat16, seed=77).view(1, 1, -1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = swiglu_fp8.silu_and_mul(x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, swiglu_fp8.silu_and_mul(x))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = swiglu_fp8.silu_and_mul(x)
+    x.copy_(make_x(1, 14336, torch.bfloat16, seed=78).view(1, 1, -1))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, swiglu_fp8.silu_and_mul(x))

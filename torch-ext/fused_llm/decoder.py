@@ -140,21 +140,21 @@ def _make_forward(k: Kernels):
 
         h = rms_norm(hidden_states, in_norm.weight, in_norm.variance_epsilon)
         qkv = F.linear(h, attn.fused_qkv_weight, attn.fused_qkv_bias)
-        q = qkv[..., :n_q].view(*input_shape, -1, head_dim)
-        key = qkv[..., n_q:n_q + n_kv].view(*input_shape, -1, head_dim)
-        value = qkv[..., n_q + n_kv:].view(*input_shape, -1, head_dim)
-        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before the rotary
+        # q, k, v as [B, H, S, D] views of qkv in three view ops (a view costs ~2.4 us of host
+        # time on the H100 host; slicing, viewing and transposing each of the three took nine).
+        heads = qkv.view(*input_shape, -1, head_dim).transpose(1, 2)
+        q, key, value = heads.split((n_q // head_dim, n_kv // head_dim, n_kv // head_dim), dim=1)
+        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm (over D) before the rotary
             q, key = attn.q_norm(q), attn.k_norm(key)
         cos, sin = position_embeddings
-        q, key = apply_rotary(q, key, cos, sin, 2)  # [B, S, H, D] (unsqueeze_dim 2)
-        q, key, value = q.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        q, key = apply_rotary(q, key, cos, sin, 1)  # [B, H, S, D] (unsqueeze_dim 1)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, attn.layer_idx)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_attention)
         if self.fused_llm_sliding_window is not None:
             kwargs.setdefault("sliding_window", self.fused_llm_sliding_window)
         out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
-        out = attn.o_proj(out.reshape(*input_shape, -1))
+        out = F.linear(out.reshape(*input_shape, -1), attn.o_proj.weight, attn.o_proj.bias)
 
         h, residual = fused_add_rms_norm(out, hidden_states, post_norm.weight, post_norm.variance_epsilon)
         h = gated_mlp(h, mlp.gate_proj.weight, mlp.up_proj.weight, activation=self.fused_llm_activation,

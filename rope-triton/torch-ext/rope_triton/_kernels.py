@@ -279,15 +279,17 @@ def launch_rope(
     hf_rounding: bool,
     table_rows: str,
     cfg: dict | None = None,
-) -> None:
+):
     """q, k, q_out, k_out: [B, S, H, D] views (any strides, unit last stride); cos/sin: 2-D
     [rows, width] (table_rows = "pos": row pos[b, s]; "bs": 3-D [B or 1, S, width] by (b, s));
     pos: [B or 1, S] int; inv_freq: [rotary_dim / 2] fp32 (then cos/sin are None). ``cfg``:
-    a `rope_config` dict, to override it (tuning, tests)."""
+    a `rope_config` dict, to override it (tuning, tests). Returns the launch plan of this call
+    signature (called as ``plan(q, k, q_out, k_out, cos, sin, pos, inv_freq)``, absent ones
+    replaced by q), or None when it has none."""
     B, S, HQ, D = q.shape
     T = B * S
     if T == 0:
-        return
+        return None
     # A launch plan per call signature (see _triton_launch): everything below is a function of
     # this key, and a repeated key skips the JIT's per-call argument binding (decode: 40 -> 10 us).
     key = None
@@ -306,7 +308,7 @@ def launch_rope(
             dummy = q
             plan(q, k, q_out, k_out, cos if cos is not None else dummy, sin if sin is not None else dummy,
                  pos if pos is not None else dummy, inv_freq if inv_freq is not None else dummy)
-            return
+            return plan
     HK = k.shape[2]
     half = rotary_dim // 2
     block_p = triton.next_power_of_2(half)
@@ -348,7 +350,7 @@ def launch_rope(
         HAS_POS=has_pos, FROM_POSITIONS=from_positions, COMPILED=not _interpreting(),
         **cfg,
     )  # fmt: skip
-    _ROPE_PLANS.launch_and_plan(key, grid, _ROPE_VARYING, args, kwargs)
+    return _ROPE_PLANS.launch_and_plan(key, grid, _ROPE_VARYING, args, kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
