@@ -173,6 +173,10 @@ def test_explanations_name_the_cause():
 
 @pytest.mark.kernels_ci
 def test_cli_check_abi(capsys):
+    static = [str(so) for name in packages.kernel_packages() for so in packages.package_dir(name).glob("build/*/*.so")
+              if _libstdcxx_linked_statically(so)]
+    if static:  # see test_every_built_variant_passes_the_hub_abi_check
+        pytest.xfail("libstdc++ linked statically by this machine's g++: " + ", ".join(static))
     assert cli.main(["check-abi"]) == 0
     err = capsys.readouterr().err
     for name in packages.kernel_packages():
