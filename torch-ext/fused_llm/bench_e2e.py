@@ -28,6 +28,7 @@ Writes JSON, CSV and a PNG with the GPU, date and versions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import datetime
@@ -74,6 +75,29 @@ def _prefill(model, ids):
         return model(ids, use_cache=False, logits_to_keep=1)
 
 
+# Module globals a model needs set while it runs (name -> {module: {attribute: value}}). Liger's
+# apply_liger_kernel_to_llama(model=...) patches the instance's modules but also replaces
+# modeling_llama.apply_rotary_pos_emb process-wide, which every Llama in the process then calls:
+# left in place, the "not kernelized" model would run Liger's rope too. run() puts transformers'
+# function back and gives Liger's to the Liger model only, through this table.
+_GLOBALS: dict[str, dict] = {}
+
+
+@contextlib.contextmanager
+def _running(name: str):
+    """Set the module globals of model ``name`` for the duration (see _GLOBALS)."""
+    saved = []
+    for module, attrs in _GLOBALS.get(name, {}).items():
+        for attr, value in attrs.items():
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        for module, attr, value in reversed(saved):
+            setattr(module, attr, value)
+
+
 def _generate_ms(model, prompt, new_tokens: int, cache=None) -> float:
     """Wall time of one ``generate``; ``cache``: a StaticCache (reset first), else the dynamic cache."""
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
@@ -100,12 +124,14 @@ def _step_ms(model, prompt, n1: int, n2: int, cache=None) -> float:
 def decode_dynamic_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> dict[str, float]:
     """ms per step of each model with the dynamic cache: one warm-up each, then ``rounds``
     rounds in which every model runs in turn; the median over rounds."""
-    for model in models.values():
-        _step_ms(model, prompt, n1, n2)
+    for name, model in models.items():
+        with _running(name):
+            _step_ms(model, prompt, n1, n2)
     steps: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(rounds):
         for name, model in models.items():
-            steps[name].append(_step_ms(model, prompt, n1, n2))
+            with _running(name):
+                steps[name].append(_step_ms(model, prompt, n1, n2))
     return {name: statistics.median(v) for name, v in steps.items()}
 
 
@@ -207,9 +233,16 @@ def run(args) -> dict:
         try:
             from liger_kernel.transformers import apply_liger_kernel_to_llama
 
+            from transformers.models.llama import modeling_llama
+
             liger = copy.deepcopy(eager)
+            patched = {modeling_llama: {"apply_rotary_pos_emb": modeling_llama.apply_rotary_pos_emb}}
             apply_liger_kernel_to_llama(model=liger, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                         fused_linear_cross_entropy=False)
+            _GLOBALS["liger"] = {m: {a: getattr(m, a) for a in attrs} for m, attrs in patched.items()}
+            for module, attrs in patched.items():  # transformers' own for every other model
+                for attr, value in attrs.items():
+                    setattr(module, attr, value)
             models["liger"] = liger
         except ImportError:
             console.print("liger-kernel not installed: no Liger column")
@@ -235,7 +268,8 @@ def run(args) -> dict:
                     for batch, seq in prefill:
                         ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
                         torch.cuda.reset_peak_memory_stats()
-                        ms = _median_ms(lambda: _prefill(runner, ids), 3, reps)
+                        with _running(name):
+                            ms = _median_ms(lambda r=runner, i=ids: _prefill(r, i), 3, reps)
                         rows.append(dict(stage="prefill", setting="compiled" if compiled else "eager", model=name,
                                          batch=batch, tokens=seq, ms=ms, tokens_per_s=batch * seq / ms * 1e3,
                                          peak_mib=torch.cuda.max_memory_allocated() / 2**20))
@@ -247,15 +281,17 @@ def run(args) -> dict:
             for batch in batches:
                 prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), generator=gen).to(device)
                 for name, ms in decode_dynamic_ms(models, prompt, n1, n2, rounds).items():
+                    with _running(name):
+                        host_ms = decode_host_ms(models[name], batch, cfg.vocab_size, device)
                     rows.append(dict(stage="decode", setting="dynamic-cache generate", model=name, batch=batch,
-                                     tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3,
-                                     host_ms=decode_host_ms(models[name], batch, cfg.vocab_size, device)))
+                                     tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3, host_ms=host_ms))
                     progress.advance(task)
         if "decode" in stages or "decode-static" in stages:
             for name, model in models.items():
                 for batch in batches:
                     prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), generator=gen).to(device)
-                    ms = decode_static_ms(model, prompt, n1, n2, rounds)
+                    with _running(name):
+                        ms = decode_static_ms(model, prompt, n1, n2, rounds)
                     rows.append(dict(stage="decode", setting="static-cache generate", model=name, batch=batch,
                                      tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3))
                     progress.advance(task)
@@ -264,7 +300,10 @@ def run(args) -> dict:
                 torch._dynamo.reset()
                 gc.collect()
     ids = torch.randint(0, cfg.vocab_size, (AGREEMENT_BATCH, 512), generator=gen).to(device)
-    tops = {name: top1(m, ids) for name, m in models.items()}
+    tops = {}
+    for name, m in models.items():
+        with _running(name):
+            tops[name] = top1(m, ids)
     tops["compiled eager (noise floor)"] = top1(torch.compile(eager, dynamic=False), ids)
     torch._dynamo.reset()
     agree = {name: agreement(t, tops["eager"]) for name, t in tops.items() if name != "eager"}
