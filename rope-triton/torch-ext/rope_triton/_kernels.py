@@ -876,10 +876,10 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
         # The persistent kernel: x^2 shared out over the first round's tiles instead of computed
         # in every tile. Against the unfused sequence 0.95x at 2048 tokens (64 x 256 tiles) and
         # 1.12x at 4096 (128 x 256, 8 warps; whole-head tiles there: 0.95x). At 256 - 1024
-        # tokens the whole-head kernel was as fast or faster (results/tune_projection_persistent_*;
+        # tokens the whole-head kernel was as fast or faster (docs/rope-triton-projection-prefill.md;
         # its TAIL_SPLIT 2 / 4 rows are a K split of a short last round, measured slower
         # everywhere and removed). A stream-K last round (9eac92f) was slower too: 94 us at
-        # 1024 tokens against 88, 275 at 4096 against 259 (results/tune_projection_stream_k_*).
+        # 1024 tokens against 88, 275 at 4096 against 259 (docs/rope-triton-projection-prefill.md).
         cfg = {"PERSISTENT": True, "BLOCK_M": 128 if M > 2048 else 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64,
                "num_warps": 8 if M > 2048 else 4, "num_stages": 3 if M > 2048 else 4}  # fmt: skip
     elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256:
