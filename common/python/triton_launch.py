@@ -24,8 +24,7 @@ from typing import Any, Hashable, Sequence
 
 import torch
 
-# Entries per plan table: decode repeats a handful of keys; prefill lengths vary, so the
-# table is cleared when full rather than growing without bound (a miss costs one JIT launch).
+# Entries per table (launch plans, call signatures): see SignatureTable.
 MAX_PLANS = 512
 
 
@@ -112,7 +111,7 @@ class LaunchPlan:
         self._args = [None if i in self._slots else a for i, a in enumerate(args)]
         self._device = device
         self._entry = None
-        direct = _direct_entry(kernel) if os.environ.get("FUSED_LLM_DIRECT_LAUNCH", "1") != "0" else None
+        direct = _direct_entry(kernel)
         if direct is not None:
             self._make_direct(args, *direct)
 
@@ -122,13 +121,13 @@ class LaunchPlan:
         template: list = []
         places = []
         for i, a in enumerate(args):
-            meta_known = i in descs
-            width = len(expand(a, descs[i])) if meta_known else 0
+            expanded = expand(a, descs[i]) if i in descs else None
             if i in self._slots:
+                width = len(expanded) if expanded is not None else 0
                 places.append((len(template), width, descs.get(i)))
                 template.extend([None] * max(width, 1))
-            elif meta_known:
-                template.extend(expand(a, descs[i]))
+            elif expanded is not None:
+                template.extend(expanded)
             else:
                 template.append(a)
         by_slot = dict(zip(self._slots, places))
@@ -163,23 +162,41 @@ class LaunchPlan:
         self._entry(g0, g1, g2, stream, *self._head, *args)
 
 
-class PlanTable:
+class SignatureTable:
+    """Values by call signature, at most MAX_PLANS of them: decode repeats a handful of
+    signatures, prefill lengths vary, so the table is cleared when full rather than growing
+    without bound (a miss costs one call down the slow path)."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self):
+        self.entries: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable) -> Any:
+        return self.entries.get(key)
+
+    def put(self, key: Hashable, value: Any) -> None:
+        if len(self.entries) >= MAX_PLANS:
+            self.entries.clear()
+        self.entries[key] = value
+
+
+class PlanTable(SignatureTable):
     """Plans of one Triton kernel by key. ``launch(key, grid, varying_names, args, kwargs)``
     launches through the plan for ``key`` when there is one, else through the JIT (and keeps
     a plan of that launch). ``varying_names`` are the kernel parameters whose values change
     between calls with the same key (tensors, descriptors), in the order of ``args`` of later
     calls: the plan is called as ``plan(*[bound[name] for name in varying_names])``."""
 
+    __slots__ = ("_defaults", "_index", "jit_fn")
+
     def __init__(self, jit_fn: Any):
+        super().__init__()
         self.jit_fn = jit_fn
-        self.plans: dict[Hashable, LaunchPlan] = {}
         # Triton's interpreter hands out InterpretedFunction objects without these: no plans.
         names = list(getattr(jit_fn, "arg_names", ()))
         self._index = {name: i for i, name in enumerate(names)}
         self._defaults = {p.name: p.default for p in getattr(jit_fn, "params", ()) if _has_default(p)}
-
-    def get(self, key: Hashable) -> LaunchPlan | None:
-        return self.plans.get(key)
 
     def launch_and_plan(self, key: Hashable | None, grid: Sequence[int], varying: Sequence[str], args: Sequence, kwargs: dict) -> LaunchPlan | None:
         """One JIT launch; when ``key`` is not None and plans are enabled, keep its plan and
@@ -197,10 +214,8 @@ class PlanTable:
             else:  # an argument the JIT filled in some other way: no plan
                 return None
         device = torch.cuda.current_device()
-        if len(self.plans) >= MAX_PLANS:
-            self.plans.clear()
         plan = LaunchPlan(kernel, grid, full, [self._index[n] for n in varying], device)
-        self.plans[key] = plan
+        self.put(key, plan)
         return plan
 
 
@@ -242,4 +257,4 @@ def aligned16(*tensors: torch.Tensor) -> tuple[bool, ...]:
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)
 
 
-__all__ = ["Address", "HostDescriptor", "LaunchPlan", "PlanTable", "aligned16", "plans_enabled", "MAX_PLANS"]
+__all__ = ["Address", "HostDescriptor", "LaunchPlan", "PlanTable", "SignatureTable", "aligned16", "plans_enabled", "MAX_PLANS"]

@@ -37,6 +37,7 @@ import torch
 
 from . import _reference, layers
 from ._light_ops import define_op
+from ._triton_launch import SignatureTable
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -195,7 +196,7 @@ def _run_gated_mlp(
 # plan's own key (on the H100 host the call went from 47 us to ~16). The key holds everything
 # those depend on: x's shape, strides, dtype, device and 16-byte alignment, each weight's shape,
 # strides, dtype, device and address (the plan keeps the weights' descriptors), activation, impl.
-_FAST_CALLS: dict = {}
+_FAST_CALLS = SignatureTable()
 
 
 def _gated_call_key(x, w_gate, w_up, activation, impl):
@@ -361,9 +362,7 @@ def gated_mlp(
     plan = _run_gated_mlp_planned(out, x2, w_gate, w_up, bias_gate, bias_up, activation, impl)
     if plan is not None and key is not None and x.is_contiguous():
         # x2 is then a view of x, and x.new_empty(shape) lays the output out as out is.
-        if len(_FAST_CALLS) >= 512:
-            _FAST_CALLS.clear()
-        _FAST_CALLS[key] = (plan, (*x.shape[:-1], U))
+        _FAST_CALLS.put(key, (plan, (*x.shape[:-1], U)))
     return out.view(*x.shape[:-1], U)
 
 

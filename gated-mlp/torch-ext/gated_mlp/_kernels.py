@@ -467,6 +467,6 @@ def launch_gated_mlp(
         )  # fmt: skip
         plan = _GatedPlan(launch, weights, (block_m, block_k) if tma else None, (M, K), x.stride(),
                           part_shape if split > 1 else None, counters if split > 1 else None)
-        _GATED_PLANS.plans[key] = plan
+        _GATED_PLANS.put(key, plan)
         return plan
     return None

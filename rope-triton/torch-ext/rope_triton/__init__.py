@@ -26,6 +26,7 @@ import torch
 
 from . import _reference, layers
 from ._light_ops import define_op
+from ._triton_launch import SignatureTable
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -428,9 +429,7 @@ def apply_rotary_transformers(
         return q_out, k_out
     plan = _run_rope_planned(q4, k4, qo4, ko4, cos, sin, None, None, q4.shape[3], False, True, "bs")
     if plan is not None and key is not None:
-        if len(_FAST_ROTARY) >= 512:
-            _FAST_ROTARY.clear()
-        _FAST_ROTARY[key] = plan
+        _FAST_ROTARY.put(key, plan)
     return q_out, k_out
 
 
@@ -438,7 +437,7 @@ def apply_rotary_transformers(
 # every layer, every token) skips the checks, the views and the plan's own key (on the H100 host
 # the call went from 31-42 us to ~16). The key holds everything those depend on: each tensor's
 # shape, strides, dtype, device and 16-byte alignment (Triton specializes pointers on it).
-_FAST_ROTARY: dict = {}
+_FAST_ROTARY = SignatureTable()
 
 
 def _rotary_call_key(q, k, cos, sin, unsqueeze_dim):
