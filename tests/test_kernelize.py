@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fused_llm
+import fused_llm.decoder
 from fused_llm.testing import device
 
 DEVICE = device()
@@ -111,10 +112,24 @@ def test_fused_decoder_compiles_fullgraph(batch, length):
     ref = _logits(eager, tokens)
     fused_llm.kernelize(model)
     torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, dynamic=False)
-    got = _logits(compiled, tokens)
+    namespaces: set[str] = set()
+
+    def backend(gm, example_inputs):  # which non-aten ops the compiled graph calls
+        for node in gm.graph.nodes:
+            if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+                namespaces.add(node.target.namespace if isinstance(node.target, torch._ops.OpOverload)
+                               else node.target._qualified_op_name.split("::")[0])
+        return gm.forward
+
+    got = _logits(torch.compile(model, fullgraph=True, dynamic=False, backend=backend), tokens)
+    ours = {ns for ns in namespaces if ns not in ("aten", "prims")}
+    # Large compiled forwards are transformers' own down to the norms (the layer and the
+    # RMSNorm swap both hand back): no custom-op call for inductor to stop at.
+    assert bool(ours) == (batch * length < fused_llm.decoder.COMPILED_ORIGINAL_MIN_TOKENS), ours
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.95
     torch.testing.assert_close(got, ref, rtol=0.05, atol=0.05 * ref.abs().max().item())
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(_logits(compiled, tokens), got, rtol=0.02, atol=0.02 * ref.abs().max().item())
 
 
 def test_fused_decoder_keeps_weights_shared():

@@ -485,6 +485,31 @@ def test_layer_matches_llama_rmsnorm(dtype):
 
 
 @pytest.mark.kernels_ci
+@pytest.mark.parametrize("rows", [7, rmsnorm_fp8.layers.COMPILED_ORIGINAL_MIN_ROWS])
+def test_layer_compiled_hands_large_calls_back(rows):
+    # Compiled, a call of >= COMPILED_ORIGINAL_MIN_ROWS rows is LlamaRMSNorm's own expression
+    # (no custom op in the graph); a smaller one calls the op. Both give LlamaRMSNorm's result.
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    host = LlamaRMSNorm(256, eps=1e-5).to(device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        host.weight.copy_(torch.rand(256) + 0.5)
+    x = torch.randn(rows, 256, dtype=torch.bfloat16, device=DEVICE)
+    targets: list[str] = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: rmsnorm_fp8.layers.RMSNorm.forward(host, t), fullgraph=True, dynamic=False,
+                        backend=backend)(x)
+    calls_op = any("rms_norm" in t for t in targets)
+    assert calls_op == (rows < rmsnorm_fp8.layers.COMPILED_ORIGINAL_MIN_ROWS), targets
+    torch.testing.assert_close(got, host(x), rtol=2 * 2**-7, atol=1e-5)
+
+
+@pytest.mark.kernels_ci
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and streams")
 def test_cuda_graph_capture_and_side_stream():
     # The decode path's calls (the allocating C++ ops) on a non-default stream and inside a
