@@ -6,7 +6,8 @@ preset by default, fewer layers), copied three ways: eager (not kernelized), ker
 peer users pick instead; Llama only). For each:
 
 * prefill tokens/s at (1, 512), (1, 2048), (4, 2048): ``model(ids, use_cache=False,
-  logits_to_keep=1)``, eager and ``torch.compile(dynamic=False)``; median of CUDA-event timings;
+  logits_to_keep=1)``, eager and ``torch.compile(dynamic=False)``; the models take turns,
+  round after round, each round a median of CUDA-event timings; the median over rounds;
 * decode ms/step at batch 1, 8, 32 after a 512-token prompt: ``generate`` with the dynamic
   cache (eager forward) and with a static cache (transformers compiles the forward, CUDA
   graphs included); a step = (time of N2 new tokens - time of N1) / (N2 - N1). Dynamic cache:
@@ -119,6 +120,25 @@ def _step_ms(model, prompt, n1: int, n2: int, cache=None) -> float:
     t1 = _generate_ms(model, prompt, n1, cache)
     t2 = _generate_ms(model, prompt, n2, cache)
     return (t2 - t1) / (n2 - n1)
+
+
+def prefill_ms(runners: dict, ids, reps: int, rounds: int) -> dict[str, tuple[float, tuple[float, float], float]]:
+    """Prefill time of each model: (median over ``rounds``, (min, max) over rounds, peak MiB).
+    The models take turns in every round, in alternating order, so a drift of the GPU's clocks
+    or of the host over the minute a shape takes falls on all of them alike (measured one model
+    after the other, two identical compiled graphs read 0.985x-1.035x apart)."""
+    peaks = {}
+    for name, runner in runners.items():  # warm-up (the compile, for compiled runners)
+        torch.cuda.reset_peak_memory_stats()
+        with _running(name):
+            _median_ms(lambda r=runner: _prefill(r, ids), 2, 1)
+        peaks[name] = torch.cuda.max_memory_allocated() / 2**20
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for i in range(rounds):
+        for name in list(runners)[::1 if i % 2 == 0 else -1]:
+            with _running(name):
+                times[name].append(_median_ms(lambda r=runners[name]: _prefill(r, ids), 1, reps))
+    return {name: (statistics.median(v), (min(v), max(v)), peaks[name]) for name, v in times.items()}
 
 
 def decode_dynamic_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> dict[str, float]:
@@ -263,20 +283,17 @@ def run(args) -> dict:
         task = progress.add_task("e2e", total=total)
         if "prefill" in stages:
             for compiled in (False, True):
-                for name, model in models.items():
-                    runner = torch.compile(model, dynamic=False) if compiled else model
-                    for batch, seq in prefill:
-                        ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
-                        torch.cuda.reset_peak_memory_stats()
-                        with _running(name):
-                            ms = _median_ms(lambda r=runner, i=ids: _prefill(r, i), 3, reps)
+                runners = {name: torch.compile(m, dynamic=False) if compiled else m for name, m in models.items()}
+                for batch, seq in prefill:
+                    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+                    for name, (ms, spread, peak) in prefill_ms(runners, ids, reps, rounds).items():
                         rows.append(dict(stage="prefill", setting="compiled" if compiled else "eager", model=name,
-                                         batch=batch, tokens=seq, ms=ms, tokens_per_s=batch * seq / ms * 1e3,
-                                         peak_mib=torch.cuda.max_memory_allocated() / 2**20))
+                                         batch=batch, tokens=seq, ms=ms, ms_min=spread[0], ms_max=spread[1],
+                                         tokens_per_s=batch * seq / ms * 1e3, peak_mib=peak))
                         progress.advance(task)
-                    del runner
-                    torch._dynamo.reset()
-                    gc.collect()
+                del runners
+                torch._dynamo.reset()
+                gc.collect()
         if "decode" in stages or "decode-dynamic" in stages:
             for batch in batches:
                 prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), generator=gen).to(device)
