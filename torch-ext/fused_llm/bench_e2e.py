@@ -10,9 +10,9 @@ peer users pick instead; Llama only). For each:
   round after round, each round a median of CUDA-event timings; the median over rounds;
 * decode ms/step at batch 1, 8, 32 after a 512-token prompt: ``generate`` with the dynamic
   cache (eager forward) and with a static cache (transformers compiles the forward, CUDA
-  graphs included); a step = (time of N2 new tokens - time of N1) / (N2 - N1). Dynamic cache:
-  the models take turns, round after round, and each model's figure is the median over the
-  rounds (this host's host-bound timings drift by tens of percent over a minute). Static: one
+  graphs included); a step = (time of N2 new tokens - time of N1) / (N2 - N1). The models
+  take turns, round after round, and each model's figure is the median over the rounds (this
+  host's host-bound timings drift by tens of percent over a minute). Static: one
   ``StaticCache`` per model and batch, sized for N2, reset before each run, so both lengths
   replay the same compiled graph (a cache sized per length recompiled for each);
 * host time of one decode step (the forward's wall time without a synchronization, the GPU
@@ -155,16 +155,24 @@ def decode_dynamic_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> di
     return {name: statistics.median(v) for name, v in steps.items()}
 
 
-def decode_static_ms(model, prompt, n1: int, n2: int, rounds: int) -> float:
-    """ms per step with a static cache (transformers compiles the decode forward and captures
-    it in CUDA graphs): one cache sized for n2 serves both lengths; two warm-ups (the first
-    compiles), then the median over ``rounds``."""
+def decode_static_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> dict[str, float]:
+    """ms per step of each model with a static cache (transformers compiles the decode forward
+    and captures it in CUDA graphs): one cache per model sized for n2 serves both lengths; two
+    warm-ups each (the first compiles), then ``rounds`` rounds in which the models take turns
+    (alternating order); the median over rounds."""
     from transformers import StaticCache
 
-    cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + n2 + 1)
-    for _ in range(2):
-        _step_ms(model, prompt, n1, n2, cache)
-    return statistics.median(_step_ms(model, prompt, n1, n2, cache) for _ in range(rounds))
+    caches = {name: StaticCache(config=m.config, max_cache_len=prompt.shape[1] + n2 + 1) for name, m in models.items()}
+    for name, model in models.items():
+        with _running(name):
+            for _ in range(2):
+                _step_ms(model, prompt, n1, n2, caches[name])
+    steps: dict[str, list[float]] = {name: [] for name in models}
+    for i in range(rounds):
+        for name in list(models)[::1 if i % 2 == 0 else -1]:
+            with _running(name):
+                steps[name].append(_step_ms(models[name], prompt, n1, n2, caches[name]))
+    return {name: statistics.median(v) for name, v in steps.items()}
 
 
 def decode_host_ms(model, batch: int, vocab: int, device) -> float:
@@ -304,18 +312,17 @@ def run(args) -> dict:
                                      tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3, host_ms=host_ms))
                     progress.advance(task)
         if "decode" in stages or "decode-static" in stages:
-            for name, model in models.items():
-                for batch in batches:
-                    prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), generator=gen).to(device)
-                    with _running(name):
-                        ms = decode_static_ms(model, prompt, n1, n2, rounds)
+            for batch in batches:
+                prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), generator=gen).to(device)
+                for name, ms in decode_static_ms(models, prompt, n1, n2, rounds).items():
                     rows.append(dict(stage="decode", setting="static-cache generate", model=name, batch=batch,
                                      tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3))
                     progress.advance(task)
+            for model in models.values():
                 if hasattr(model, "_compiled_call"):
                     del model._compiled_call
-                torch._dynamo.reset()
-                gc.collect()
+            torch._dynamo.reset()
+            gc.collect()
     ids = torch.randint(0, cfg.vocab_size, (AGREEMENT_BATCH, 512), generator=gen).to(device)
     tops = {}
     for name, m in models.items():
