@@ -478,7 +478,7 @@ def _persistent_prefill(x: torch.Tensor, w: torch.Tensor, head_dim: int) -> bool
         return False
     kernels = _triton_kernels()
     cfg = kernels.rms_matmul_rope_config(x.shape[0], x.shape[1], head_dim, folded=True, tma=kernels._use_tma(x, w))
-    return cfg.get("PERSISTENT", False)
+    return isinstance(cfg, kernels.RmsMatmulRopePersistentConfig)
 
 
 def rms_norm_matmul_rope(
