@@ -180,6 +180,19 @@ def test_zero_tokens():
     assert q_out.shape == q.shape and k_out.shape == k.shape
 
 
+@pytest.mark.parametrize("HQ, HK", [(0, 2), (4, 0), (0, 0)])
+def test_zero_heads(HQ, HK):
+    """q or k (or both) without heads: the other is rotated, nothing fails."""
+    q, k = make_qk(2, 5, HQ, HK, 64, torch.bfloat16, "bhsd", seed=33)
+    angle = torch.rand(2, 5, 32, device=DEVICE, generator=gen(34)) * 10
+    cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
+    q_out, k_out = rt.apply_rotary(q, k, cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    c, s = cos.double(), sin.double()
+    assert_rotary_close(to_bshd(q_out, "bhsd"), ref_rotate(to_bshd(q, "bhsd"), c, s, 64, False), q, "q")
+    assert_rotary_close(to_bshd(k_out, "bhsd"), ref_rotate(to_bshd(k, "bhsd"), c, s, 64, False), k, "k")
+
+
 def test_torch_path_matches_reference():
     # The plain-torch implementation (what the CPU variant runs without the interpreter).
     q, k = make_qk(2, 5, 4, 2, 64, torch.float32, "bhsd", seed=7)
@@ -584,6 +597,17 @@ def test_bad_config(name):
         call()
 
 
+# Triton's interpreter (numpy) warns where a tile's padding rows (x all zero there) divide by
+# sqrt(0): those rows are never stored.
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_rms_norm_matmul_rope_eps_zero():
+    """eps = 0 is accepted, as the other packages' RMSNorms accept it (rows of x not all zero)."""
+    x, rms_w, w, cos, sin, _ = _projection_case(3, 256, 2, 64, seed=11)
+    ref = ref_projection(x, rms_w, w, 0.0, cos, sin, 64)
+    for impl in ("fused", "unfused"):
+        assert_projection_close(rt.rms_norm_matmul_rope(x, rms_w, w, 0.0, cos, sin, impl=impl), ref, f"eps 0 {impl}")
+
+
 def test_rms_norm_matmul_rope_leading_dims_and_half_tables():
     x = torch.randn(2, 3, 256, dtype=torch.bfloat16, device=DEVICE)
     rms_w = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)
@@ -620,6 +644,7 @@ def _bad_cases():
     g = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)
     w = torch.randn(128, 256, dtype=torch.bfloat16, device=DEVICE)
     fc = torch.ones(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    pos = torch.zeros(4, dtype=torch.long, device=DEVICE)
     return [
         ("q dtype", lambda: rt.apply_rotary(q.int(), k, c, c), TypeError, "q: expected dtype"),
         ("q dims", lambda: rt.apply_rotary(q[0], k, c, c), ValueError, "q: expected a 4-D"),
@@ -650,6 +675,23 @@ def _bad_cases():
         ("fold w dims", lambda: rt.fold_rms_weight(w[0], g), ValueError, "w: expected shape"),
         ("fold rms_weight shape", lambda: rt.fold_rms_weight(w, g[:100]), ValueError, r"rms_weight: expected shape \(256,\)"),
         ("fold rms_weight dtype", lambda: rt.fold_rms_weight(w, g.int()), TypeError, "rms_weight: expected dtype"),
+        ("eps negative", lambda: rt.rms_norm_matmul_rope(x, g, w, -1e-6, fc, fc), ValueError, "eps: expected a finite float >= 0, got -1e-06"),
+        ("eps nan", lambda: rt.rms_norm_matmul_rope(x, g, w, float("nan"), fc, fc), ValueError, "eps: expected a finite float >= 0, got nan"),
+        ("eps inf", lambda: rt.rms_norm_matmul_rope(x, None, w, float("inf"), fc, fc, impl="unfused"), ValueError, "eps: expected a finite float >= 0"),
+        ("eps type", lambda: rt.rms_norm_matmul_rope(x, g, w, "1e-6", fc, fc), TypeError, "eps: expected a float, got str"),
+        ("eps tensor", lambda: rt.rms_norm_matmul_rope(x, g, w, torch.tensor(1e-6), fc, fc), TypeError, "eps: expected a float, got Tensor"),
+        ("interleaved type", lambda: rt.apply_rotary(q, k, c, c, interleaved=1), TypeError, "interleaved: expected True or False, got 1"),
+        ("inplace type", lambda: rt.apply_rotary(q, k, c, c, inplace="yes"), TypeError, "inplace: expected True or False, got 'yes'"),
+        ("positions interleaved type", lambda: rt.apply_rotary_from_positions(q, k, pos, interleaved=None), TypeError, "interleaved: expected True or False"),
+        ("theta inf", lambda: rt.apply_rotary_from_positions(q, k, pos, float("inf")), ValueError, "theta: expected a finite number > 1, got inf"),
+        ("scaling type", lambda: rt.apply_rotary_from_positions(q, k, pos, rope_scaling=[("rope_type", "llama3")]), TypeError, "rope_scaling: expected a dict or None, got list"),
+        ("scaling keys", lambda: rt.apply_rotary_from_positions(q, k, pos, rope_scaling={"rope_type": "llama3", "factor": 8.0}), ValueError, r"rope_scaling: expected the llama3 keys .*missing \['low_freq_factor'"),
+        ("scaling values", lambda: rt.apply_rotary_from_positions(q, k, pos, rope_scaling={**LLAMA3_SCALING, "factor": -8.0}), ValueError, "rope_scaling: expected finite numbers > 0, got {'factor': -8.0}"),
+        ("scaling band", lambda: rt.apply_rotary_from_positions(q, k, pos, rope_scaling={**LLAMA3_SCALING, "high_freq_factor": 1.0}), ValueError, "rope_scaling: expected high_freq_factor > low_freq_factor"),
+        ("inv_frequencies rotary_dim", lambda: rt.inv_frequencies(63), ValueError, "rotary_dim: expected an even int >= 2, got 63"),
+        ("inv_frequencies theta", lambda: rt.inv_frequencies(64, 0.5), ValueError, "theta: expected a finite number > 1, got 0.5"),
+        ("inv_frequencies scaling", lambda: rt.inv_frequencies(64, rope_scaling={"rope_type": "yarn"}), ValueError, "rope_scaling: only rope_type 'llama3'"),
+        ("triton_enabled_for", lambda: rt.triton_enabled_for([1.0]), TypeError, "t: expected a torch.Tensor, got list"),
     ]
 
 

@@ -75,7 +75,7 @@ def rope_config(tokens: int, hq: int, block_p: int) -> RopeConfig:
     2.35: a program waits on one DRAM round trip instead of two in series); before wins from
     8 tokens on, where programs have 2-8 warps (8 / 64 / 256 tokens: 2.42 / 2.78 / 4.17 us
     against 2.53 / 3.04 / 4.28; within 2% either way from 1024 on)."""
-    bhq, bhk = (1, 1) if tokens == 1 else (min(2, triton.next_power_of_2(hq)), 1)
+    bhq, bhk = (1, 1) if tokens == 1 else (min(2, triton.next_power_of_2(max(hq, 1))), 1)  # (q may have no heads)
     bs = min(max(1, 4096 // (block_p * bhq)), triton.next_power_of_2(tokens))
     warps = max(1, min(8, bs * bhq * block_p // 512))
     return RopeConfig(BLOCK_S=bs, BLOCK_HQ=bhq, BLOCK_HK=bhk, num_warps=warps, COS_FIRST=warps > 1)
