@@ -9,6 +9,7 @@ cuBLAS + Liger. It also records the peak extra memory of each path at one prefil
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -130,15 +131,17 @@ def main() -> None:
         rows = []
         if args.tail_ab:
             default = kern.gated_mlp_config(m, u, d, torch.cuda.get_device_properties(0).multi_processor_count, fp8=args.fp8)
-            candidates = [default, {**default, "SPLIT_K": 1, "N_FULL": 0}]
+            candidates = [dataclasses.asdict(default), {**dataclasses.asdict(default), "SPLIT_K": 1, "N_FULL": 0}]
         elif args.decode and m <= 64:
             candidates = decode_configs(m, args.fp8)
         else:
             candidates = configs(m, args.fp8)
         for cfg in candidates:
             try:
-                def call(cfg=cfg, x=x, wg=wg, wu=wu, out=out):
-                    kern.launch_gated_mlp(x, wg, wu, None, None, out, "silu", {k: v for k, v in cfg.items() if k != "err"}, *extra)
+                launch_cfg = kern.GatedMlpConfig(**cfg)
+
+                def call(launch_cfg=launch_cfg, x=x, wg=wg, wu=wu, out=out, extra=extra):
+                    kern.launch_gated_mlp(x, wg, wu, None, None, out, "silu", launch_cfg, *extra)
                 out.view(torch.uint8).fill_(0x7F) if args.fp8 else out.fill_(float("nan"))  # 0x7F: e4m3fn NaN
                 call()
                 (_check_fp8 if args.fp8 else _check)(out, expected)

@@ -12,6 +12,7 @@ output's scale.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import kernels
@@ -111,7 +112,9 @@ def test_pointer_path(M, D, U):
     not an sm80 binary)."""
     x, w_gate, w_up, _ = make_inputs(M, D, U, torch.bfloat16, seed=M + 1)
     out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
-    rt._triton_kernels().launch_gated_mlp(x, w_gate, w_up, None, None, out, "silu", cfg={"USE_TMA": False})
+    kern = rt._triton_kernels()
+    cfg = kern.gated_mlp_config(M, U, D, torch.cuda.get_device_properties(DEVICE).multi_processor_count, tma=False)
+    kern.launch_gated_mlp(x, w_gate, w_up, None, None, out, "silu", cfg=cfg)
     assert_gated_close(out, reference(x, w_gate, w_up), "pointer path")
 
 
@@ -197,8 +200,8 @@ def test_tile_configs(block_m, block_n, block_k, split, n_full, tma, swap):
         pytest.skip("TMA needs sm90")
     x, w_gate, w_up, (b_gate, b_up) = make_inputs(M, D, U, torch.bfloat16, seed=9, bias=True)
     ref = reference(x, w_gate, w_up, "silu", b_gate, b_up)
-    cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 4, "SPLIT_K": split,
-           "N_FULL": n_full, "num_warps": 4, "num_stages": 2, "USE_TMA": tma, "SWAP_AB": swap}  # fmt: skip
+    cfg = kern.GatedMlpConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=4, SPLIT_K=split, N_FULL=n_full,
+                              SWAP_AB=swap, USE_TMA=tma, num_warps=4, num_stages=2)  # fmt: skip
     for _ in range(2):
         out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
         kern.launch_gated_mlp(x, w_gate, w_up, b_gate, b_up, out, "silu", cfg=cfg)
@@ -213,15 +216,102 @@ def test_config_splits_only_a_short_last_wave():
     (the configuration only: the kernel runs such splits in test_tile_configs)."""
     kern = rt._triton_kernels()
     cfg = kern.gated_mlp_config(256, 28672, 8192, sms=132)  # 70B: 2 x 224 = 448 tiles = 3 x 132 + 52
-    assert (cfg["SPLIT_K"], cfg["N_FULL"]) == (2, 396), cfg
+    assert (cfg.SPLIT_K, cfg.N_FULL) == (2, 396), cfg
     cfg = kern.gated_mlp_config(256, 53248, 16384, sms=132)  # 405B: 832 tiles = 6 x 132 + 40
-    assert (cfg["SPLIT_K"], cfg["N_FULL"]) == (3, 792), cfg
+    assert (cfg.SPLIT_K, cfg.N_FULL) == (3, 792), cfg
     cfg = kern.gated_mlp_config(256, 14336, 4096, sms=132)  # 8B: 224 = 132 + 92: 92 x 2 > 132
-    assert (cfg["SPLIT_K"], cfg["N_FULL"]) == (1, 0), cfg
+    assert (cfg.SPLIT_K, cfg.N_FULL) == (1, 0), cfg
     cfg = kern.gated_mlp_config(1, 4096, 4096, sms=132)  # 32 tiles at decode: every tile split
-    assert cfg["SPLIT_K"] > 1 and cfg["N_FULL"] == 0, cfg
+    assert cfg.SPLIT_K > 1 and cfg.N_FULL == 0, cfg
     cfg = kern.gated_mlp_config(256, 28672, 8192, sms=132, fp8=True)  # measured in bf16 only
-    assert cfg["SPLIT_K"] == 1, cfg
+    assert cfg.SPLIT_K == 1, cfg
+
+
+NEEDS_TRITON = pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton launcher's configuration")
+
+
+@NEEDS_TRITON
+@pytest.mark.kernels_ci
+def test_picked_configs():
+    """A few picks pinned (Llama-3 8B MLP: U 14336, D 4096; sm90: TMA, 132 SMs; sm80: 108 SMs;
+    gfx942: 304 CUs, both without TMA): a change here changes what runs on the GPU."""
+    kern = rt._triton_kernels()
+    C, pick = kern.GatedMlpConfig, kern.gated_mlp_config
+    assert pick(1, 14336, 4096, 132, True) == C(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SWAP_AB=True, USE_TMA=True,
+                                                num_stages=5)  # fmt: skip
+    assert pick(1, 14336, 4096, 132, True, fp8=True) == C(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SWAP_AB=True,
+                                                          USE_TMA=True, num_stages=2)  # fmt: skip
+    assert pick(1024, 14336, 4096, 132, True) == C(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=16, USE_TMA=True,
+                                                   num_warps=8, num_stages=4)  # fmt: skip
+    assert pick(1, 14336, 4096, 108, False) == C(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, USE_TMA=False)
+    # 112 tiles cover less than half of gfx942's 304 CUs: split over K
+    assert pick(1, 14336, 4096, 304, False) == C(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, SPLIT_K=3, USE_TMA=False)
+
+
+@NEEDS_TRITON
+@pytest.mark.kernels_ci
+def test_config_override_replaces_the_pick_whole(monkeypatch):
+    """The launcher launches a caller's configuration as it is, nothing of the pick merged in (a
+    dataclasses.replace of the pick differs only in the fields it names); USE_TMA None is decided
+    by the launcher."""
+    kern = rt._triton_kernels()
+    kern._GATED_PLANS.entries.clear()  # no launch plan of an earlier test: every call goes through the JIT
+    launched = []
+    launch_and_plan = type(kern._GATED_PLANS).launch_and_plan
+
+    def spy(self, key, grid, varying, args, kwargs):
+        launched.append(kwargs)
+        return launch_and_plan(self, key, grid, varying, args, kwargs)
+
+    monkeypatch.setattr(type(kern._GATED_PLANS), "launch_and_plan", spy)
+    M, D, U = 7, 200, 100
+    x, w_gate, w_up, _ = make_inputs(M, D, U, torch.bfloat16, seed=40)
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count if DEVICE == "cuda" else 132
+    tma = kern._tma_capable(x, w_gate, w_up)
+    picked = kern.gated_mlp_config(M, U, D, sms, tma)
+    mine = dataclasses.replace(picked, BLOCK_N=64, BLOCK_K=32, SPLIT_K=1, num_warps=2, num_stages=2)
+    undecided = dataclasses.replace(mine, USE_TMA=None)
+    for cfg in (None, mine, undecided):
+        out = poison_(torch.empty(M, U, dtype=torch.bfloat16, device=DEVICE))
+        kern.launch_gated_mlp(x, w_gate, w_up, None, None, out, "silu", cfg)
+        assert_gated_close(out, reference(x, w_gate, w_up), f"config {cfg}")
+    assert len(launched) == 3
+    for kwargs, cfg in zip(launched, (picked, mine, mine)):
+        assert {name: kwargs[name] for name in cfg.launch_kwargs()} == cfg.launch_kwargs()
+
+
+@NEEDS_TRITON
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize(
+    "fields, exc, match",
+    [({"BLOCK_N": 48}, ValueError, "GatedMlpConfig.BLOCK_N: expected a power of two >= 16, got 48"),
+     ({"BLOCK_K": 8}, ValueError, "GatedMlpConfig.BLOCK_K: expected a power of two >= 16, got 8"),
+     ({"num_warps": 3}, ValueError, "GatedMlpConfig.num_warps: expected a power of two >= 1, got 3"),
+     ({"N_FULL": -1}, ValueError, "GatedMlpConfig.N_FULL: expected an int >= 0, got -1"),
+     ({"GROUP_M": 1.0}, TypeError, "GatedMlpConfig.GROUP_M: expected an int, got 1.0"),
+     ({"SWAP_AB": "yes"}, TypeError, "GatedMlpConfig.SWAP_AB: expected True or False, got 'yes'")],
+    ids=lambda v: str(v),
+)  # fmt: skip
+def test_bad_config(fields, exc, match):
+    kern = rt._triton_kernels()
+    with pytest.raises(exc, match=match):
+        kern.GatedMlpConfig(**{"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, **fields})
+
+
+@NEEDS_TRITON
+@pytest.mark.kernels_ci
+def test_bad_override_writes_nothing():
+    """A cfg that is not a GatedMlpConfig (e.g. the dict form of earlier versions) raises before
+    anything is launched."""
+    kern = rt._triton_kernels()
+    x, w_gate, w_up, _ = make_inputs(4, 64, 32, torch.bfloat16, seed=41)
+    out = poison_(torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
+    before = out.clone()
+    with pytest.raises(TypeError, match=r"cfg: expected a GatedMlpConfig \(it replaces the picked configuration whole"):
+        kern.launch_gated_mlp(x, w_gate, w_up, None, None, out, "silu", {"USE_TMA": False})
+    assert torch.equal(out.view(torch.int16), before.view(torch.int16))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        kern.gated_mlp_config(4, 32, 64).BLOCK_M = 64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,8 +421,8 @@ def test_fp8_tile_configs(tma, split, swap):
     xq, gq, uq, xs, gs, us = make_fp8_inputs(M, D, U, seed=22, per_row=True)
     y_ref = reference_fp8(xq, gq, uq, xs, gs, us)
     out_scale = (y_ref.abs().max().float() / FP8_MAX).reshape(1)
-    cfg = {"BLOCK_M": 16 if swap else 64, "BLOCK_N": 64, "BLOCK_K": 64 if tma else 32, "GROUP_M": 4, "SPLIT_K": split,
-           "num_warps": 4, "num_stages": 2, "USE_TMA": tma, "SWAP_AB": swap}  # fmt: skip
+    cfg = kern.GatedMlpConfig(BLOCK_M=16 if swap else 64, BLOCK_N=64, BLOCK_K=64 if tma else 32, GROUP_M=4, SPLIT_K=split,
+                              SWAP_AB=swap, USE_TMA=tma, num_warps=4, num_stages=2)  # fmt: skip
     for _ in range(2):
         q = poison_(torch.empty(M, U, dtype=FP8, device=DEVICE))
         kern.launch_gated_mlp(xq, gq, uq, None, None, q, "silu", cfg, (xs, gs, us), out_scale)
@@ -370,7 +460,12 @@ def _bad_cases():
         ("fused impl", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), impl=None), ValueError, "impl: expected one of"),
         ("layout", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), layout="stacked"), ValueError, "layout: expected 'concat' or 'interleaved'"),
         ("fused rows", lambda: rt.gated_mlp_fused(x, w[:31]), ValueError, "w_gate_up: expected an even number of rows"),
-        ("fused bias", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), bias=torch.zeros(63, device=DEVICE)), ValueError, "bias: expected an even number"),
+        ("fused bias", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), bias=torch.zeros(63, device=DEVICE)), ValueError, r"bias: expected shape \(64,\), got \(63,\)"),
+        ("fused bias dtype", lambda: rt.gated_mlp_fused(x, torch.cat([w, w]), bias=torch.zeros(64, device=DEVICE).half()), TypeError, "bias: expected dtype bfloat16 or float32, got torch.float16"),
+        ("fused weight type", lambda: rt.gated_mlp_fused(x, w.tolist()), TypeError, "w_gate_up: expected a torch.Tensor, got list"),
+        ("interleave type", lambda: rt.interleave_gate_up(w, None), TypeError, "w_up: expected a torch.Tensor, got NoneType"),
+        ("interleave dtype", lambda: rt.interleave_gate_up(w, w.half()), TypeError, "w_up: expected dtype torch.bfloat16 \\(w_gate's\\), got torch.float16"),
+        ("triton_enabled_for", lambda: rt.triton_enabled_for(None), TypeError, "t: expected a torch.Tensor, got NoneType"),
         ("interleave shapes", lambda: rt.interleave_gate_up(w, w[:3]), ValueError, "w_up: expected w_gate's shape"),
         ("fp8 x dtype", lambda: rt.gated_mlp_fp8(x, w, w, one, one, one), TypeError, "x: expected dtype float8_e4m3fn or float8_e4m3fnuz"),
         ("fp8 w dtype", lambda: rt.gated_mlp_fp8(xq, w, wq, one, one, one), TypeError, "w_gate: expected dtype torch.float8_e4m3fn"),

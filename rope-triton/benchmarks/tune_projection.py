@@ -56,6 +56,14 @@ def configs(m: int, variants=("plain",), splits=(1, 2, 4), warps=(4,), stages=(4
             yield {**cfg, **VARIANTS[v], **({"num_warps": w, "num_stages": st} if m <= 64 else {})}
 
 
+def as_config(kern, cfg: dict):
+    """A sweep entry (a dict; FOLD says how the weight is passed) as the launcher's configuration."""
+    fields = {k: v for k, v in cfg.items() if k not in ("FOLD", "PERSISTENT")}
+    if cfg.get("PERSISTENT"):
+        return kern.RmsMatmulRopePersistentConfig(**fields)
+    return kern.RmsMatmulRopeHeadsConfig(**fields) if "HEADS" in fields else kern.RmsMatmulRopeConfig(**fields)
+
+
 def _tiles(m: int, splits, block_m=(16, 32, 64), block_k=(64, 128)):
     if m <= 64:
         # Row tiles of 16 / 32 at 32 - 64 tokens too: the row blocks of one column tile run
@@ -119,9 +127,10 @@ def main() -> None:
             if m > 64 and not args.persistent and n >= args.prefill_tiles * len(args.variants):
                 break
             try:
-                def call(i, cfg=cfg):
+                launch_cfg = as_config(kern, cfg)
+
+                def call(i, cfg=cfg, launch_cfg=launch_cfg):
                     xs, gs, ws, cs, ss = sets[i]
-                    launch_cfg = {k: v for k, v in cfg.items() if k != "FOLD"}
                     if cfg["FOLD"]:
                         gs, ws = None, folded[i]
                     kern.launch_rms_matmul_rope(xs, gs, ws, cs, ss, outs[i], ref.EPS, ref.HEAD_DIM, cfg=launch_cfg)

@@ -14,6 +14,7 @@ those bytes found (what "% of the copy ceiling" can reach at that size).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -108,9 +109,9 @@ def main() -> None:
         default = default_config(tokens, ref.HQ, 64)
         rows = []
         if args.cos_first:
-            candidates = [{**default, "COS_FIRST": first} for first in (False, True)]
+            candidates = [dataclasses.replace(default, COS_FIRST=first) for first in (False, True)]
         else:
-            candidates = configs(tokens) if args.sweep else ()
+            candidates = [kern.RopeConfig(**cfg) for cfg in configs(tokens)] if args.sweep else ()
         for cfg in candidates:
             kern.rope_config = lambda *a, cfg=cfg, **kw: cfg
             try:
@@ -125,8 +126,8 @@ def main() -> None:
         for t, cfg in rows[: args.top]:
             print(f"   {t:7.2f} us  {t_copy / t:5.2f}x copy  {n_bytes / t / 1e3:7.0f} GB/s  {cfg}")
         results.append(dict(tokens=tokens, layout=args.layout, copy_us=t_copy, triton_copy_us=t_triton_copy,
-                            triton_copy_shape=copy_shape, default_us=t_default, default=default,
-                            configs=[dict(us=t, **cfg) for t, cfg in rows]))  # fmt: skip
+                            triton_copy_shape=copy_shape, default_us=t_default, default=dataclasses.asdict(default),
+                            configs=[dict(us=t, **dataclasses.asdict(cfg)) for t, cfg in rows]))  # fmt: skip
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"tune_rotary_{args.layout}.json").write_text(json.dumps(results, indent=1))

@@ -14,6 +14,7 @@ to bf16 by truncation, so bf16 there gets one more bf16 ulp.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import kernels
@@ -142,7 +143,7 @@ def test_rotary_tile_configs(layout, block_s, block_hq, block_hk):
     pos = torch.randint(0, 40, (B, S), device=DEVICE, generator=gen(8))
     q4, k4 = to_bshd(q, layout), to_bshd(k, layout)
     q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
-    cfg = dict(BLOCK_S=block_s, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, num_warps=2)
+    cfg = _kernels.RopeConfig(BLOCK_S=block_s, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, num_warps=2)
     _kernels.launch_rope(q4, k4, to_bshd(q_out, layout), to_bshd(k_out, layout), cos, sin, pos, None,
                          rotary_dim, False, False, "pos", cfg=cfg)  # fmt: skip
     c, s = cos.double()[pos], sin.double()[pos]
@@ -177,6 +178,19 @@ def test_zero_tokens():
     q, k = make_qk(2, 0, 4, 2, 64, torch.bfloat16, "bhsd", seed=6)
     q_out, k_out = rt.apply_rotary(q, k, torch.ones(0, 32, device=DEVICE), torch.ones(0, 32, device=DEVICE))
     assert q_out.shape == q.shape and k_out.shape == k.shape
+
+
+@pytest.mark.parametrize("HQ, HK", [(0, 2), (4, 0), (0, 0)])
+def test_zero_heads(HQ, HK):
+    """q or k (or both) without heads: the other is rotated, nothing fails."""
+    q, k = make_qk(2, 5, HQ, HK, 64, torch.bfloat16, "bhsd", seed=33)
+    angle = torch.rand(2, 5, 32, device=DEVICE, generator=gen(34)) * 10
+    cos, sin = angle.cos().bfloat16(), angle.sin().bfloat16()
+    q_out, k_out = rt.apply_rotary(q, k, cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    c, s = cos.double(), sin.double()
+    assert_rotary_close(to_bshd(q_out, "bhsd"), ref_rotate(to_bshd(q, "bhsd"), c, s, 64, False), q, "q")
+    assert_rotary_close(to_bshd(k_out, "bhsd"), ref_rotate(to_bshd(k, "bhsd"), c, s, 64, False), k, "k")
 
 
 def test_torch_path_matches_reference():
@@ -367,7 +381,7 @@ def test_rms_norm_matmul_rope_folded_ci():
     test_rms_norm_matmul_rope_folded_weight(7, "fused")
 
 
-def _launch_twice(x, g, w, cos, sin, head_dim: int, cfg: dict, ref) -> None:
+def _launch_twice(x, g, w, cos, sin, head_dim: int, cfg, ref) -> None:
     """The projection kernel under ``cfg`` twice into NaN-poisoned outputs, each checked against
     ``ref``: the split-K and share counters must be left at zero for the next call."""
     _kernels = rt._triton_kernels()  # imported only where Triton runs
@@ -405,8 +419,8 @@ def test_rms_norm_matmul_rope_tile_configs(block_m, block_nh, block_k, split, gr
     the split-K arrival counters must be left reset for the next call."""
     M, K, head_dim, n_heads = 37, 448, 128, 4
     x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=3)
-    cfg = dict(BLOCK_M=block_m, BLOCK_NH=block_nh, BLOCK_K=block_k, SPLIT_K=split, GROUP_M=group,
-               SQUARES_MMA=squares_mma, num_warps=4, num_stages=2)  # fmt: skip
+    cfg = rt._triton_kernels().RmsMatmulRopeConfig(BLOCK_M=block_m, BLOCK_NH=block_nh, BLOCK_K=block_k, SPLIT_K=split,
+                                                   GROUP_M=group, SQUARES_MMA=squares_mma, num_warps=4, num_stages=2)  # fmt: skip
     g_arg, w_arg = (None, rt.fold_rms_weight(w, rms_w)) if folded else (rms_w, w)
     _launch_twice(x, g_arg, w_arg, cos, sin, head_dim, cfg, ref)
 
@@ -423,8 +437,8 @@ def test_rms_norm_matmul_rope_whole_head_tiles(block_m, heads, head_dim, n_heads
     tile (37 tokens, K 448), grouped order with a partial last group, the RMSNorm weight folded
     or not, x^2 in registers or on the MMA."""
     x, rms_w, w, cos, sin, ref = _projection_case(37, 448, n_heads, head_dim, seed=5)
-    cfg = dict(BLOCK_M=block_m, HEADS=heads, BLOCK_K=block_k, GROUP_M=group, SQUARES_MMA=squares_mma,
-               num_warps=4, num_stages=2)  # fmt: skip
+    cfg = rt._triton_kernels().RmsMatmulRopeHeadsConfig(BLOCK_M=block_m, HEADS=heads, BLOCK_K=block_k, GROUP_M=group,
+                                                        SQUARES_MMA=squares_mma, num_warps=4, num_stages=2)  # fmt: skip
     g_arg, w_arg = (None, rt.fold_rms_weight(w, rms_w)) if folded else (rms_w, w)
     _launch_twice(x, g_arg, w_arg, cos, sin, head_dim, cfg, ref)
 
@@ -443,9 +457,155 @@ def test_rms_norm_matmul_rope_persistent(M, K, block_m, heads, head_dim, n_heads
     interpreter (one at a time): there the waits give up and sum the rows from x, so both ways
     to the RMS statistics run. Each config twice: every counter must be left at zero."""
     x, rms_w, w, cos, sin, ref = _projection_case(M, K, n_heads, head_dim, seed=7)
-    cfg = dict(PERSISTENT=True, BLOCK_M=block_m, HEADS=heads, BLOCK_K=64, num_warps=4, num_stages=2,
-               **({"PROGRAMS": programs} if programs else {}))  # fmt: skip
+    cfg = rt._triton_kernels().RmsMatmulRopePersistentConfig(BLOCK_M=block_m, HEADS=heads, BLOCK_K=64, num_warps=4,
+                                                             num_stages=2, PROGRAMS=programs)  # fmt: skip
     _launch_twice(x, None, rt.fold_rms_weight(w, rms_w), cos, sin, head_dim, cfg, ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch configurations: representative picks, the override rule, bad configurations
+# ---------------------------------------------------------------------------------------------
+
+NEEDS_TRITON = pytest.mark.skipif(DEVICE == "cpu" and not INTERPRETED, reason="the Triton launchers' configurations")
+
+
+@NEEDS_TRITON
+@pytest.mark.kernels_ci
+def test_picked_configs():
+    """A few picks pinned (the tuned H100 choices of `rope_config` / `rms_matmul_rope_config`;
+    tma=False is sm80's and gfx942's choice): a change here changes what runs on the GPU."""
+    kern = rt._triton_kernels()
+    Rope, Tiles = kern.RopeConfig, kern.RmsMatmulRopeConfig
+    Heads, Persistent = kern.RmsMatmulRopeHeadsConfig, kern.RmsMatmulRopePersistentConfig
+    assert kern.rope_config(1, 32, 64) == Rope(BLOCK_S=1, BLOCK_HQ=1, BLOCK_HK=1, num_warps=1, COS_FIRST=False)
+    assert kern.rope_config(8, 32, 64) == Rope(BLOCK_S=8, BLOCK_HQ=2, BLOCK_HK=1, num_warps=2, COS_FIRST=True)
+    assert kern.rope_config(4096, 32, 64) == Rope(BLOCK_S=32, BLOCK_HQ=2, BLOCK_HK=1, num_warps=8, COS_FIRST=True)
+    pick = kern.rms_matmul_rope_config
+    assert pick(1, 4096, 128, folded=True, tma=True) == Tiles(BLOCK_M=16, BLOCK_NH=32, BLOCK_K=256, SQUARES_MMA=True,
+                                                             USE_TMA=True)  # fmt: skip
+    assert pick(64, 4096, 128, folded=True, tma=True) == Tiles(BLOCK_M=64, BLOCK_NH=32, BLOCK_K=128, SQUARES_MMA=True,
+                                                              USE_TMA=True, num_stages=6)  # fmt: skip
+    assert pick(1024, 4096, 128, folded=True, tma=True) == Heads(BLOCK_M=64, HEADS=2, BLOCK_K=64, GROUP_M=16,
+                                                                SQUARES_MMA=True, USE_TMA=True, num_stages=5)  # fmt: skip
+    assert pick(4096, 4096, 128, folded=True, tma=True) == Persistent(BLOCK_M=128, HEADS=2, BLOCK_K=64, USE_TMA=True,
+                                                                     num_warps=8, num_stages=3)  # fmt: skip
+    assert pick(1, 4096, 128, folded=False, tma=False) == Tiles(BLOCK_M=16, BLOCK_NH=32, BLOCK_K=128, SPLIT_K=4,
+                                                               USE_TMA=False)  # fmt: skip
+    # head_dim 64: half-head tiles narrowed to 32 columns; K 256: the split capped at half the K steps
+    assert pick(1, 256, 64, folded=True, tma=False) == Tiles(BLOCK_M=16, BLOCK_NH=32, BLOCK_K=128, USE_TMA=False)
+    # head_dim 96 (not a power of two): no whole-head tiles, even on sm90
+    assert pick(1024, 4096, 96, folded=True, tma=True) == Tiles(BLOCK_M=64, BLOCK_NH=16, BLOCK_K=64, GROUP_M=8,
+                                                               SQUARES_MMA=True, USE_TMA=True, num_stages=3)  # fmt: skip
+
+
+@NEEDS_TRITON
+@pytest.mark.kernels_ci
+def test_config_override_replaces_the_pick_whole(monkeypatch):
+    """The rotary launcher launches a caller's configuration as it is, nothing of the pick merged
+    in; one made with dataclasses.replace from the pick differs only in the fields it names."""
+    kern = rt._triton_kernels()
+    kern._ROPE_PLANS.entries.clear()  # no launch plan of an earlier test: every call goes through the JIT
+    launched = []
+    launch_and_plan = type(kern._ROPE_PLANS).launch_and_plan
+
+    def spy(self, key, grid, varying, args, kwargs):
+        launched.append(kwargs)
+        return launch_and_plan(self, key, grid, varying, args, kwargs)
+
+    monkeypatch.setattr(type(kern._ROPE_PLANS), "launch_and_plan", spy)
+    B, S, HQ, HK, D = 1, 9, 4, 2, 64
+    q, k = make_qk(B, S, HQ, HK, D, torch.bfloat16, "bshd", seed=30)
+    angle = torch.rand(1, S, D // 2, device=DEVICE, generator=gen(31)) * 10
+    cos, sin = angle.cos(), angle.sin()
+    picked = kern.rope_config(B * S, HQ, D // 2)
+    mine = dataclasses.replace(picked, BLOCK_S=2, BLOCK_HQ=4, num_warps=1, COS_FIRST=not picked.COS_FIRST)
+    assert mine.BLOCK_HK == picked.BLOCK_HK
+    for cfg in (None, mine):
+        q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+        kern.launch_rope(q, k, q_out, k_out, cos, sin, None, None, D, False, False, "bs", cfg=cfg)
+        assert_rotary_close(q_out, ref_rotate(q, cos.double(), sin.double(), D, False), q, f"q {cfg}")
+        assert_rotary_close(k_out, ref_rotate(k, cos.double(), sin.double(), D, False), k, f"k {cfg}")
+    assert len(launched) == 2
+    for kwargs, cfg in zip(launched, (picked, mine)):
+        assert {name: kwargs[name] for name in cfg.launch_kwargs()} == cfg.launch_kwargs()
+
+
+def _bad_config_cases():
+    kern = rt._triton_kernels()
+    x, rms_w, w, cos, sin, _ = _projection_case(5, 256, 2, 64, seed=9)
+    tiles = kern.RmsMatmulRopeConfig(BLOCK_M=16, BLOCK_NH=32, BLOCK_K=64)
+
+    def project(cfg, g=rms_w, ww=w, head_dim=64):
+        out = torch.full((x.shape[0], ww.shape[0]), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        try:
+            kern.launch_rms_matmul_rope(x, g, ww, cos, sin, out, 1e-5, head_dim, cfg=cfg)
+        finally:
+            assert out.isnan().all(), "a rejected configuration wrote the output"
+
+    def rotary(cfg):
+        q, k = make_qk(1, 4, 2, 2, 64, torch.bfloat16, "bshd", seed=32)
+        kern.launch_rope(q, k, q.clone(), k.clone(), cos[None, :4, :32], sin[None, :4, :32], None, None, 64, False,
+                         False, "bs", cfg=cfg)  # fmt: skip
+
+    return [
+        ("BLOCK_S not a power of two", lambda: kern.RopeConfig(BLOCK_S=3, BLOCK_HQ=1, BLOCK_HK=1), ValueError,
+         r"RopeConfig.BLOCK_S: expected a power of two >= 1, got 3"),
+        ("COS_FIRST not a bool", lambda: kern.RopeConfig(BLOCK_S=4, BLOCK_HQ=1, BLOCK_HK=1, COS_FIRST=1), TypeError,
+         "RopeConfig.COS_FIRST: expected True or False, got 1"),
+        ("BLOCK_M below a dot's 16", lambda: kern.RmsMatmulRopeConfig(BLOCK_M=8, BLOCK_NH=16, BLOCK_K=64), ValueError,
+         "RmsMatmulRopeConfig.BLOCK_M: expected a power of two >= 16, got 8"),
+        ("SPLIT_K 0", lambda: dataclasses.replace(tiles, SPLIT_K=0), ValueError,
+         "RmsMatmulRopeConfig.SPLIT_K: expected an int >= 1, got 0"),
+        ("num_stages float", lambda: dataclasses.replace(tiles, num_stages=2.0), TypeError,
+         "RmsMatmulRopeConfig.num_stages: expected an int, got 2.0"),
+        ("USE_TMA string", lambda: dataclasses.replace(tiles, USE_TMA="no"), TypeError,
+         "RmsMatmulRopeConfig.USE_TMA: expected True, False or None"),
+        ("PROGRAMS 0", lambda: kern.RmsMatmulRopePersistentConfig(BLOCK_M=16, HEADS=1, BLOCK_K=64, PROGRAMS=0),
+         ValueError, "RmsMatmulRopePersistentConfig.PROGRAMS: expected an int >= 1, got 0"),
+        ("frozen", lambda: setattr(tiles, "BLOCK_M", 32), dataclasses.FrozenInstanceError, "BLOCK_M"),
+        ("rotary cfg a dict", lambda: rotary({"BLOCK_S": 4}), TypeError,
+         r"cfg: expected a RopeConfig \(it replaces the picked configuration whole.*got dict"),
+        ("projection cfg a dict", lambda: project({"BLOCK_M": 16}), TypeError,
+         "cfg: expected a RmsMatmulRopeConfig or RmsMatmulRopeHeadsConfig or RmsMatmulRopePersistentConfig"),
+        ("projection cfg of the rotary kernel", lambda: project(kern.RopeConfig(BLOCK_S=1, BLOCK_HQ=1, BLOCK_HK=1)),
+         TypeError, "cfg: expected a RmsMatmulRopeConfig.*got RopeConfig"),
+        ("BLOCK_NH past half a head", lambda: project(dataclasses.replace(tiles, BLOCK_NH=64)), ValueError,
+         r"cfg: RmsMatmulRopeConfig.BLOCK_NH must divide head_dim / 2 = 32, got 64"),
+        ("whole heads of 96", lambda: project(kern.RmsMatmulRopeHeadsConfig(BLOCK_M=16, HEADS=1, BLOCK_K=64),
+                                              ww=w[:96], head_dim=96), ValueError,
+         "cfg: RmsMatmulRopeHeadsConfig \\(whole-head tiles\\) needs a power-of-two head_dim, got 96"),
+        ("persistent with g", lambda: project(kern.RmsMatmulRopePersistentConfig(BLOCK_M=16, HEADS=1, BLOCK_K=64)),
+         ValueError, "cfg: RmsMatmulRopePersistentConfig takes the RMSNorm weight folded into w"),
+    ]  # fmt: skip
+
+
+BAD_CONFIGS = [
+    "BLOCK_S not a power of two", "COS_FIRST not a bool", "BLOCK_M below a dot's 16", "SPLIT_K 0", "num_stages float",
+    "USE_TMA string", "PROGRAMS 0", "frozen", "rotary cfg a dict", "projection cfg a dict",
+    "projection cfg of the rotary kernel", "BLOCK_NH past half a head", "whole heads of 96", "persistent with g",
+]  # fmt: skip
+
+
+@NEEDS_TRITON
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("name", BAD_CONFIGS)
+def test_bad_config(name):
+    cases = {case[0]: case[1:] for case in _bad_config_cases()}
+    assert sorted(cases) == sorted(BAD_CONFIGS)
+    call, exc, match = cases[name]
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# Triton's interpreter (numpy) warns where a tile's padding rows (x all zero there) divide by
+# sqrt(0): those rows are never stored.
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_rms_norm_matmul_rope_eps_zero():
+    """eps = 0 is accepted, as the other packages' RMSNorms accept it (rows of x not all zero)."""
+    x, rms_w, w, cos, sin, _ = _projection_case(3, 256, 2, 64, seed=11)
+    ref = ref_projection(x, rms_w, w, 0.0, cos, sin, 64)
+    for impl in ("fused", "unfused"):
+        assert_projection_close(rt.rms_norm_matmul_rope(x, rms_w, w, 0.0, cos, sin, impl=impl), ref, f"eps 0 {impl}")
 
 
 def test_rms_norm_matmul_rope_leading_dims_and_half_tables():
@@ -484,6 +644,7 @@ def _bad_cases():
     g = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)
     w = torch.randn(128, 256, dtype=torch.bfloat16, device=DEVICE)
     fc = torch.ones(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    pos = torch.zeros(4, dtype=torch.long, device=DEVICE)
     return [
         ("q dtype", lambda: rt.apply_rotary(q.int(), k, c, c), TypeError, "q: expected dtype"),
         ("q dims", lambda: rt.apply_rotary(q[0], k, c, c), ValueError, "q: expected a 4-D"),
@@ -514,6 +675,23 @@ def _bad_cases():
         ("fold w dims", lambda: rt.fold_rms_weight(w[0], g), ValueError, "w: expected shape"),
         ("fold rms_weight shape", lambda: rt.fold_rms_weight(w, g[:100]), ValueError, r"rms_weight: expected shape \(256,\)"),
         ("fold rms_weight dtype", lambda: rt.fold_rms_weight(w, g.int()), TypeError, "rms_weight: expected dtype"),
+        ("eps negative", lambda: rt.rms_norm_matmul_rope(x, g, w, -1e-6, fc, fc), ValueError, "eps: expected a finite float >= 0, got -1e-06"),
+        ("eps nan", lambda: rt.rms_norm_matmul_rope(x, g, w, float("nan"), fc, fc), ValueError, "eps: expected a finite float >= 0, got nan"),
+        ("eps inf", lambda: rt.rms_norm_matmul_rope(x, None, w, float("inf"), fc, fc, impl="unfused"), ValueError, "eps: expected a finite float >= 0"),
+        ("eps type", lambda: rt.rms_norm_matmul_rope(x, g, w, "1e-6", fc, fc), TypeError, "eps: expected a float, got str"),
+        ("eps tensor", lambda: rt.rms_norm_matmul_rope(x, g, w, torch.tensor(1e-6), fc, fc), TypeError, "eps: expected a float, got Tensor"),
+        ("interleaved type", lambda: rt.apply_rotary(q, k, c, c, interleaved=1), TypeError, "interleaved: expected True or False, got 1"),
+        ("inplace type", lambda: rt.apply_rotary(q, k, c, c, inplace="yes"), TypeError, "inplace: expected True or False, got 'yes'"),
+        ("positions interleaved type", lambda: rt.apply_rotary_from_positions(q, k, pos, interleaved=None), TypeError, "interleaved: expected True or False"),
+        ("theta inf", lambda: rt.apply_rotary_from_positions(q, k, pos, float("inf")), ValueError, "theta: expected a finite number > 1, got inf"),
+        ("scaling type", lambda: rt.apply_rotary_from_positions(q, k, pos, rope_scaling=[("rope_type", "llama3")]), TypeError, "rope_scaling: expected a dict or None, got list"),
+        ("scaling keys", lambda: rt.apply_rotary_from_positions(q, k, pos, rope_scaling={"rope_type": "llama3", "factor": 8.0}), ValueError, r"rope_scaling: expected the llama3 keys .*missing \['low_freq_factor'"),
+        ("scaling values", lambda: rt.apply_rotary_from_positions(q, k, pos, rope_scaling={**LLAMA3_SCALING, "factor": -8.0}), ValueError, "rope_scaling: expected finite numbers > 0, got {'factor': -8.0}"),
+        ("scaling band", lambda: rt.apply_rotary_from_positions(q, k, pos, rope_scaling={**LLAMA3_SCALING, "high_freq_factor": 1.0}), ValueError, "rope_scaling: expected high_freq_factor > low_freq_factor"),
+        ("inv_frequencies rotary_dim", lambda: rt.inv_frequencies(63), ValueError, "rotary_dim: expected an even int >= 2, got 63"),
+        ("inv_frequencies theta", lambda: rt.inv_frequencies(64, 0.5), ValueError, "theta: expected a finite number > 1, got 0.5"),
+        ("inv_frequencies scaling", lambda: rt.inv_frequencies(64, rope_scaling={"rope_type": "yarn"}), ValueError, "rope_scaling: only rope_type 'llama3'"),
+        ("triton_enabled_for", lambda: rt.triton_enabled_for([1.0]), TypeError, "t: expected a torch.Tensor, got list"),
     ]
 
 

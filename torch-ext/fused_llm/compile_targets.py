@@ -54,7 +54,7 @@ import types
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -339,9 +339,10 @@ def _rope_triton_scenarios(module, dev: Device) -> list[Scenario]:
     out += [by_position(_DECODE_BATCH), from_positions(_DECODE), from_positions(_PREFILL), partial_interleaved(_PREFILL)]
 
     # The projection: x [M, 4096] -> [W_q; W_k] (5120 x 4096). The launcher picks the
-    # configuration itself (`rms_matmul_rope_config`) from M and from whether TMA is used, which
-    # is passed (on a meta tensor its own test would always say no); the persistent kernel's
-    # grid takes the SM count from the device, so it gets the configuration with PROGRAMS added.
+    # configuration (`rms_matmul_rope_config`) from M and from whether TMA is used, which its own
+    # test would always deny on a meta tensor: it gets the configuration picked for the target
+    # instead, and the persistent kernel's (whose grid takes the SM count from the device) with
+    # PROGRAMS set.
     # Token counts: each is a branch of the config function (1: M specialized as 1 too; 32 and
     # 64: the split-K / TMA decode tiles; 128: sm90's folded 64 x (64 + 64) tiles; 1024 and 4096:
     # sm90's whole-head and persistent kernels, the pointer-load tiles elsewhere).
@@ -352,9 +353,10 @@ def _rope_triton_scenarios(module, dev: Device) -> list[Scenario]:
             x, w, y = _empty((M, _HIDDEN), dtype), _empty((N, _HIDDEN), dtype), _empty((M, N), dtype)
             g = None if folded else _empty((_HIDDEN,), dtype)
             cfg = m.rms_matmul_rope_config(M, _HIDDEN, D, folded=folded, tma=dev.tma)
-            cfg = {**cfg, "PROGRAMS": dev.sms} if cfg.get("PERSISTENT") else {}
+            if isinstance(cfg, m.RmsMatmulRopePersistentConfig):
+                cfg = replace(cfg, PROGRAMS=dev.sms)
             cos = _empty((M, D), dtype)
-            m.launch_rms_matmul_rope(x, g, w, cos, cos, y, 1e-6, D, cfg={**cfg, "USE_TMA": dev.tma})
+            m.launch_rms_matmul_rope(x, g, w, cos, cos, y, 1e-6, D, cfg=cfg)
 
         weight = "folded into W" if folded else "passed"
         return Scenario(f"projection, fused, RMSNorm weight {weight}, {dtype}, {_tokens(M)}", launch)
@@ -383,7 +385,7 @@ def _rope_triton_scenarios(module, dev: Device) -> list[Scenario]:
                 x, w, y = _empty((M, _HIDDEN), "bfloat16"), _empty((N, _HIDDEN), "bfloat16"), _empty((M, N), "bfloat16")
                 cfg = m.rms_matmul_rope_config(M, _HIDDEN, D, folded=True, tma=True)
                 cos = _empty((M, D), "bfloat16")
-                m.launch_rms_matmul_rope(x, None, w, cos, cos, y, 1e-6, D, cfg={**cfg, "USE_TMA": False, **extra})
+                m.launch_rms_matmul_rope(x, None, w, cos, cos, y, 1e-6, D, cfg=replace(cfg, USE_TMA=False, **extra))
 
             return launch
 

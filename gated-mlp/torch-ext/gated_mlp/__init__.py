@@ -61,11 +61,6 @@ _DTYPES = (torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
 
-def default_fp8_dtype() -> torch.dtype:
-    """e4m3fnuz (max 240) on ROCm (gfx942's FP8), e4m3fn (max 448) elsewhere."""
-    return torch.float8_e4m3fnuz if torch.version.hip is not None else torch.float8_e4m3fn
-
-
 @functools.cache
 def _triton_importable() -> bool:
     try:
@@ -78,6 +73,8 @@ def _triton_importable() -> bool:
 def triton_enabled_for(t: torch.Tensor) -> bool:
     """True when the op on ``t`` runs the Triton kernel: GPU tensors (CUDA or ROCm), and CPU
     tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter); else the plain-torch path."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t: expected a torch.Tensor, got {type(t).__name__}")
     if t.is_cuda:
         return True
     return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
@@ -471,9 +468,10 @@ def gated_mlp_fp8(
 def _split_fused(w: torch.Tensor, name: str, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected 'concat' or 'interleaved', got {layout!r}")
-    if not isinstance(w, torch.Tensor) or w.dim() < 1 or w.shape[0] % 2:
-        shape = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
-        raise ValueError(f"{name}: expected an even number of rows (gate and up), got {shape}")
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(w).__name__}")
+    if w.dim() < 1 or w.shape[0] % 2:
+        raise ValueError(f"{name}: expected an even number of rows (gate and up), got shape {tuple(w.shape)}")
     U = w.shape[0] // 2
     return (w[:U], w[U:]) if layout == "concat" else (w[0::2], w[1::2])
 
@@ -494,6 +492,8 @@ def gated_mlp_fused(
     w_gate, w_up = _split_fused(w_gate_up, "w_gate_up", layout)
     b_gate = b_up = None
     if bias is not None:
+        _check_tensor(x, "x")
+        _check_bias(bias, "bias", x, w_gate_up.shape[0])
         b_gate, b_up = _split_fused(bias, "bias", layout)
         b_gate, b_up = b_gate.contiguous(), b_up.contiguous()  # [U]: negligible
     return gated_mlp(x, w_gate, w_up, activation=activation, bias_gate=b_gate, bias_up=b_up, impl=impl)
@@ -502,8 +502,15 @@ def gated_mlp_fused(
 def interleave_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
     """``[2U, ...]`` with row ``2i`` = ``w_gate[i]`` and row ``2i + 1`` = ``w_up[i]`` (works for
     weights ``[U, D]`` and biases ``[U]``)."""
-    if not isinstance(w_gate, torch.Tensor) or not isinstance(w_up, torch.Tensor):
-        raise TypeError("w_gate, w_up: expected torch.Tensors")
-    if w_gate.shape != w_up.shape or w_gate.dim() < 1:
+    for t, name in ((w_gate, "w_gate"), (w_up, "w_up")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if w_gate.dim() < 1:
+        raise ValueError("w_gate: expected shape [U, ...], got a scalar")
+    if w_up.shape != w_gate.shape:
         raise ValueError(f"w_up: expected w_gate's shape {tuple(w_gate.shape)}, got {tuple(w_up.shape)}")
+    if w_up.dtype != w_gate.dtype:
+        raise TypeError(f"w_up: expected dtype {w_gate.dtype} (w_gate's), got {w_up.dtype}")
+    if w_up.device != w_gate.device:
+        raise ValueError(f"w_up: expected device {w_gate.device} (w_gate's), got {w_up.device}")
     return torch.stack((w_gate, w_up), dim=1).reshape(2 * w_gate.shape[0], *w_gate.shape[1:])

@@ -1,5 +1,6 @@
 """Triton kernel of gated-mlp and its launcher (raw tensors in, nothing checked here: the public
-functions in ``__init__`` check arguments first).
+functions in ``__init__`` check arguments first). Its launch configuration, and what picks it:
+``_config``.
 
 Imported lazily: only when a CUDA/ROCm tensor (or a CPU tensor under ``TRITON_INTERPRET=1``)
 reaches an op, so the CPU variant works without Triton installed.
@@ -16,13 +17,21 @@ elementwise: only the [M, U] gated product is written.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ._triton_launch import Address, HostDescriptor, PlanTable, aligned16
+from ._config import GatedMlpConfig, gated_mlp_config
+from ._triton_launch import (
+    Address,
+    HostDescriptor,
+    PlanTable,
+    aligned16,
+    check_override,
+)
 
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
@@ -259,66 +268,6 @@ def _tma_capable(*tensors: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in tensors)
 
 
-def gated_mlp_config(M: int, N: int, K: int, sms: int = 132, tma: bool = True, fp8: bool = False) -> dict:
-    """Tile shape, K split and pipelining by token count (no autotuning: deterministic, and
-    cheap in the interpreter): the best of `benchmarks/tune.py`'s sweeps, Llama 3 MLP shapes
-    (cuBLAS + Liger in the same run):
-    * M <= 64 with TMA: W @ x^T tiles, 64 W rows x 16 or 64 tokens, K steps of 256 bytes (see
-      the comment below; H100 `tune.py --decode`); the earlier x @ W^T 64 x 128 tiles (rows
-      past M zero-filled by the copy engine) were 4-9% slower there (FP8: 26%);
-    * M <= 64 without TMA: 16 x 128 (64 x 64 past 16 tokens) tiles with pointer loads
-      (mma.sync), within 3% of those earlier TMA tiles on an H200;
-    * prefill: 128 x (128 + 128) TMA tiles, 8 warps (two accumulators = the unfused GEMM's
-      128 x 256 tile), 16 row tiles per column sweep: 1.04x / 1.01x cuBLAS + Liger at 1024 /
-      4096 tokens (0.99x / 0.94x cuBLAS alone); 64-wide or 4-warp tiles were 4-20% slower,
-      GROUP_M 8 1-4% slower, a persistent TMA kernel (with or without Triton's warp
-      specialization; removed) 13-20% slower, a TMA-store epilogue (registers -> shared
-      memory -> bulk copy; removed) 0-17% slower on an H100 (8B 1024 / 16384 tokens: 426 / 6651
-      us against 355 / 5689, bit-identical results); 3 vs 4 stages differ by less than the run-to-run spread (~5%).
-    A K split (W's read spread over more programs) lost at these sizes (112+ tiles already
-    cover the GPU), so it is used only when the tiles cover less than half of the SMs."""
-    if M <= 64:
-        cfg = {"BLOCK_M": 16 if M <= 16 else 64, "GROUP_M": 1, "num_warps": 4}
-        if not tma:
-            cfg.update(BLOCK_N=128, BLOCK_K=64, num_stages=4)
-        else:
-            # W @ x^T tiles (SWAP_AB): 64 W rows per wgmma, the tokens on its narrow side, and
-            # K steps of 256 bytes. `tune.py --decode` on an H100 against the x W^T 64 x 128 x 64
-            # tiles used before: 8B 80.0 / 81.0 / 83.8 us at M = 1 / 16 / 64 (was 87.9 / 86.0 /
-            # 87.4; cuBLAS alone 81.4 / 83.0 / 87.5), 70B M = 1 309 us (328; cuBLAS 337), 405B
-            # 1133 us (1223; cuBLAS 1189); FP8 8B M = 1 43.0 us (54.3; _scaled_mm 42.2).
-            cfg.update(BLOCK_N=64, SWAP_AB=True)
-            if fp8:
-                cfg.update(BLOCK_K=256, num_stages=2)
-            else:
-                cfg.update(BLOCK_K=128, num_stages=5 if M <= 16 else 4)
-    else:
-        stages = 4 if M <= 2048 else 3
-        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 16, "num_warps": 8, "num_stages": stages}
-    if not tma and M > 16:
-        cfg["BLOCK_N"] = 64  # pointer loads (sm80, gfx942): the register-staged tiles are smaller
-    tiles = triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"])
-    split, full = 1, 0
-    if 2 * tiles < sms:
-        split = max(1, min(triton.cdiv(sms, tiles), triton.cdiv(K, cfg["BLOCK_K"]) // 2, 8))
-    elif tiles > sms and cfg["BLOCK_M"] == 128 and tma and not fp8:  # measured in bf16 only
-        # Split only the last, partial wave (one 128 x (128 + 128) tile per SM): its tiles
-        # split SPLIT_K ways over K take 1 / SPLIT_K of a wave instead of a whole one. E.g.
-        # 70B at 256 tokens: 448 tiles = 3 waves of 132 + 52, the 52 split 2 ways: 3.5 tile
-        # times instead of 4.
-        rest = tiles % sms
-        if rest:
-            tail_split = min(sms // rest, 4, triton.cdiv(K, cfg["BLOCK_K"]) // 2)
-            if tail_split >= 2:
-                split, full = tail_split, tiles - rest
-    if fp8 and tma and M > 64:  # 1-byte elements: a 128-wide K step keeps the copies 128 bytes wide
-        cfg["BLOCK_K"] = 128
-    cfg["SPLIT_K"] = split
-    cfg["N_FULL"] = full
-    cfg["USE_TMA"] = tma
-    return cfg
-
-
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 # The arguments that change between calls sharing a launch plan, in the kernel's parameter order.
@@ -372,15 +321,16 @@ def launch_gated_mlp(
     bias_up: torch.Tensor | None,
     out: torch.Tensor,
     activation: str,
-    cfg: dict | None = None,
+    cfg: GatedMlpConfig | None = None,
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     out_scale: torch.Tensor | None = None,
 ) -> "_GatedPlan | None":
     """x [M, K], w_gate / w_up [N, K] (unit last strides, any row strides), biases [N] or None,
     out [M, N] (unit last stride). FP8 x / W: ``scales`` = (x_scale [1] or [M], w_gate_scale
-    and w_up_scale [1] or [N]), fp32; ``out_scale`` [1] when out is FP8. ``cfg``:
-    `gated_mlp_config`'s form plus an optional ``USE_TMA``, to override the choice (tuning,
-    tests). Returns the launch plan of this call signature, or None when it has none."""
+    and w_up_scale [1] or [N]), fp32; ``out_scale`` [1] when out is FP8. ``cfg``: a
+    `GatedMlpConfig` that replaces `gated_mlp_config`'s pick (tuning, tests; no launch plan
+    then); its USE_TMA None is decided here. Returns the launch plan of this call signature, or
+    None when it has none."""
     M, K = x.shape
     N = w_gate.shape[0]
     if M == 0 or N == 0:
@@ -411,21 +361,20 @@ def launch_gated_mlp(
             plan(x, bias_gate, bias_up, out, scales, out_scale)
             return plan
     fp8 = x.element_size() == 1
-    cfg = dict(cfg) if cfg is not None else {}
-    tma = cfg.pop("USE_TMA", None)
-    if tma is None:
-        tma = _tma_capable(x, w_gate, w_up)
-    if "BLOCK_M" not in cfg:
+    if cfg is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        cfg = gated_mlp_config(M, N, K, sms, tma, fp8)
-        tma = cfg.pop("USE_TMA")
-    block_m, block_n, block_k, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg.pop("SPLIT_K")
-    n_full = cfg.pop("N_FULL", 0)
-    cfg.setdefault("SWAP_AB", False)
-    k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
+        cfg = gated_mlp_config(M, N, K, sms, _tma_capable(x, w_gate, w_up), fp8)
+    else:
+        check_override(cfg, GatedMlpConfig)
+        if cfg.USE_TMA is None:
+            cfg = dataclasses.replace(cfg, USE_TMA=_tma_capable(x, w_gate, w_up))
+    tma, block_m, block_n, block_k = cfg.USE_TMA, cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    k_split = triton.cdiv(triton.cdiv(K, cfg.SPLIT_K), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
+    if split != cfg.SPLIT_K:
+        cfg = dataclasses.replace(cfg, SPLIT_K=split)
     num_m, num_n = triton.cdiv(M, block_m), triton.cdiv(N, block_n)
-    n_full = 0 if split == 1 else min(n_full, num_m * num_n - 1)  # at least one split tile
+    n_full = 0 if split == 1 else min(cfg.N_FULL, num_m * num_n - 1)  # at least one split tile
     n_split = num_m * num_n - n_full if split > 1 else 0
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -452,11 +401,10 @@ def launch_gated_mlp(
         1 if scales is not None and xs.numel() > 1 else 0, 1 if scales is not None and gs.numel() > 1 else 0,
     )  # fmt: skip
     kwargs = dict(
-        SPLIT_K=split, ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=has_bias, USE_TMA=tma,
-        EVEN_K=K % block_k == 0, SCALED=scales is not None, QUANT_OUT=quant_out,
-        FP8_MAX=torch.finfo(out.dtype).max if quant_out else 0.0,
+        ACTIVATION=ACTIVATIONS[activation], HAS_BIAS=has_bias, EVEN_K=K % block_k == 0, SCALED=scales is not None,
+        QUANT_OUT=quant_out, FP8_MAX=torch.finfo(out.dtype).max if quant_out else 0.0,
         FP8_MIN_EXP=-7 if out.dtype == torch.float8_e4m3fnuz else -6, UPCAST=fp8 and not tma,
-        COMPILED=not _interpreting(), **cfg,
+        COMPILED=not _interpreting(), **cfg.launch_kwargs(),
     )  # fmt: skip
     launch = _GATED_PLANS.launch_and_plan(key, grid, _GATED_VARYING, args, kwargs)
     if launch is not None:

@@ -258,4 +258,59 @@ def aligned16(*tensors: torch.Tensor) -> tuple[bool, ...]:
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)
 
 
-__all__ = ["Address", "HostDescriptor", "LaunchPlan", "PlanTable", "SignatureTable", "aligned16", "plans_enabled", "MAX_PLANS"]
+# ---------------------------------------------------------------------------------------------
+# Launch configurations
+# ---------------------------------------------------------------------------------------------
+# The convention of both Triton packages: each kernel's launch configuration is a frozen
+# dataclass (its Triton meta-parameters, num_warps and num_stages, under the kernel's own
+# names) with ``launch_kwargs()``, the keywords of the launch; one function per kernel picks
+# it by shape and GPU, once per launch plan. A launcher's ``cfg``, when given, replaces the
+# picked configuration whole (nothing is merged in); to change a field of the picked one, pass
+# ``dataclasses.replace(picked, FIELD=value)``.
+
+
+def check_config(
+    config: Any,
+    *,
+    powers_of_two: dict[str, int] | None = None,
+    at_least: dict[str, int] | None = None,
+    flags: Sequence[str] = (),
+    optional: Sequence[str] = (),
+) -> None:
+    """The field checks of a configuration dataclass's ``__post_init__``: ``powers_of_two`` and
+    ``at_least`` map int fields to their minimum, ``flags`` are bools, and the fields in
+    ``optional`` may also be None (the launcher decides). Errors name ``Class.FIELD``, what was
+    expected and what came."""
+    cls = type(config).__name__
+    for name, low in {**(powers_of_two or {}), **(at_least or {})}.items():
+        value = getattr(config, name)
+        if value is None and name in optional:
+            continue
+        if type(value) is not int:
+            raise TypeError(f"{cls}.{name}: expected an int, got {value!r}")
+        if name in (powers_of_two or {}) and (value < low or value & (value - 1)):
+            raise ValueError(f"{cls}.{name}: expected a power of two >= {low}, got {value}")
+        if value < low:
+            raise ValueError(f"{cls}.{name}: expected an int >= {low}, got {value}")
+    for name in flags:
+        value = getattr(config, name)
+        if type(value) is not bool and not (value is None and name in optional):
+            expected = "True, False or None" if name in optional else "True or False"
+            raise TypeError(f"{cls}.{name}: expected {expected}, got {value!r}")
+
+
+def check_override(cfg: Any, *classes: type) -> None:
+    """A launcher's ``cfg`` when given: an instance of one of ``classes`` (the kernel's
+    configuration dataclasses), which replaces the picked configuration whole."""
+    if not isinstance(cfg, classes):
+        expected = " or ".join(c.__name__ for c in classes)
+        raise TypeError(
+            f"cfg: expected a {expected} (it replaces the picked configuration whole; to change fields of "
+            f"the picked one, pass dataclasses.replace(picked, ...)), got {type(cfg).__name__}"
+        )
+
+
+__all__ = [
+    "MAX_PLANS", "Address", "HostDescriptor", "LaunchPlan", "PlanTable", "SignatureTable", "aligned16",
+    "check_config", "check_override", "plans_enabled",
+]  # fmt: skip

@@ -62,6 +62,8 @@ def _triton_importable() -> bool:
 def triton_enabled_for(t: torch.Tensor) -> bool:
     """True when an op on ``t`` runs the Triton kernels: GPU tensors (CUDA or ROCm), and CPU
     tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter); else the plain-torch path."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t: expected a torch.Tensor, got {type(t).__name__}")
     if t.is_cuda:
         return True
     return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
@@ -191,6 +193,54 @@ def _check_qk(q, k, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     return q4, k4
 
 
+def _check_flag(value, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_eps(eps) -> float:
+    """eps as the other packages' RMSNorms take it (>= 0), and finite."""
+    if not _is_number(eps):
+        raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps: expected a finite float >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _check_theta(theta) -> float:
+    if not (_is_number(theta) and math.isfinite(theta) and theta > 1):
+        raise ValueError(f"theta: expected a finite number > 1, got {theta!r}")
+    return float(theta)
+
+
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _check_rope_scaling(rope_scaling) -> None:
+    """None, or a dict of transformers' llama3 form (only llama3 is supported)."""
+    if rope_scaling is None:
+        return
+    if not isinstance(rope_scaling, dict):
+        raise TypeError(f"rope_scaling: expected a dict or None, got {type(rope_scaling).__name__}")
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling: only rope_type 'llama3' is supported, got {kind!r}")
+    missing = [key for key in _LLAMA3_KEYS if key not in rope_scaling]
+    if missing:
+        raise ValueError(f"rope_scaling: expected the llama3 keys {list(_LLAMA3_KEYS)}, missing {missing}")
+    bad = {key: rope_scaling[key] for key in _LLAMA3_KEYS
+           if not (_is_number(rope_scaling[key]) and math.isfinite(rope_scaling[key]) and rope_scaling[key] > 0)}  # fmt: skip
+    if bad:
+        raise ValueError(f"rope_scaling: expected finite numbers > 0, got {bad}")
+    low, high = rope_scaling["low_freq_factor"], rope_scaling["high_freq_factor"]
+    if not high > low:
+        raise ValueError(f"rope_scaling: expected high_freq_factor > low_freq_factor, got {high} and {low}")
+
+
 def _check_rotary_dim(rotary_dim: int | None, head_dim: int) -> int:
     rotary_dim = head_dim if rotary_dim is None else rotary_dim
     if not isinstance(rotary_dim, int) or rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
@@ -283,6 +333,8 @@ def apply_rotary(
     q4, k4 = _check_qk(q, k, layout)
     B, S, _, D = q4.shape
     rotary_dim = _check_rotary_dim(rotary_dim, D)
+    _check_flag(interleaved, "interleaved")
+    _check_flag(inplace, "inplace")
     cos = _half_table(cos, "cos", rotary_dim, interleaved, q)
     sin = _half_table(sin, "sin", rotary_dim, interleaved, q)
     if sin.shape != cos.shape:
@@ -311,13 +363,14 @@ def inv_frequencies(
     Llama 3's frequency scaling: wavelengths past ``original / low_freq_factor`` are divided
     by ``factor``, those below ``original / high_freq_factor`` kept, and the band between
     interpolated."""
+    if not (isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool) and rotary_dim >= 2 and rotary_dim % 2 == 0):
+        raise ValueError(f"rotary_dim: expected an even int >= 2, got {rotary_dim!r}")
+    theta = _check_theta(theta)
+    _check_rope_scaling(rope_scaling)
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=device).to(torch.float32) / rotary_dim
     inv_freq = 1.0 / (theta**exponents)
     if rope_scaling is None:
         return inv_freq
-    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-    if kind != "llama3":
-        raise ValueError(f"rope_scaling: only rope_type 'llama3' is supported, got {kind!r}")
     factor = float(rope_scaling["factor"])
     low, high = float(rope_scaling["low_freq_factor"]), float(rope_scaling["high_freq_factor"])
     original = float(rope_scaling["original_max_position_embeddings"])
@@ -357,10 +410,14 @@ def apply_rotary_from_positions(
     B, S, _, D = q4.shape
     rotary_dim = _check_rotary_dim(rotary_dim, D)
     pos = _check_positions(positions, "positions", B, S, q.device)
-    if not (isinstance(theta, (int, float)) and theta > 1):
-        raise ValueError(f"theta: expected a number > 1, got {theta!r}")
+    _check_flag(interleaved, "interleaved")
+    _check_flag(inplace, "inplace")
+    theta = _check_theta(theta)
+    if rope_scaling is not None and not isinstance(rope_scaling, dict):
+        raise TypeError(f"rope_scaling: expected a dict or None, got {type(rope_scaling).__name__}")
     scaling = tuple(sorted(rope_scaling.items())) if rope_scaling else None
-    inv_freq = _cached_inv_freq(rotary_dim, float(theta), scaling, q.device)
+    # (rope_scaling's contents are checked by inv_frequencies, on a miss of this cache)
+    inv_freq = _cached_inv_freq(rotary_dim, theta, scaling, q.device)
     return _call(q, k, q4, k4, layout, inplace, None, None, pos, inv_freq, rotary_dim, interleaved, "positions")
 
 
@@ -478,7 +535,7 @@ def _persistent_prefill(x: torch.Tensor, w: torch.Tensor, head_dim: int) -> bool
         return False
     kernels = _triton_kernels()
     cfg = kernels.rms_matmul_rope_config(x.shape[0], x.shape[1], head_dim, folded=True, tma=kernels._use_tma(x, w))
-    return cfg.get("PERSISTENT", False)
+    return isinstance(cfg, kernels.RmsMatmulRopePersistentConfig)
 
 
 def rms_norm_matmul_rope(
@@ -512,6 +569,7 @@ def rms_norm_matmul_rope(
     ``FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED`` tokens (the persistent prefill kernel). Off
     the GPU (no Triton) both run the torch reference."""
     _check_tensor(x, "x", (torch.float16, torch.bfloat16))
+    eps = _check_eps(eps)
     if impl not in _PROJECTION_IMPLS:
         raise ValueError(f"impl: expected one of {_PROJECTION_IMPLS}, got {impl!r}")
     if x.dim() < 1 or x.shape[-1] < 1:
@@ -562,5 +620,5 @@ def rms_norm_matmul_rope(
             decode = M <= (FUSED_PROJECTION_MAX_TOKENS_FOLDED_TMA if tma else FUSED_PROJECTION_MAX_TOKENS_FOLDED)
             prefill = M >= FUSED_PROJECTION_MIN_PREFILL_TOKENS_FOLDED and _persistent_prefill(x2, w, head_dim)
             impl = "fused" if decode or prefill else "unfused"
-    ops.rms_norm_matmul_rope(out, x2, rms_weight, w, c2, s2, float(eps), head_dim, impl)
+    ops.rms_norm_matmul_rope(out, x2, rms_weight, w, c2, s2, eps, head_dim, impl)
     return out.view(*x.shape[:-1], w.shape[0])

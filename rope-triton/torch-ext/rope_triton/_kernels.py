@@ -1,5 +1,6 @@
 """Triton kernels of rope-triton and their launchers (raw tensors in, nothing checked here: the
-public functions in ``__init__`` check arguments first).
+public functions in ``__init__`` check arguments first). Their launch configurations, and what
+picks them: ``_config``.
 
 Imported lazily: only when a CUDA/ROCm tensor (or a CPU tensor under ``TRITON_INTERPRET=1``)
 reaches an op, so the CPU variant works without Triton installed.
@@ -7,13 +8,24 @@ reaches an op, so the CPU variant works without Triton installed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ._triton_launch import PlanTable, aligned16
+from ._config import (
+    PROJECTION_CONFIGS,
+    RmsMatmulRopeConfig,
+    RmsMatmulRopeHeadsConfig,
+    RmsMatmulRopePersistentConfig,
+    RopeConfig,
+    _whole_head_config,
+    rms_matmul_rope_config,
+    rope_config,
+)
+from ._triton_launch import PlanTable, aligned16, check_override
 
 try:  # the backend-dispatching libdevice (CUDA: __nv_*, ROCm: __ocml_*)
     from triton.language.extra import libdevice
@@ -240,31 +252,6 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def rope_config(tokens: int, hq: int, block_p: int) -> dict:
-    """Tokens and heads per program (no autotuning: deterministic and cheap in the interpreter).
-
-    32 tokens x 2 q heads (or 1 kv head) per program at prefill: 4K rotation pairs, 16 KB of
-    bf16 read and written, in 8 warps. From `benchmarks/tune_rotary.py` on an H100 (32 q / 8
-    kv heads, head_dim 128, 64 .. 4096 tokens, 190 configurations per size): this shape was
-    within 4% of the best at every size, in both memory orders (bhsd and bshd); head-major
-    blocks were 2-14% slower in bshd order too, and the previous one-token-per-program shape
-    1.35x (64 tokens) to 3.5x (1024) slower. kv heads get their own block: 8 kv heads in a q
-    head block would leave lanes masked. One token: one head per program (40 programs), the
-    best there.
-
-    COS_FIRST (cos / sin read before the q / k loads are issued, not after): A/B on the H100
-    with harness timing (`tune_rotary.py --cos-first`, results/tune_rotary_cos_first_*): after
-    wins in one-warp programs (1 / 2 / 4 tokens: 1.83 / 1.94 / 2.00 us against 2.08 / 2.34 /
-    2.35: a program waits on one DRAM round trip instead of two in series); before wins from
-    8 tokens on, where programs have 2-8 warps (8 / 64 / 256 tokens: 2.42 / 2.78 / 4.17 us
-    against 2.53 / 3.04 / 4.28; within 2% either way from 1024 on)."""
-    bhq, bhk = (1, 1) if tokens == 1 else (min(2, triton.next_power_of_2(hq)), 1)
-    bs = min(max(1, 4096 // (block_p * bhq)), triton.next_power_of_2(tokens))
-    pairs = bs * bhq * block_p
-    warps = max(1, min(8, pairs // 512))
-    return {"BLOCK_S": bs, "BLOCK_HQ": bhq, "BLOCK_HK": bhk, "num_warps": warps, "COS_FIRST": warps > 1}
-
-
 def launch_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -278,14 +265,14 @@ def launch_rope(
     interleaved: bool,
     hf_rounding: bool,
     table_rows: str,
-    cfg: dict | None = None,
+    cfg: RopeConfig | None = None,
 ):
     """q, k, q_out, k_out: [B, S, H, D] views (any strides, unit last stride); cos/sin: 2-D
     [rows, width] (table_rows = "pos": row pos[b, s]; "bs": 3-D [B or 1, S, width] by (b, s));
     pos: [B or 1, S] int; inv_freq: [rotary_dim / 2] fp32 (then cos/sin are None). ``cfg``:
-    a `rope_config` dict, to override it (tuning, tests). Returns the launch plan of this call
-    signature (called as ``plan(q, k, q_out, k_out, cos, sin, pos, inv_freq)``, absent ones
-    replaced by q), or None when it has none."""
+    a `RopeConfig` that replaces `rope_config`'s pick (tuning, tests; no launch plan then).
+    Returns the launch plan of this call signature (called as ``plan(q, k, q_out, k_out, cos,
+    sin, pos, inv_freq)``, absent ones replaced by q), or None when it has none."""
     B, S, HQ, D = q.shape
     T = B * S
     if T == 0:
@@ -314,8 +301,10 @@ def launch_rope(
     block_p = triton.next_power_of_2(half)
     if cfg is None:
         cfg = rope_config(T, HQ, block_p)
-    hq_blocks = triton.cdiv(HQ, cfg["BLOCK_HQ"])
-    hk_blocks = triton.cdiv(HK, cfg["BLOCK_HK"])
+    else:
+        check_override(cfg, RopeConfig)
+    hq_blocks = triton.cdiv(HQ, cfg.BLOCK_HQ)
+    hk_blocks = triton.cdiv(HK, cfg.BLOCK_HK)
     copy_tail = rotary_dim < D and (q_out.data_ptr() != q.data_ptr() or k_out.data_ptr() != k.data_ptr())
     from_positions = inv_freq is not None
     has_pos = pos is not None and not from_positions
@@ -330,8 +319,7 @@ def launch_rope(
         c_srow = 0
     p_sb = (pos.stride(0) if pos.shape[0] > 1 else 0) if pos is not None else 0
     p_ss = pos.stride(1) if pos is not None else 0
-    cfg = {"COS_FIRST": False, **cfg}
-    grid = (triton.cdiv(T, cfg["BLOCK_S"]), hq_blocks + hk_blocks)
+    grid = (triton.cdiv(T, cfg.BLOCK_S), hq_blocks + hk_blocks)
     args = (
         q, k, q_out, k_out,
         cos if cos is not None else dummy, sin if sin is not None else dummy,
@@ -348,7 +336,7 @@ def launch_rope(
         BLOCK_TAIL=triton.next_power_of_2(max(D - rotary_dim, 1)),
         INTERLEAVED=interleaved, HF_ROUNDING=hf_rounding, COPY_TAIL=copy_tail,
         HAS_POS=has_pos, FROM_POSITIONS=from_positions, COMPILED=not _interpreting(),
-        **cfg,
+        **cfg.launch_kwargs(),
     )  # fmt: skip
     return _ROPE_PLANS.launch_and_plan(key, grid, _ROPE_VARYING, args, kwargs)
 
@@ -802,102 +790,6 @@ def _rms_matmul_rope_persistent_kernel(
         tl.atomic_xchg(count_ptr + 1, 0)
 
 
-def _whole_head_config(head_dim: int) -> dict:
-    """Whole-head tiles, 64 tokens x 256 columns (`_rms_matmul_rope_heads_kernel`), 5 stages, x^2
-    on the MMA: against the unfused sequence 0.95x / 0.79x / 0.92x at 256 / 1024 / 4096 tokens
-    (half-head tiles: 0.73x / 0.73x / 0.60x; results/tune_projection_heads_*). 1024 tokens make
-    320 tiles, 2.4 waves on 132 SMs; smaller tiles (64 x 128) were slower there (0.72x), larger
-    ones everywhere (128 x 256: 0.89x at best). With the weight passed (x * g in registers
-    every K step) these tiles gained nothing (0.44x - 0.57x, as the half-head tiles), so that
-    case keeps the half-head tiles."""
-    return {"BLOCK_M": 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64, "GROUP_M": 16, "num_warps": 4,
-            "num_stages": 5, "SQUARES_MMA": True}  # fmt: skip
-
-
-def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, tma: bool = True) -> dict:
-    """Tile shape, K split and x-side variant by token count (no autotuning: deterministic, and
-    cheap in the interpreter). Tiles are BLOCK_M tokens x (BLOCK_NH + BLOCK_NH) columns of one
-    head. ``folded``: the RMSNorm weight is folded into W (`fold_rms_weight`), so the x tiles
-    feed the MMAs unmodified. The best of `benchmarks/tune_projection.py` on an H100 (Llama-3
-    8B [W_q; W_k], 5120 x 4096, bf16; harness timing, inputs past L2; results/tune_projection_*):
-
-    | tokens | unfused (RMSNorm + cuBLAS + RoPE) | weight passed, TMA (sm90) | weight folded, TMA (sm90) |
-    |---|---|---|---|
-    | 1 | 21.4-21.5 us | 18.9 (16 x (32 + 32), K 256) | 18.3 (16 x (32 + 32), K 256) |
-    | 16 | 22.3-22.4 | 19.0 (16 x (32 + 32), K 256) | 18.6 (16 x (32 + 32), K 256) |
-    | 32 | 22.7-23.0 | 20.6 (16 x (64 + 64), K 256) | 19.0 (16 x (64 + 64), K 256) |
-    | 64 | 23.1-23.3 | 26.3 (32 x (64 + 64), K 128) | 19.7 (64 x (32 + 32), K 128, 6 stages) |
-    | 128 | 24.0 | 38.6 (whole-head tiles) | 23.1 (64 x (64 + 64), K 64, 6 stages; whole-head tiles 24.4) |
-    | 1024 | 68.6-69.2 | 126.5 (64 x (64 + 64), K 64) | 86.5-94 (whole heads: 64 x 256, x^2 on the MMA) |
-
-    All unsplit (SPLIT_K 1: one program per column tile, 40-80 of them on 132 SMs, no fp32
-    partials, no second pass) and 4 stages unless stated. Earlier sweeps offered K splits of
-    2 - 8 only, and those took 19.7 / 19.8 / 20.2 / 23.0 us folded at 1 / 16 / 32 / 64 tokens
-    (results/tune_projection_decode_split1_*; 128 and 256 tokens: results/tune_projection_128_256_*,
-    where at 256 the whole-head tiles stayed the best, 0.93x). The weight-passed numbers are
-    with g read through TMA (results/tune_projection_weight_passed_*): before, its pointer load
-    was the one load of the K loop outside the software pipeline, and the best tiles took
-    21.0 / 20.8 / 22.0 / 26.2 us at 1 / 16 / 32 / 64 tokens.
-
-    Per K step, with the weight passed, every x tile goes through registers (x * g rounded
-    back to bf16) before the MMA, in every column tile; that costs most where the x tiles are
-    largest (64 rows, prefill). Folded, x^2 can also go to the tensor cores as the diagonal of
-    x x^T (SQUARES_MMA; exact: bf16 squares fit fp32), which won folded from 1 token on.
-
-    Also measured and not kept (b72a360, results/tune_projection_decode_*): W x^T tiles (the
-    tokens on wgmma's narrow side, which won in gated-mlp) at most 1% faster with a split and
-    slower without one; SPLIT_K 3; and summing x^2 once per row block in a program of its own
-    instead of in every tile (21.3 us at 64 tokens against 19.7), though a scratch build
-    without any x^2 ran the 64-row unsplit tile 1.2 us faster. Without TMA (sm80, ROCm: never
-    timed) the earlier split tiles stay; their shared memory also fits an A100."""
-    half = head_dim // 2
-    if M <= 128 and folded and tma:
-        if M > 64:  # 2 row blocks: 80 tiles of 64 x (64 + 64) (the 64-token shape makes 160: 2 waves)
-            cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "num_stages": 6}
-        elif M > 32:
-            cfg = {"BLOCK_M": 64, "BLOCK_NH": 32, "BLOCK_K": 128, "num_stages": 6}
-        else:
-            cfg = {"BLOCK_M": 16, "BLOCK_NH": 64 if M > 16 else 32, "BLOCK_K": 256}
-        cfg.update(SPLIT_K=1, SQUARES_MMA=True)
-    elif M <= 64 and tma:  # weight passed: x^2 in registers (the x tile is there for x * g anyway)
-        cfg = {"BLOCK_M": 32, "BLOCK_NH": 64, "BLOCK_K": 128} if M > 32 else \
-              {"BLOCK_M": 16, "BLOCK_NH": 64 if M > 16 else 32, "BLOCK_K": 256}  # fmt: skip
-        cfg.update(SPLIT_K=1)
-    elif M <= 16:
-        cfg = {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 128, "SPLIT_K": 2} if folded else \
-              {"BLOCK_M": 16, "BLOCK_NH": 32, "BLOCK_K": 128, "SPLIT_K": 4}  # fmt: skip
-    elif M <= 32:
-        cfg = {"BLOCK_M": 16, "BLOCK_NH": 32, "BLOCK_K": 128, "SPLIT_K": 2} if folded else \
-              {"BLOCK_M": 16, "BLOCK_NH": 32, "BLOCK_K": 64, "SPLIT_K": 4}  # fmt: skip
-    elif M <= 64:
-        cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 128, "SPLIT_K": 2, "SQUARES_MMA": True} if folded else \
-              {"BLOCK_M": 16, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 2}  # fmt: skip
-    elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256 and M > 1024:
-        # The persistent kernel: x^2 shared out over the first round's tiles instead of computed
-        # in every tile. Against the unfused sequence 0.95x at 2048 tokens (64 x 256 tiles) and
-        # 1.12x at 4096 (128 x 256, 8 warps; whole-head tiles there: 0.95x). At 256 - 1024
-        # tokens the whole-head kernel was as fast or faster (docs/rope-triton-projection-prefill.md;
-        # its TAIL_SPLIT 2 / 4 rows are a K split of a short last round, measured slower
-        # everywhere and removed). A stream-K last round (9eac92f) was slower too: 94 us at
-        # 1024 tokens against 88, 275 at 4096 against 259 (docs/rope-triton-projection-prefill.md).
-        cfg = {"PERSISTENT": True, "BLOCK_M": 128 if M > 2048 else 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64,
-               "num_warps": 8 if M > 2048 else 4, "num_stages": 3 if M > 2048 else 4}  # fmt: skip
-    elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256:
-        cfg = _whole_head_config(head_dim)
-    else:  # weight passed, pointer loads (no TMA), or a head_dim the whole-head epilogue cannot split
-        cfg = {"BLOCK_M": 64, "BLOCK_NH": 64, "BLOCK_K": 64, "SPLIT_K": 1, "num_stages": 3}
-        if folded:
-            cfg.update(SQUARES_MMA=True, GROUP_M=8)
-    cfg = {"num_warps": 4, "num_stages": 4, **cfg}  # GROUP_M / SQUARES_MMA: the launcher's defaults
-    if "HEADS" in cfg:
-        return cfg
-    while half % cfg["BLOCK_NH"]:  # half is a multiple of 16 (checked by the caller)
-        cfg["BLOCK_NH"] //= 2
-    if cfg["SPLIT_K"] > 1:  # no more splits than half the K steps (short K)
-        cfg["SPLIT_K"] = max(1, min(cfg["SPLIT_K"], triton.cdiv(K, cfg["BLOCK_K"]) // 2))
-    return cfg
-
-
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, g_ptr, out_ptr, K, eps, s_xm, s_om, BLOCK: tl.constexpr, HAS_G: tl.constexpr, COMPILED: tl.constexpr
@@ -964,42 +856,39 @@ def launch_rms_matmul_rope(
     out: torch.Tensor,
     eps: float,
     head_dim: int,
-    cfg: dict | None = None,
+    cfg: RmsMatmulRopeConfig | RmsMatmulRopeHeadsConfig | RmsMatmulRopePersistentConfig | None = None,
 ) -> None:
     """x [M, K] (unit last stride), g [K] or None (folded into w), w [N, K] (unit last stride), cos/sin [M, >= head_dim/2]
-    (column j of the first half is used), out [M, N]. ``cfg``: a configuration of
-    `rms_matmul_rope_config`'s form, to override it (tuning, tests)."""
+    (column j of the first half is used), out [M, N]. ``cfg``: one of the projection's
+    configurations, which replaces `rms_matmul_rope_config`'s pick (tuning, tests); its USE_TMA
+    None is decided here."""
     M, K = x.shape
     N = w.shape[0]
     if M == 0 or N == 0:
         return
-    cfg = dict(cfg) if cfg is not None else {}
-    tma = cfg.pop("USE_TMA", None)
-    if tma is None:
-        tma = _use_tma(x, w, g)
-    if not cfg:
-        cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None, tma=tma)
-    if cfg.pop("PERSISTENT", False):  # `_rms_matmul_rope_persistent_kernel`
-        assert g is None, "the persistent kernel takes the RMSNorm weight folded into w"
-        if _launch_persistent(x, w, cos, sin, out, eps, head_dim, cfg, tma):
+    if cfg is None:
+        cfg = rms_matmul_rope_config(M, K, head_dim, folded=g is None, tma=_use_tma(x, w, g))
+    else:
+        _check_projection_override(cfg, g, head_dim)
+        if cfg.USE_TMA is None:
+            cfg = dataclasses.replace(cfg, USE_TMA=_use_tma(x, w, g))
+    if isinstance(cfg, RmsMatmulRopePersistentConfig):
+        if _launch_persistent(x, w, cos, sin, out, eps, head_dim, cfg):
             return
-        cfg = _whole_head_config(head_dim)  # more row blocks than programs: x^2 in every tile
-    cfg = {"GROUP_M": 1, "SQUARES_MMA": False, **cfg}
-    if "HEADS" in cfg:  # whole-head tiles (`_rms_matmul_rope_heads_kernel`)
-        _launch_heads(x, g, w, cos, sin, out, eps, head_dim, cfg, tma)
+        cfg = _whole_head_config(head_dim, cfg.USE_TMA)  # more row blocks than programs: x^2 in every tile
+    if isinstance(cfg, RmsMatmulRopeHeadsConfig):
+        _launch_heads(x, g, w, cos, sin, out, eps, head_dim, cfg)
         return
-    split, block_k = cfg["SPLIT_K"], cfg["BLOCK_K"]
-    k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
+    block_k = cfg.BLOCK_K
+    k_split = triton.cdiv(triton.cdiv(K, cfg.SPLIT_K), block_k) * block_k
     split = triton.cdiv(K, k_split)  # no empty splits
-    cfg["SPLIT_K"] = split
-    cfg["EVEN_K"] = K % block_k == 0
-    block_n = 2 * cfg["BLOCK_NH"]
-    x_desc, w_desc, g_desc = _descriptors(x, w, g, cfg["BLOCK_M"], cfg["BLOCK_NH"], block_k, tma)
-    cfg["USE_TMA"] = bool(tma)
-    assert (head_dim // 2) % cfg["BLOCK_NH"] == 0, cfg
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]), N // block_n, split)
+    if split != cfg.SPLIT_K:
+        cfg = dataclasses.replace(cfg, SPLIT_K=split)
+    block_n = 2 * cfg.BLOCK_NH
+    x_desc, w_desc, g_desc = _descriptors(x, w, g, cfg.BLOCK_M, cfg.BLOCK_NH, block_k, cfg.USE_TMA)
+    grid = (triton.cdiv(M, cfg.BLOCK_M), N // block_n, split)
     if split > 1:
-        m_pad, n_pad = grid[0] * cfg["BLOCK_M"], grid[1] * block_n
+        m_pad, n_pad = grid[0] * cfg.BLOCK_M, grid[1] * block_n
         part = torch.empty((split, m_pad, n_pad), dtype=torch.float32, device=x.device)
         sq = torch.empty((split, grid[1], m_pad), dtype=torch.float32, device=x.device)
         counters = _split_counters(x.device, grid[0] * grid[1])
@@ -1009,8 +898,23 @@ def launch_rms_matmul_rope(
         x, g if g is not None else x, w, x_desc, w_desc, g_desc, cos, sin, out, part, sq, counters,
         M, N, K, k_split, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
-        HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_G=g is not None, COMPILED=not _interpreting(), **cfg,
+        HEAD_DIM=head_dim, HALF=head_dim // 2, EVEN_K=K % block_k == 0, HAS_G=g is not None,
+        COMPILED=not _interpreting(), **cfg.launch_kwargs(),
     )  # fmt: skip
+
+
+def _check_projection_override(cfg, g: torch.Tensor | None, head_dim: int) -> None:
+    """What a caller's configuration must fit besides its own fields (picked ones always do)."""
+    check_override(cfg, *PROJECTION_CONFIGS)
+    name = type(cfg).__name__
+    if isinstance(cfg, RmsMatmulRopeConfig):
+        if (head_dim // 2) % cfg.BLOCK_NH:
+            raise ValueError(f"cfg: {name}.BLOCK_NH must divide head_dim / 2 = {head_dim // 2}, got {cfg.BLOCK_NH}")
+        return
+    if head_dim & (head_dim - 1):
+        raise ValueError(f"cfg: {name} (whole-head tiles) needs a power-of-two head_dim, got {head_dim}")
+    if isinstance(cfg, RmsMatmulRopePersistentConfig) and g is not None:
+        raise ValueError(f"cfg: {name} takes the RMSNorm weight folded into w (g None), got a g")
 
 
 def _use_tma(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor | None = None) -> bool:
@@ -1042,47 +946,45 @@ def _descriptors(x, w, g, block_m: int, block_n: int, block_k: int, tma: bool):
 _SPIN_LIMIT = 1 << 14
 
 
-def _launch_persistent(x, w, cos, sin, out, eps: float, head_dim: int, cfg: dict, tma: bool) -> bool:
-    """`_rms_matmul_rope_persistent_kernel`: one program per SM (``cfg["PROGRAMS"]`` to override;
-    in the interpreter, one per row block). False, having launched nothing, where there are
-    more row blocks than programs (each row block needs a share of x^2 from the first round)."""
+def _launch_persistent(x, w, cos, sin, out, eps: float, head_dim: int, cfg: RmsMatmulRopePersistentConfig) -> bool:
+    """`_rms_matmul_rope_persistent_kernel`: one program per SM (``cfg.PROGRAMS`` to override; in
+    the interpreter, one per row block). False, having launched nothing, where there are more
+    row blocks than programs (each row block needs a share of x^2 from the first round)."""
     M, K = x.shape
     N = w.shape[0]
-    block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
-    block_n = cfg["HEADS"] * head_dim
-    assert head_dim & (head_dim - 1) == 0, "whole-head tiles need a power-of-two head_dim"
+    block_m, block_k = cfg.BLOCK_M, cfg.BLOCK_K
+    block_n = cfg.HEADS * head_dim
     num_m = triton.cdiv(M, block_m)
-    programs = cfg.pop("PROGRAMS", None)
+    programs = cfg.PROGRAMS
     if programs is None:
         programs = num_m if _interpreting() else torch.cuda.get_device_properties(x.device).multi_processor_count
     programs = min(programs, num_m * triton.cdiv(N, block_n))
     if programs < num_m:
         return False
     sq = torch.empty((triton.cdiv(programs, num_m), num_m * block_m), dtype=torch.float32, device=x.device)
-    x_desc, w_desc, _ = _descriptors(x, w, None, block_m, block_n, block_k, tma)
+    x_desc, w_desc, _ = _descriptors(x, w, None, block_m, block_n, block_k, cfg.USE_TMA)
     _rms_matmul_rope_persistent_kernel[(programs,)](
         x, w, x_desc, w_desc, cos, sin, out, sq, _split_counters(x.device, 2),
         M, N, K, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
         HEAD_DIM=head_dim, HALF=head_dim // 2, MAX_SHARES=triton.next_power_of_2(sq.shape[0]),
-        EVEN_K=K % block_k == 0, USE_TMA=bool(tma), SPIN_LIMIT=4 if _interpreting() else _SPIN_LIMIT,
-        COMPILED=not _interpreting(), **{"GROUP_M": 16, **cfg},
+        EVEN_K=K % block_k == 0, SPIN_LIMIT=4 if _interpreting() else _SPIN_LIMIT,
+        COMPILED=not _interpreting(), **cfg.launch_kwargs(),
     )  # fmt: skip
     return True
 
 
-def _launch_heads(x, g, w, cos, sin, out, eps: float, head_dim: int, cfg: dict, tma: bool) -> None:
+def _launch_heads(x, g, w, cos, sin, out, eps: float, head_dim: int, cfg: RmsMatmulRopeHeadsConfig) -> None:
     M, K = x.shape
     N = w.shape[0]
-    block_m, block_k = cfg["BLOCK_M"], cfg["BLOCK_K"]
-    block_n = cfg["HEADS"] * head_dim
-    assert head_dim & (head_dim - 1) == 0, "whole-head tiles need a power-of-two head_dim"
-    x_desc, w_desc, g_desc = _descriptors(x, w, g, block_m, block_n, block_k, tma)
+    block_m, block_k = cfg.BLOCK_M, cfg.BLOCK_K
+    block_n = cfg.HEADS * head_dim
+    x_desc, w_desc, g_desc = _descriptors(x, w, g, block_m, block_n, block_k, cfg.USE_TMA)
     grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
     _rms_matmul_rope_heads_kernel[grid](
         x, g if g is not None else x, w, x_desc, w_desc, g_desc, cos, sin, out,
         M, N, K, eps,
         x.stride(0), w.stride(0), cos.stride(0), cos.stride(1), out.stride(0),
         HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_G=g is not None, EVEN_K=K % block_k == 0,
-        USE_TMA=bool(tma), COMPILED=not _interpreting(), **cfg,
+        COMPILED=not _interpreting(), **cfg.launch_kwargs(),
     )  # fmt: skip

@@ -56,7 +56,7 @@ class SiluAndMul(nn.Module):
         x2 = x if x.stride(-1) == 1 else x.contiguous()
         x2 = x2.reshape(-1, x.shape[-1])
         out = torch.empty((x2.shape[0], d), dtype=x.dtype, device=x.device)
-        ops.silu_and_mul(out, x2, 0)
+        ops.silu_and_mul(out, x2, _SILU)
         return out.view(*x.shape[:-1], d)
 
 
