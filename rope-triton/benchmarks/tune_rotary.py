@@ -77,6 +77,14 @@ def input_sets(tokens: int, layout: str, n_bytes: int) -> list:
     return sets
 
 
+def _forget_plans(rt, kern) -> None:
+    """Launch plans and the rotary fast path are kept by call signature and hold the config
+    they were built with: drop them when the config function changes, so the next call picks
+    (and plans) the candidate."""
+    kern._ROPE_PLANS.entries.clear()
+    rt._FAST_ROTARY.entries.clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=None)
@@ -114,12 +122,14 @@ def main() -> None:
             candidates = [kern.RopeConfig(**cfg) for cfg in configs(tokens)] if args.sweep else ()
         for cfg in candidates:
             kern.rope_config = lambda *a, cfg=cfg, **kw: cfg
+            _forget_plans(rt, kern)
             try:
                 _check_rope(rt.apply_rotary_transformers(*sets[0]), expected)
                 rows.append((timed(rt.apply_rotary_transformers), cfg))
             except Exception as exc:  # noqa: BLE001 - report and go on
                 print(f"  tokens={tokens} {cfg}: {type(exc).__name__}: {str(exc)[:120]}")
         kern.rope_config = default_config
+        _forget_plans(rt, kern)
         rows.sort(key=lambda r: r[0])
         print(f"tokens={tokens} ({len(sets)} input sets): torch.mul copy of q and k {t_copy:.2f} us, best Triton copy "
               f"of the same bytes {t_triton_copy:.2f} us (block, warps = {copy_shape}), default {t_default:.2f} us {default}")
