@@ -10,7 +10,7 @@ import warnings
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import builder, packages
+from . import builder, packages, sync
 
 console = Console(stderr=True)
 
@@ -67,6 +67,25 @@ def check_cuda(names: list[str]) -> int:
     return 1 if failures else 0
 
 
+def sync_common(check: bool) -> int:
+    root = packages.repo_root()
+    if check:
+        problems = sync.check(root)
+        for problem in problems:
+            console.print(f"[red]out of sync:[/] {problem.describe(root)}", soft_wrap=True)
+        if not problems:
+            console.print(f"[green]in sync:[/] {len(sync.load_manifest(root))} stamped copies match common/")
+        return 1 if problems else 0
+    written, removed = sync.sync(root)
+    for path in written:
+        console.print(f"[green]stamped[/] {path.relative_to(root)}")
+    for path in removed:
+        console.print(f"[yellow]removed stale[/] {path.relative_to(root)}")
+    if not written and not removed:
+        console.print("nothing to do: every stamped copy matches common/")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-llm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     p_bench = sub.add_parser("bench", help="benchmark a package against its peers, or `e2e`: a kernelized model (GPU)")
     p_bench.add_argument("package", metavar="PKG")
     p_bench.add_argument("rest", nargs=argparse.REMAINDER, help="options for the harness (--quick, --out DIR, --providers a,b)")
+
+    p_sync = sub.add_parser("sync", help="stamp the shared sources of common/ into the packages (common/manifest.toml)")
+    p_sync.add_argument("--check", action="store_true", help="change nothing; exit 1 naming every stamped copy that is out of date")
 
     p_demo = sub.add_parser("demo", help="build, kernelize a small Llama, compare with eager (and time it on a GPU)")
     p_demo.add_argument("--no-build", action="store_true", help="use the existing builds")
@@ -101,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
             from . import bench
 
             return bench.main(args.package, args.rest)
+        if args.command == "sync":
+            return sync_common(check=args.check)
         if args.command == "demo":
             from . import demo
 
             return demo.main(build=not args.no_build)
-    except (builder.BuildError, FileNotFoundError) as err:
+    except (builder.BuildError, sync.SyncError, FileNotFoundError) as err:
         console.print(f"[red]error:[/] {err}")
         return 2
     return 0

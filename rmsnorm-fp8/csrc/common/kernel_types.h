@@ -1,0 +1,32 @@
+// generated from common/csrc/kernel_types.h by `fused-llm sync`, do not edit
+// Framework-free types of the packages whose kernels write FP8 (rmsnorm-fp8, swiglu-fp8): the
+// element types, the e4m3 formats and the quantization modes of their parameter blocks. Each
+// package header re-exports them into its own namespace (`using ::fused_llm::Quant;` ...), so
+// callers keep writing `rmsnorm_fp8::Quant`. The integer values are part of the interface: the
+// GPU kernels take them as template arguments (fp8.cuh) and the bindings store them.
+#pragma once
+
+#include <cstdint>
+
+namespace fused_llm {
+
+enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// kE4M3FN: OCP e4m3 used by NVIDIA (max 448, NaN = 0x7f/0xff, has -0).
+// kE4M3FNUZ: gfx942's e4m3 (exponent bias 8, max 240, NaN = 0x80, no -0).
+enum class Fp8Format : int32_t { kE4M3FN = 0, kE4M3FNUZ = 1 };
+
+enum class Quant : int32_t {
+  kNone = 0,          // out has dtype T
+  kStatic = 1,        // out fp8, one float32 scale read from static_scale[0]
+  kDynamicToken = 2,  // out fp8, one scale per row written to scales[row * scales_row_stride]
+  kDynamicGroup = 3,  // out fp8, one scale per (row, group of group_size output columns)
+};
+
+// Smallest dynamic scale, as a fraction of 1/fp8_max: keeps an all-zero row or group from
+// dividing by zero (the same floor vLLM uses: 1 / (fp8_max * 512)).
+constexpr float kMinScaleFactor = 1.0f / 512.0f;
+
+inline float fp8_max_value(Fp8Format f) { return f == Fp8Format::kE4M3FN ? 448.0f : 240.0f; }
+
+}  // namespace fused_llm
