@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "kernel_types.h"
 #include "numerics.h"
 
 namespace fused_llm {
@@ -185,5 +186,19 @@ struct Elem<Fp16Tag> {
     static_cast<uint16_t*>(base)[i] = to_bits(f);
   }
 };
+
+// Calls f(Tag{}) with the tag of a runtime DType (the launchers' one switch over element types).
+template <class F>
+cudaError_t dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f(Fp32Tag{});
+    case DType::kFloat16:
+      return f(Fp16Tag{});
+    case DType::kBFloat16:
+      return f(Bf16Tag{});
+  }
+  return cudaErrorInvalidValue;
+}
 
 }  // namespace fused_llm

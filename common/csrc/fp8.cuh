@@ -12,6 +12,7 @@
 
 #include "kernel_types.h"
 #include "numerics.h"
+#include "reduce.cuh"
 #include "vec.cuh"
 
 namespace fused_llm {
@@ -97,6 +98,15 @@ __device__ __forceinline__ Vec<kVec / 4> fp8_pack_vec(const float* f, float inv,
 __device__ __forceinline__ float fp8_scale(float amax, float scale_ub, float fp8_max, float min_scale) {
   if (scale_ub > 0.0f) amax = fminf(amax, scale_ub);
   return fmaxf(div_rn(amax, fp8_max), min_scale);
+}
+
+// Vectors of `vec` elements per quantization group in the vector kernels, or 0 when a group is
+// not a power-of-two number of whole vectors within one warp (the kernels take the group max with
+// xor shuffles over the group's adjacent lanes).
+inline int group_vectors(int group_size, int vec) {
+  if (group_size % vec != 0) return 0;
+  const int n = group_size / vec;
+  return n <= kWarpSize && (n & (n - 1)) == 0 ? n : 0;
 }
 
 }  // namespace fused_llm

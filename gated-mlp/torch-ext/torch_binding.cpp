@@ -30,12 +30,7 @@ namespace gm = fused_llm::gated_mlp;
 
 namespace {
 
-using fused_llm::binding::check_last_dim_contiguous;
-using fused_llm::binding::check_same_device;
-using fused_llm::binding::device_str;
-using fused_llm::binding::msg;
-using fused_llm::binding::ranges_overlap;
-using fused_llm::binding::shape_str;
+using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 

@@ -367,9 +367,8 @@ cudaError_t launch_typed(const RmsNormParams& p, KernelArgs a, cudaStream_t s) {
   }
   int group_vecs = 1;
   if (is_group) {
-    group_vecs = p.group_size / vec;
-    fast = fast && p.group_size % vec == 0 && group_vecs <= kWarpSize &&
-           (group_vecs & (group_vecs - 1)) == 0;
+    group_vecs = group_vectors(p.group_size, vec);
+    fast = fast && group_vecs > 0;
   }
 
   FastConfig c;
@@ -407,22 +406,7 @@ int rms_norm_launch_gpu(const RmsNormParams& p, void* stream) {
   if (p.rows < 0 || p.hidden < 1 || p.x == nullptr || p.weight == nullptr || p.out == nullptr)
     return static_cast<int>(cudaErrorInvalidValue);
   if (p.residual != nullptr && p.residual_out == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-  switch (p.quant) {
-    case Quant::kNone:
-      break;
-    case Quant::kStatic:
-      if (p.static_scale == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-      break;
-    case Quant::kDynamicToken:
-      if (p.scales == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-      break;
-    case Quant::kDynamicGroup:
-      if (p.scales == nullptr || p.group_size <= 0 || p.hidden % p.group_size != 0)
-        return static_cast<int>(cudaErrorInvalidValue);
-      break;
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
+  if (!quant_params_valid(p, p.hidden)) return static_cast<int>(cudaErrorInvalidValue);
 
   KernelArgs a{};
   a.x = p.x;
@@ -438,31 +422,10 @@ int rms_norm_launch_gpu(const RmsNormParams& p, void* stream) {
   a.hidden = p.hidden;
   a.inv_hidden = 1.0f / static_cast<float>(p.hidden);
   a.eps = p.eps;
-  a.static_scale = p.static_scale;
-  a.scales = p.scales;
-  a.scales_row_stride = p.scales_row_stride;
-  a.scales_group_stride = p.scales_group_stride;
-  a.scale_ub = p.scale_ub;
-  a.fp8_max = fp8_max_value(p.fp8_format);
-  a.min_scale = kMinScaleFactor / a.fp8_max;
-  a.group_size = p.group_size;
+  set_quant_args(a, p);
 
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t e;
-  switch (p.dtype) {
-    case DType::kFloat32:
-      e = launch_typed<Fp32Tag>(p, a, s);
-      break;
-    case DType::kFloat16:
-      e = launch_typed<Fp16Tag>(p, a, s);
-      break;
-    case DType::kBFloat16:
-      e = launch_typed<Bf16Tag>(p, a, s);
-      break;
-    default:
-      e = cudaErrorInvalidValue;
-  }
-  return static_cast<int>(e);
+  return static_cast<int>(dispatch_dtype(p.dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, a, s); }));
 }
 
 const char* gpu_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }

@@ -2,7 +2,6 @@
 // with friendlier messages; these keep direct torch.ops callers safe), dispatch.
 #include "torch_binding.h"
 
-#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -14,27 +13,11 @@
 #include "registration.h"
 #include "rmsnorm_fp8.h"
 
-#if defined(CUDA_KERNEL)
-#include <ATen/cuda/CUDAContext.h>
-#elif defined(ROCM_KERNEL)
-#include <c10/hip/HIPStream.h>
-#elif defined(CPU_KERNEL)
-#include <ATen/Parallel.h>
-#endif
-
 namespace rn = fused_llm::rmsnorm_fp8;
 
 namespace {
 
-using fused_llm::binding::check_last_dim_contiguous;
-using fused_llm::binding::check_same_device;
-using fused_llm::binding::device_str;
-using fused_llm::binding::float_dtype_of;
-using fused_llm::binding::msg;
-using fused_llm::binding::ranges_overlap;
-using fused_llm::binding::set_dynamic_fp8;
-using fused_llm::binding::set_static_fp8;
-using fused_llm::binding::shape_str;
+using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
 
 // A [rows, H] operand with a unit-stride last dimension, on x's device.
 void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
@@ -143,23 +126,9 @@ void add_residual(rn::RmsNormParams& p, at::Tensor& residual_out, const at::Tens
 }
 
 void launch(const rn::RmsNormParams& p, const at::Tensor& x) {
-  if (p.rows == 0) return;
-  const c10::DeviceGuard guard(x.device());
-#if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
-  TORCH_CHECK(x.is_cuda(), msg("x: expected a GPU tensor, got device ", device_str(x)));
-#if defined(CUDA_KERNEL)
-  void* stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
-#else
-  void* stream = c10::hip::getCurrentHIPStream(x.get_device()).stream();
-#endif
-  const int err = rn::rms_norm_launch_gpu(p, stream);
-  TORCH_CHECK(err == 0, msg("rmsnorm-fp8 kernel launch failed: ", rn::gpu_error_string(err)));
-#else
-  TORCH_CHECK(x.is_cpu(), msg("x: expected a CPU tensor, got device ", device_str(x)));
-  // Chunks of >= 16K elements amortize the thread-pool dispatch.
-  const int64_t grain = std::max<int64_t>(1, 16384 / p.hidden);
-  at::parallel_for(0, p.rows, grain, [&](int64_t begin, int64_t end) { rn::rms_norm_cpu(p, begin, end); });
-#endif
+  launch_rows(
+      x, p.rows, p.hidden, "rmsnorm-fp8", [&](void* stream) { return rn::rms_norm_launch_gpu(p, stream); },
+      rn::gpu_error_string, [&](int64_t begin, int64_t end) { rn::rms_norm_cpu(p, begin, end); });
 }
 
 }  // namespace

@@ -29,4 +29,35 @@ constexpr float kMinScaleFactor = 1.0f / 512.0f;
 
 inline float fp8_max_value(Fp8Format f) { return f == Fp8Format::kE4M3FN ? 448.0f : 240.0f; }
 
+// Whether the quantization fields of a package's parameter block (quant, static_scale, scales,
+// group_size) are complete for rows of `cols` output columns: the launchers' first check.
+template <class Params>
+bool quant_params_valid(const Params& p, int64_t cols) {
+  switch (p.quant) {
+    case Quant::kNone:
+      return true;
+    case Quant::kStatic:
+      return p.static_scale != nullptr;
+    case Quant::kDynamicToken:
+      return p.scales != nullptr;
+    case Quant::kDynamicGroup:
+      return p.scales != nullptr && p.group_size > 0 && cols % p.group_size == 0;
+  }
+  return false;
+}
+
+// Copies the quantization fields of a parameter block into a kernel's argument struct (the
+// same names), with the derived fp8_max and min_scale = kMinScaleFactor / fp8_max.
+template <class Args, class Params>
+void set_quant_args(Args& a, const Params& p) {
+  a.static_scale = p.static_scale;
+  a.scales = p.scales;
+  a.scales_row_stride = p.scales_row_stride;
+  a.scales_group_stride = p.scales_group_stride;
+  a.scale_ub = p.scale_ub;
+  a.fp8_max = fp8_max_value(p.fp8_format);
+  a.min_scale = kMinScaleFactor / a.fp8_max;
+  a.group_size = p.group_size;
+}
+
 }  // namespace fused_llm

@@ -14,7 +14,17 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 
+#if defined(CUDA_KERNEL)
+#include <ATen/cuda/CUDAContext.h>
+#elif defined(ROCM_KERNEL)
+#include <c10/hip/HIPStream.h>
+#elif defined(CPU_KERNEL)
+#include <ATen/Parallel.h>
+#endif
+
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -141,6 +151,38 @@ void set_dynamic_fp8(Params& p, const at::Tensor& out, at::Tensor& scales, int64
   p.scales_row_stride = scales.stride(0);
   p.scales_group_stride = scales.stride(1);
   p.scale_ub = scale_ub.has_value() ? static_cast<float>(*scale_ub) : 0.0f;
+}
+
+// Runs a package's framework-free launcher over `rows` rows of `cols` columns on x's device,
+// for the backend this .so is built for: `gpu(stream)` on a CUDA / ROCm build (x on the GPU;
+// returns 0 or an error code that `error_string` names), `cpu(row_begin, row_end)` on a CPU
+// build, over at::parallel_for chunks of >= 16384 elements (they amortize the thread-pool
+// dispatch). `what` names the package in the launch-failure message. The callable the build
+// does not use is never called, so it may name a launcher this build does not define.
+template <class Gpu, class Cpu>
+void launch_rows(const at::Tensor& x, int64_t rows, int64_t cols, const char* what, Gpu&& gpu,
+                 const char* (*error_string)(int), Cpu&& cpu) {
+  if (rows == 0) return;
+  const c10::DeviceGuard guard(x.device());
+#if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
+  TORCH_CHECK(x.is_cuda(), msg("x: expected a GPU tensor, got device ", device_str(x)));
+#if defined(CUDA_KERNEL)
+  void* stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
+#else
+  void* stream = c10::hip::getCurrentHIPStream(x.get_device()).stream();
+#endif
+  const int err = gpu(stream);
+  TORCH_CHECK(err == 0, msg(what, " kernel launch failed: ", error_string(err)));
+  (void)cols;
+  (void)cpu;
+#else
+  TORCH_CHECK(x.is_cpu(), msg("x: expected a CPU tensor, got device ", device_str(x)));
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, rows, grain, cpu);
+  (void)what;
+  (void)gpu;
+  (void)error_string;
+#endif
 }
 
 }  // namespace
