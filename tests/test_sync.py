@@ -91,8 +91,9 @@ def test_check_names_missing_changed_stale_and_unstamped_files(tmp_path):
     assert any(d.startswith("pkg-b/csrc/common/old.h: stale stamped copy") for d in problems)
     assert any(d.startswith("common/csrc/orphan.h: not stamped anywhere") for d in problems)
     assert len(problems) == 3
-    written, removed = sync.sync(root)
-    assert written == [copy] and removed == [stale]
+    written, found = sync.sync(root)
+    assert written == [copy] and found == [stale] and stale.exists(), "stale copies are only named"
+    assert sync.sync(root, prune=True) == ([], [stale]) and not stale.exists()
     (root / "common/csrc/orphan.h").unlink()
     assert described(root) == []
 

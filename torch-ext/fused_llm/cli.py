@@ -67,7 +67,7 @@ def check_cuda(names: list[str]) -> int:
     return 1 if failures else 0
 
 
-def sync_common(check: bool) -> int:
+def sync_common(check: bool, prune: bool = False) -> int:
     root = packages.repo_root()
     if check:
         problems = sync.check(root)
@@ -76,14 +76,18 @@ def sync_common(check: bool) -> int:
         if not problems:
             console.print(f"[green]in sync:[/] {len(sync.load_manifest(root))} stamped copies match common/")
         return 1 if problems else 0
-    written, removed = sync.sync(root)
+    written, stale = sync.sync(root, prune=prune)
     for path in written:
-        console.print(f"[green]stamped[/] {path.relative_to(root)}")
-    for path in removed:
-        console.print(f"[yellow]removed stale[/] {path.relative_to(root)}")
-    if not written and not removed:
+        console.print(f"[green]stamped[/] {path.relative_to(root)}", soft_wrap=True)
+    for path in stale:
+        if prune:
+            console.print(f"[yellow]removed stale[/] {path.relative_to(root)}", soft_wrap=True)
+        else:
+            console.print(f"[yellow]stale:[/] {path.relative_to(root)} carries the generated-file header but "
+                          f"common/manifest.toml does not list it: add its entry, or rerun with --prune", soft_wrap=True)
+    if not written and not stale:
         console.print("nothing to do: every stamped copy matches common/")
-    return 0
+    return 1 if stale and not prune else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p_sync = sub.add_parser("sync", help="stamp the shared sources of common/ into the packages (common/manifest.toml)")
     p_sync.add_argument("--check", action="store_true", help="change nothing; exit 1 naming every stamped copy that is out of date")
+    p_sync.add_argument("--prune", action="store_true", help="also delete stale stamped copies (the header, but no manifest entry)")
 
     p_demo = sub.add_parser("demo", help="build, kernelize a small Llama, compare with eager (and time it on a GPU)")
     p_demo.add_argument("--no-build", action="store_true", help="use the existing builds")
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench.main(args.package, args.rest)
         if args.command == "sync":
-            return sync_common(check=args.check)
+            return sync_common(check=args.check, prune=args.prune)
         if args.command == "demo":
             from . import demo
 

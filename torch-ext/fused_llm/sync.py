@@ -13,13 +13,14 @@ whose first line says where it comes from::
 repository root: each file keeps its name) or ``to`` (file paths relative to the root, for a
 single file stamped under per-package names).
 
-``fused-llm sync`` writes every stamped copy and removes stale ones (files that carry the
-header but are no longer in the manifest); ``fused-llm sync --check`` changes nothing and
-exits 1 naming every copy that differs from its source, is missing or is stale, every file of
-``common/`` that the manifest does not stamp, and every stamped C/C++ header that a build.toml
-section compiles (through ``#include "..."``) without listing it in that section's ``src``
-(kernel-builder hipifies and tracks only listed files). ``tests/test_sync.py`` runs the check,
-so CI fails on drift.
+``fused-llm sync`` writes every stamped copy that differs from its source and names the stale
+ones (files that carry the header but that the manifest does not list: a copy whose entry was
+removed, or one written by hand before its entry was added); ``--prune`` deletes those.
+``fused-llm sync --check`` changes nothing and exits 1 naming every copy that differs from its
+source, is missing or is stale, every file of ``common/`` that the manifest does not stamp,
+and every stamped C/C++ header that a build.toml section compiles (through ``#include "..."``)
+without listing it in that section's ``src`` (kernel-builder hipifies and tracks only listed
+files). ``tests/test_sync.py`` runs the check, so CI fails on drift.
 """
 
 from __future__ import annotations
@@ -137,8 +138,10 @@ def stamped_files(root: Path) -> list[Path]:
     return found
 
 
-def sync(root: Path) -> tuple[list[Path], list[Path]]:
-    """Write every stamped copy that differs; remove stale ones. Returns (written, removed)."""
+def sync(root: Path, prune: bool = False) -> tuple[list[Path], list[Path]]:
+    """Write every stamped copy that differs. Returns (written, stale); the stale copies are
+    deleted only with ``prune``: a file with the header that the manifest does not list may be
+    a colleague's new shared file whose entry is still to be added."""
     stamps = load_manifest(root)
     written = []
     for s in stamps:
@@ -148,10 +151,11 @@ def sync(root: Path) -> tuple[list[Path], list[Path]]:
             s.dest.write_text(text)
             written.append(s.dest)
     dests = {s.dest for s in stamps}
-    removed = [p for p in stamped_files(root) if p not in dests]
-    for p in removed:
-        p.unlink()
-    return written, removed
+    stale = [p for p in stamped_files(root) if p not in dests]
+    if prune:
+        for p in stale:
+            p.unlink()
+    return written, stale
 
 
 def check(root: Path) -> list[Problem]:
@@ -167,7 +171,7 @@ def check(root: Path) -> list[Problem]:
     dests = {s.dest for s in stamps}
     for p in stamped_files(root):
         if p not in dests:
-            problems.append(Problem(p, "stale stamped copy (not in common/manifest.toml): run `fused-llm sync`"))
+            problems.append(Problem(p, "stale stamped copy (not in common/manifest.toml): add its entry, or `fused-llm sync --prune`"))
     stamped_sources = {s.source for s in stamps}
     common = root / COMMON_DIR
     for p in sorted(common.rglob("*")):
@@ -200,6 +204,7 @@ def _include_closure(start: list[Path], include_dirs: list[Path], pkg: Path) -> 
 def check_build_sources(root: Path, dests: set[Path]) -> list[Problem]:
     """Every stamped C/C++ file that a build.toml section compiles must be in its ``src``."""
     problems = []
+    stamped = {d.resolve() for d in dests}
     for toml_path in sorted(root.glob("*/build.toml")):
         pkg = toml_path.parent.resolve()
         data = tomllib.loads(toml_path.read_text())
@@ -213,7 +218,7 @@ def check_build_sources(root: Path, dests: set[Path]) -> list[Problem]:
             incs = [pkg / d for d in table.get("include", [])] + torch_include
             reached = _include_closure([s for s in src if s.suffix in C_SUFFIXES], incs, pkg)
             for path in sorted(reached - src):
-                if path in {d.resolve() for d in dests}:
+                if path in stamped:
                     rel = path.relative_to(pkg).as_posix()
                     problems.append(Problem(toml_path, f"{label} compiles the stamped {rel} but its src does not list it"))
     return problems
