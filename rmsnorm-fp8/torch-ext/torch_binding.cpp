@@ -100,7 +100,7 @@ rn::RmsNormParams common_params(const at::Tensor& out, const at::Tensor& x,
   rn::RmsNormParams p;
   p.rows = x.size(0);
   p.hidden = x.size(1);
-  p.dtype = float_dtype_of<rn::DType>(x, "x");
+  p.dtype = float_dtype_of<fused_llm::DType>(x, "x");
   p.x = x.data_ptr();
   p.x_row_stride = x.stride(0);
   p.weight = weight.data_ptr();

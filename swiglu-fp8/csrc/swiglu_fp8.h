@@ -18,13 +18,8 @@
 namespace fused_llm {
 namespace swiglu_fp8 {
 
-// The element types, e4m3 formats, quantization modes and the dynamic-scale floor are shared
-// with rmsnorm-fp8 (common/kernel_types.h).
-using ::fused_llm::DType;
-using ::fused_llm::fp8_max_value;
-using ::fused_llm::Fp8Format;
-using ::fused_llm::kMinScaleFactor;
-using ::fused_llm::Quant;
+// DType, Fp8Format, Quant, kMinScaleFactor and fp8_max_value are fused_llm's, shared with
+// rmsnorm-fp8: common/kernel_types.h.
 
 enum class Activation : int32_t { kSilu = 0, kGeluTanh = 1, kGelu = 2 };
 

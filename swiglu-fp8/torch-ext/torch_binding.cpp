@@ -35,7 +35,7 @@ sg::SwigluParams common_params(const at::Tensor& out, const at::Tensor& x, int64
   sg::SwigluParams p;
   p.rows = x.size(0);
   p.d = d;
-  p.dtype = float_dtype_of<sg::DType>(x, "x");
+  p.dtype = float_dtype_of<fused_llm::DType>(x, "x");
   p.act = to_activation(activation);
   p.x = x.data_ptr();
   p.x_row_stride = x.stride(0);
@@ -56,7 +56,7 @@ sg::SwigluParams activation_params(const at::Tensor& out, const at::Tensor& x, i
   sg::SwigluParams p;
   p.rows = x.size(0);
   p.d = x.size(1);
-  p.dtype = float_dtype_of<sg::DType>(x, "x");
+  p.dtype = float_dtype_of<fused_llm::DType>(x, "x");
   p.act = to_activation(activation);
   p.gated = false;
   p.x = x.data_ptr();

@@ -2,6 +2,7 @@
 // per case (outputs, residual_out, scales) and the timing of a few shapes.
 #include "ab_common.h"
 #include "rmsnorm_fp8.h"
+using namespace fused_llm;  // DType, Quant, Fp8Format (common/kernel_types.h)
 using namespace fused_llm::rmsnorm_fp8;
 int main() {
   const int64_t rows_list[] = {1, 3, 64, 257, 2048};

@@ -1,6 +1,7 @@
 // swiglu-fp8 A/B: the same deterministic cases through swiglu_launch_gpu; one hash line per case.
 #include "ab_common.h"
 #include "swiglu_fp8.h"
+using namespace fused_llm;  // DType, Quant, Fp8Format (common/kernel_types.h)
 using namespace fused_llm::swiglu_fp8;
 int main() {
   const int64_t rows_list[] = {1, 3, 64, 257, 2048};

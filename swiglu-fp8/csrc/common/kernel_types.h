@@ -1,9 +1,9 @@
 // generated from common/csrc/kernel_types.h by `fused-llm sync`, do not edit
 // Framework-free types of the packages whose kernels write FP8 (rmsnorm-fp8, swiglu-fp8): the
-// element types, the e4m3 formats and the quantization modes of their parameter blocks. Each
-// package header re-exports them into its own namespace (`using ::fused_llm::Quant;` ...), so
-// callers keep writing `rmsnorm_fp8::Quant`. The integer values are part of the interface: the
-// GPU kernels take them as template arguments (fp8.cuh) and the bindings store them.
+// element types, the e4m3 formats and the quantization modes of their parameter blocks, in
+// namespace fused_llm (the packages' own namespaces nest in it, so their code names them
+// unqualified). The integer values are part of the interface: the GPU kernels take them as
+// template arguments (fp8.cuh).
 #pragma once
 
 #include <cstdint>
