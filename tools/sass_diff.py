@@ -26,6 +26,7 @@ cuobjdump comes from $CUDA_HOME/bin, PATH, or the copy Triton bundles.
 from __future__ import annotations
 
 import argparse
+import collections
 import difflib
 import io
 import os
@@ -163,6 +164,29 @@ def disassemble(cuobjdump: str, cubin: Path) -> dict[str, list[str]]:
     return {names[k]: v for k, v in funcs.items()}
 
 
+def opcode_delta(before: list[str], after: list[str]) -> dict[str, int]:
+    """after - before, per opcode (guard predicates dropped): empty when the two kernels hold
+    the same instructions in another order or with other registers."""
+    def counts(lines: list[str]) -> collections.Counter:
+        c: collections.Counter = collections.Counter()
+        for line in lines:
+            if line.startswith("resources:"):
+                continue
+            c[re.sub(r"^@!?U?P\w+\s+", "", line).split()[0].rstrip(";")] += 1
+        return c
+    b, a = counts(before), counts(after)
+    return {op: a[op] - b[op] for op in sorted(set(a) | set(b)) if a[op] != b[op]}
+
+
+def significant(op: str) -> bool:
+    """Opcodes that touch memory or other threads, branch, convert or do floating-point math:
+    a change in their count is more than scheduling or register allocation. HFMA2.MMA with zero
+    operands is ptxas's way to zero or move a register, like MOV / CS2R / IMAD.MOV."""
+    if op == "HFMA2.MMA":
+        return False
+    return bool(re.match(r"(LD|ST|ATOM|RED|SHFL|BAR|MEMBAR|BRA|EXIT|CALL|RET|F2|I2F|MUFU|H(ADD|MUL|FMA)2|F(ADD|MUL|FMA|MNMX|SETP|SEL))", op))
+
+
 def run(cmd: list[str]) -> str | None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     return None if proc.returncode == 0 else (proc.stdout + proc.stderr)[-4000:]
@@ -176,6 +200,7 @@ def main() -> int:
     parser.add_argument("--flags", choices=["build", "check", "both"], default="both")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--keep", help="keep the cubins and SASS listings in this directory")
+    parser.add_argument("--show-diff", type=int, default=0, metavar="N", help="print N lines of each changed kernel's diff")
     args = parser.parse_args()
 
     names = args.packages or [n for n in packages.kernel_packages()
@@ -225,10 +250,20 @@ def main() -> int:
                         print(f"  gone: {k}")
                     for k in new:
                         print(f"  new:  {k}")
+                    reordered = 0
                     for k in changed:
-                        diff = list(difflib.unified_diff(before[k], after[k], "before", "after", n=2, lineterm=""))
-                        print(f"  changed: {k} ({len(before[k]) - 1} -> {len(after[k]) - 1} instructions)")
-                        print("\n".join("    " + d for d in diff[:60]))
+                        delta = opcode_delta(before[k], after[k])
+                        res = "" if before[k][0] == after[k][0] else f"; {before[k][0]} -> {after[k][0]}"
+                        sig = {op: n for op, n in delta.items() if significant(op)}
+                        reordered += not delta and not res
+                        what = ("same instructions, other order / registers" if not delta
+                                else f"opcode counts {delta}" + (f", significant: {sig}" if sig else
+                                                                 " (integer / move idioms only)"))
+                        print(f"  changed: {k}: {len(before[k]) - 1} -> {len(after[k]) - 1} instructions, {what}{res}")
+                        if args.show_diff:
+                            diff = list(difflib.unified_diff(before[k], after[k], "before", "after", n=2, lineterm=""))
+                            print("\n".join("    " + d for d in diff[: args.show_diff]))
+                    print(f"  {reordered} of {len(changed)} changed kernels hold the same instructions (same resources)")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
