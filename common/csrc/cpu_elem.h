@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel_types.h"
 #include "numerics.h"
@@ -59,6 +60,20 @@ inline float dynamic_fp8_scale(const float* y, int64_t n, float scale_ub, float 
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(y[i]));
   if (scale_ub > 0.f) amax = std::min(amax, scale_ub);
   return std::max(amax / fp8_max, kMinScaleFactor / fp8_max);
+}
+
+// Calls f(std::integral_constant<DType, D>{}) with the runtime dtype as a constant (the CPU entry
+// points' one switch over element types).
+template <class F>
+void dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return f(std::integral_constant<DType, DType::kFloat32>{});
+    case DType::kFloat16:
+      return f(std::integral_constant<DType, DType::kFloat16>{});
+    case DType::kBFloat16:
+      return f(std::integral_constant<DType, DType::kBFloat16>{});
+  }
 }
 
 }  // namespace cpu

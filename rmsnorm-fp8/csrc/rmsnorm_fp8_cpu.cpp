@@ -83,11 +83,7 @@ void rows_impl(const RmsNormParams& p, int64_t row_begin, int64_t row_end) {
 }  // namespace
 
 void rms_norm_cpu(const RmsNormParams& p, int64_t row_begin, int64_t row_end) {
-  switch (p.dtype) {
-    case DType::kFloat32: return rows_impl<DType::kFloat32>(p, row_begin, row_end);
-    case DType::kFloat16: return rows_impl<DType::kFloat16>(p, row_begin, row_end);
-    case DType::kBFloat16: return rows_impl<DType::kBFloat16>(p, row_begin, row_end);
-  }
+  cpu::dispatch_dtype(p.dtype, [&](auto d) { rows_impl<decltype(d)::value>(p, row_begin, row_end); });
 }
 
 }  // namespace rmsnorm_fp8

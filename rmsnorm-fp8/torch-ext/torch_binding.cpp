@@ -253,11 +253,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "fused_add_rms_norm_dynamic_fp8(Tensor! out, Tensor! scales, Tensor! residual_out, "
       "Tensor x, Tensor residual, Tensor weight, float eps, int group_size, float? scale_ub) -> ()");
-#if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
-  const auto device = c10::kCUDA;  // ROCm registers under CUDA too
-#else
-  const auto device = c10::kCPU;
-#endif
+  const auto device = fused_llm::binding::kKernelDevice;
   ops.impl("rms_norm", device, &rms_norm);
   ops.impl("fused_add_rms_norm", device, &fused_add_rms_norm);
   ops.impl("rms_norm_alloc", device, &rms_norm_alloc);

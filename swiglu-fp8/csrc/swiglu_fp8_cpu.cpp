@@ -92,11 +92,7 @@ void rows_by_activation(const SwigluParams& p, int64_t row_begin, int64_t row_en
 }  // namespace
 
 void swiglu_cpu(const SwigluParams& p, int64_t row_begin, int64_t row_end) {
-  switch (p.dtype) {
-    case DType::kFloat32: return rows_by_activation<DType::kFloat32>(p, row_begin, row_end);
-    case DType::kFloat16: return rows_by_activation<DType::kFloat16>(p, row_begin, row_end);
-    case DType::kBFloat16: return rows_by_activation<DType::kBFloat16>(p, row_begin, row_end);
-  }
+  cpu::dispatch_dtype(p.dtype, [&](auto d) { rows_by_activation<decltype(d)::value>(p, row_begin, row_end); });
 }
 
 }  // namespace swiglu_fp8

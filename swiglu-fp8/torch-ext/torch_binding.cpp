@@ -110,11 +110,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "silu_and_mul_dynamic_fp8(Tensor! out, Tensor! scales, Tensor x, int group_size, "
       "float? scale_ub, int activation) -> ()");
-#if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
-  const auto device = c10::kCUDA;  // ROCm registers under CUDA too
-#else
-  const auto device = c10::kCPU;
-#endif
+  const auto device = fused_llm::binding::kKernelDevice;
   ops.impl("activation", device, &activation_only);
   ops.impl("silu_and_mul", device, &silu_and_mul);
   ops.impl("silu_and_mul_static_fp8", device, &silu_and_mul_static_fp8);

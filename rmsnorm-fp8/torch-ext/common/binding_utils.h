@@ -35,6 +35,14 @@ namespace fused_llm {
 namespace binding {
 namespace {
 
+// The dispatch key this build registers its kernels under (a ROCm build registers under CUDA,
+// as torch's HIP backend does).
+#if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
+constexpr c10::DeviceType kKernelDevice = c10::kCUDA;
+#else
+constexpr c10::DeviceType kKernelDevice = c10::kCPU;
+#endif
+
 inline std::string msg_part(const char* s) { return s; }
 inline std::string msg_part(const std::string& s) { return s; }
 inline std::string msg_part(std::string_view s) { return std::string(s); }
