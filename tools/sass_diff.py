@@ -258,7 +258,7 @@ def main() -> int:
                         reordered += not delta and not res
                         what = ("same instructions, other order / registers" if not delta
                                 else f"opcode counts {delta}" + (f", significant: {sig}" if sig else
-                                                                 " (integer / move idioms only)"))
+                                                                 " (integer and move instructions only)"))
                         print(f"  changed: {k}: {len(before[k]) - 1} -> {len(after[k]) - 1} instructions, {what}{res}")
                         if args.show_diff:
                             diff = list(difflib.unified_diff(before[k], after[k], "before", "after", n=2, lineterm=""))
