@@ -255,7 +255,7 @@ def test_binding_only_backend_jobs(monkeypatch, tmp_path):
     with pytest.raises(recorded):
         builder.build_package(pkg, "cpu")
     (cpu,) = jobs
-    assert [Path(s).name for s in cpu.sources] == ["torch_binding.cpp"] and not cpu.with_cuda
+    assert [Path(s).name for s in cpu.sources] == ["torch_binding.cpp", builder.GLIBCXX_COMPAT_NAME] and not cpu.with_cuda
     assert "-DCPU_KERNEL" in cpu.cflags
     if not HAS_CUTLASS:
         with pytest.raises(builder.BuildError, match="needs the nvidia-cutlass wheel"):
@@ -264,7 +264,7 @@ def test_binding_only_backend_jobs(monkeypatch, tmp_path):
     with pytest.raises(recorded):
         builder.build_package(pkg, "cuda")
     cuda = jobs[1]
-    assert [Path(s).name for s in cuda.sources] == ["torch_binding.cpp", "gated_mlp_sm80.cu", "gated_mlp_sm90.cu"]
+    assert [Path(s).name for s in cuda.sources] == ["torch_binding.cpp", "gated_mlp_sm80.cu", "gated_mlp_sm90.cu", builder.GLIBCXX_COMPAT_NAME]
     assert cuda.with_cuda
     assert [f for f in cuda.cuda_cflags if f.startswith("-gencode")] == builder.gencode_flags(["8.0", "9.0a"])[0]
     assert "--expt-relaxed-constexpr" in cuda.cuda_cflags

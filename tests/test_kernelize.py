@@ -100,11 +100,14 @@ def test_fused_decoder_families(model_type):
 
 
 @pytest.mark.kernels_ci
-def test_fused_decoder_compiles_fullgraph():
-    """torch.compile(fullgraph=True) of a kernelized model: no graph break, eager's logits."""
+@pytest.mark.parametrize("batch, length", [(2, 11), (1, 80)], ids=["fused layers", "layer's own forward"])
+def test_fused_decoder_compiles_fullgraph(batch, length):
+    """torch.compile(fullgraph=True) of a kernelized model: no graph break, eager's logits. At
+    >= decoder.COMPILED_ORIGINAL_MIN_TOKENS tokens the compiled layer is transformers' own."""
+    assert 2 * 11 < fused_llm.decoder.COMPILED_ORIGINAL_MIN_TOKENS <= 80
     eager = fused_llm.tiny_llama(DEVICE, torch.bfloat16)
     model = copy.deepcopy(eager)
-    tokens = torch.randint(0, model.config.vocab_size, (2, 11), device=DEVICE)
+    tokens = torch.randint(0, model.config.vocab_size, (batch, length), device=DEVICE)
     ref = _logits(eager, tokens)
     fused_llm.kernelize(model)
     torch._dynamo.reset()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU-machine session for the device tool: install the carried wheels, build the CUDA
 # variants, then run the requested stages. Logs go to $OUT (the device tool brings them back).
-#   bash tools/gpu-session.sh test sanitize demo bench-quick bench sm80
+#   bash tools/gpu-session.sh test sanitize demo bench-quick bench sm80 abi-check
+# abi-check needs Hugging Face's checker among the carried wheels:
+#   kernel_abi_check-0.14.1-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -34,5 +36,17 @@ for stage in "$@"; do
         FUSED_LLM_SKIP_BUILD=1 python3 -m pytest -q -x -p no:cacheprovider -o addopts="" --import-mode=importlib $pkg/tests 2>&1 | tee "/tmp/test-sm80-$pkg.log" | tail -2
         python3 -m fused_llm.cli build $pkg 2>&1 | tail -1
       done ;;
+    abi-check)  # Hugging Face's ABI check (manylinux_2_28, abi3) on the variants just built: the CUDA ones
+      python3 -m fused_llm.cli check-abi 2>&1 | tee "$OUT/abi-check.log"
+      echo "check-abi exit: ${PIPESTATUS[0]}" | tee -a "$OUT/abi-check.log"
+      # The evidence behind it: symbol versions and needed libraries of every .so.
+      if command -v objdump >/dev/null; then
+        for so in */build/*/*.so; do
+          echo "== $so"
+          objdump -T "$so" | grep -oE "\((GLIBC|GLIBCXX|CXXABI)_[0-9.]+\)" | sort -V | uniq -c
+          objdump -p "$so" | grep NEEDED
+        done >> "$OUT/abi-check.log" 2>&1
+      fi
+      ( gcc --version | head -1; ldd --version | head -1 ) >> "$OUT/abi-check.log" 2>&1 ;;
   esac
 done

@@ -131,7 +131,7 @@ def demangle(names: list[str]) -> dict[str, str]:
     and the package's own)."""
     if not names:
         return {}
-    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=False).stdout.splitlines()
     if len(out) != len(names):
         out = names
     strip = re.compile(r"(?:\(anonymous namespace\)|[A-Za-z_]\w*)::")
@@ -188,7 +188,7 @@ def significant(op: str) -> bool:
 
 
 def run(cmd: list[str]) -> str | None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     return None if proc.returncode == 0 else (proc.stdout + proc.stderr)[-4000:]
 
 

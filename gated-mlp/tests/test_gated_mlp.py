@@ -750,3 +750,46 @@ def test_compiled_build_variant_loads():
     assert rt.sm80_available() == rt.sm90_available() == (meta["backend"]["type"] == "cuda")
     if meta["backend"]["type"] == "cuda":
         assert meta["backend"]["archs"] == ["8.0+PTX", "9.0a"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Repeated call signatures: launch plans, the fast path of gated_mlp, CUDA graphs, streams
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+def test_repeated_calls_through_plans():
+    # The first call of a signature goes through the checks and the JIT and makes a plan; later
+    # ones (fresh x, same shapes) reuse it. Interleaved: an x 2 bytes into a buffer (another
+    # signature: no TMA, pointer loads), new weights at other addresses, a 3-D x.
+    D, U = (512, 384) if DEVICE == "cuda" else (64, 48)
+    for seed in range(4):
+        x, w_gate, w_up, _ = make_inputs(7, D, U, torch.bfloat16, seed=400 + (seed // 2))
+        x3 = x.view(1, 7, D)
+        if seed % 2:
+            x3 = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(1, 7, D)
+        for _ in range(2):
+            got = rt.gated_mlp(x3, w_gate, w_up)
+            assert got.shape == (1, 7, U)
+            assert_gated_close(got.view(7, U), reference(x, w_gate, w_up), f"seed {seed}")
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and streams")
+def test_cuda_graph_capture_and_side_stream():
+    x, w_gate, w_up, _ = make_inputs(1, 4096, 1024, torch.bfloat16, seed=410)
+    x = x.view(1, 1, 4096)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (makes the plan) on a non-default stream
+        for _ in range(3):
+            got = rt.gated_mlp(x, w_gate, w_up)
+    torch.cuda.current_stream().wait_stream(side)
+    assert_gated_close(got.view(1, -1), reference(x.view(1, -1), w_gate, w_up), "side stream")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = rt.gated_mlp(x, w_gate, w_up)
+    x.copy_(torch.randn(1, 1, 4096, device=DEVICE).to(x.dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_gated_close(captured.view(1, -1), reference(x.view(1, -1), w_gate, w_up), "graph replay")

@@ -210,10 +210,39 @@ at::Tensor rows_view(const at::Tensor& t, const char* name) {
   return t.view({-1, t.size(-1)});  // throws when the leading dimensions do not flatten
 }
 
+// The contiguous case without views or overlap checks (a fresh output overlaps nothing): each
+// at::Tensor::view is a dispatcher call, and decode calls these once per layer per token.
+bool flat_rows(const at::Tensor& t) { return t.dim() >= 1 && t.size(-1) >= 1 && t.is_contiguous(); }
+
+rn::RmsNormParams flat_params(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                              double eps) {
+  const int64_t hidden = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden, msg("weight: expected shape [hidden]"));
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), msg("weight: expected x's dtype"));
+  TORCH_CHECK(weight.device() == x.device(), msg("weight: expected x's device"));
+  TORCH_CHECK(weight.is_contiguous(), msg("weight: must be contiguous"));
+  rn::RmsNormParams p;
+  p.rows = x.numel() / hidden;
+  p.hidden = hidden;
+  p.dtype = float_dtype_of<fused_llm::DType>(x, "x");
+  p.x = x.data_ptr();
+  p.x_row_stride = hidden;
+  p.weight = weight.data_ptr();
+  p.eps = static_cast<float>(eps);
+  p.out = out.data_ptr();
+  p.out_row_stride = hidden;
+  return p;
+}
+
 }  // namespace
 
 at::Tensor rms_norm_alloc(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(eps >= 0, msg("eps: expected a float >= 0"));
+  if (flat_rows(x)) {
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    launch(flat_params(out, x, weight, eps), x);
+    return out;
+  }
   const at::Tensor x2 = rows_view(x, "x");
   at::Tensor out = at::empty(x.sizes(), x.options());
   at::Tensor o2 = out.view({-1, x.size(-1)});
@@ -226,6 +255,20 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_alloc(const at::Tensor& x,
                                                            const at::Tensor& weight, double eps) {
   TORCH_CHECK(eps >= 0, msg("eps: expected a float >= 0"));
   TORCH_CHECK(residual.sizes() == x.sizes(), msg("residual: expected x's shape"));
+  if (flat_rows(x) && residual.is_contiguous()) {
+    TORCH_CHECK(residual.scalar_type() == x.scalar_type(), msg("residual: expected x's dtype"));
+    TORCH_CHECK(residual.device() == x.device(), msg("residual: expected x's device"));
+    at::Tensor out = at::empty(x.sizes(), x.options());
+    at::Tensor residual_out = at::empty(x.sizes(), x.options());
+    auto p = flat_params(out, x, weight, eps);
+    const int64_t hidden = x.size(-1);
+    p.residual = residual.data_ptr();
+    p.residual_row_stride = hidden;
+    p.residual_out = residual_out.data_ptr();
+    p.residual_out_row_stride = hidden;
+    launch(p, x);
+    return {out, residual_out};
+  }
   const at::Tensor x2 = rows_view(x, "x");
   const at::Tensor r2 = rows_view(residual, "residual");
   at::Tensor out = at::empty(x.sizes(), x.options());

@@ -36,7 +36,7 @@ VARIANTS = {  # how the RMSNorm weight and sum(x^2) are handled (see the kernel'
 }
 
 
-# The second sweep's candidates (the first, results/tune_projection_heads_sweep1_*, also had
+# The second sweep's candidates (the first, docs/rope-triton-projection-prefill.md, also had
 # 128 x (1 or 2 heads) in 4 or 8 warps and GROUP_M 8, all slower than 64 x 2 heads, 4 warps):
 WHOLE_HEAD_TILES = ((64, 2, 4), (64, 1, 4), (64, 4, 8), (64, 2, 8))  # (BLOCK_M, HEADS, num_warps)
 WHOLE_HEAD_STAGES = (4, 5)

@@ -603,3 +603,57 @@ def test_torch_compile_fullgraph_projection():
     compiled = torch.compile(block, fullgraph=True, dynamic=False)
     for got, expected in zip(compiled(x, cos, sin), block(x, cos, sin)):
         torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Repeated call signatures: launch plans, the fast path of apply_rotary_transformers, CUDA graphs
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_repeated_calls_match_transformers(unsqueeze_dim):
+    # The first call of a signature goes through the checks and the JIT and makes a plan; the
+    # later ones (fresh tensors, same shapes) reuse it. An unaligned view (another signature:
+    # Triton specializes pointers on 16-byte alignment) and a decode-shaped call interleave.
+    layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
+    dtype = torch.bfloat16
+    for seed in range(4):
+        for B, S in ((1, 1), (2, 5)):
+            q, k = make_qk(B, S, 8, 2, 128, dtype, layout, seed=100 + seed)
+            if seed % 2:  # q, k start 2 bytes into a buffer: not 16-byte aligned
+                q = torch.cat([q.new_zeros(1), q.flatten()])[1:].view(q.shape)
+            cos, sin = _hf_tables(B, S, 128, dtype, seed=200 + seed)
+            expected = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+            got = rt.apply_rotary_transformers(q, k, cos, sin, unsqueeze_dim)
+            for g, e in zip(got, expected):
+                if TRUNCATES_BF16:
+                    torch.testing.assert_close(g, e, rtol=rtol_of(dtype) * 2, atol=rtol_of(dtype) * 4)
+                else:
+                    assert torch.equal(g, e)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and streams")
+def test_cuda_graph_capture_and_side_stream():
+    dtype = torch.bfloat16
+    q, k = make_qk(1, 1, 32, 8, 128, dtype, "bshd", seed=300)
+    cos, sin = _hf_tables(1, 1, 128, dtype, seed=301)
+    expected = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (makes the plan) on a non-default stream
+        for _ in range(3):
+            got = rt.apply_rotary_transformers(q, k, cos, sin, 2)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = rt.apply_rotary_transformers(q, k, cos, sin, 2)
+    new_q, new_k = make_qk(1, 1, 32, 8, 128, dtype, "bshd", seed=302)
+    q.copy_(new_q)
+    k.copy_(new_k)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+    assert torch.equal(captured[0], expected[0]) and torch.equal(captured[1], expected[1])

@@ -632,6 +632,8 @@ def _opcheck_cases():
     return {
         "activation": (ops.activation, (torch.empty(5, 256, dtype=x.dtype, device=DEVICE), x, 0)),
         "silu_and_mul": (ops.silu_and_mul, (torch.empty(5, 128, dtype=x.dtype, device=DEVICE), x, 1)),
+        # the allocating form behind the Python API's common case ([..., 2d], contiguous)
+        "silu_and_mul_alloc": (ops.silu_and_mul_alloc, (x.view(1, 5, 256), 0)),
         "silu_and_mul_static_fp8": (ops.silu_and_mul_static_fp8, (fp8(), x, s, 2)),
         "silu_and_mul_dynamic_fp8_token": (
             ops.silu_and_mul_dynamic_fp8,
@@ -740,3 +742,38 @@ def test_bare_activation_layers(dtype):
         xt = x.transpose(0, 2)
         assert torch.equal(layer(xt), eager(xt))
         assert torch.equal(layer(x.double()), eager(x.double()))
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "gelu"])
+def test_silu_and_mul_alloc_matches_the_checked_path(activation):
+    # The allocating C++ op (taken by silu_and_mul for contiguous x) and the checked Python path
+    # (out given) give the same bits, at a 3-D shape and with zero rows.
+    for shape in ((2, 3, 512), (0, 256), (1, 2)):
+        x = torch.randn(shape, dtype=torch.bfloat16, device=DEVICE)
+        fast = swiglu_fp8.silu_and_mul(x, activation=activation)
+        checked = torch.full((*shape[:-1], shape[-1] // 2), float("nan"), dtype=x.dtype, device=DEVICE)
+        swiglu_fp8.silu_and_mul(x, activation=activation, out=checked)
+        assert fast.shape == checked.shape
+        torch.testing.assert_close(fast, checked, rtol=0, atol=0)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and streams")
+def test_cuda_graph_capture_and_side_stream():
+    # silu_and_mul's allocating path on a non-default stream and inside a captured CUDA graph
+    # replayed on new inputs gives the bits of the same call on the default stream.
+    x = make_x(1, 14336, torch.bfloat16, seed=77).view(1, 1, -1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = swiglu_fp8.silu_and_mul(x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, swiglu_fp8.silu_and_mul(x))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = swiglu_fp8.silu_and_mul(x)
+    x.copy_(make_x(1, 14336, torch.bfloat16, seed=78).view(1, 1, -1))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, swiglu_fp8.silu_and_mul(x))

@@ -12,6 +12,9 @@ void activation_only(at::Tensor& out, const at::Tensor& x, int64_t activation);
 
 void silu_and_mul(at::Tensor& out, const at::Tensor& x, int64_t activation);
 
+// silu_and_mul allocating its [..., d] output, for a contiguous x (see torch_binding.cpp).
+at::Tensor silu_and_mul_alloc(const at::Tensor& x, int64_t activation);
+
 void silu_and_mul_static_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& scale,
                              int64_t activation);
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .integration import LAYERS, MODEL_PRESETS, KernelizeReport, build_model, kernel_mapping, kernelize, tiny_llama, tiny_model
 from .packages import get_kernel, kernel_packages
+from .transformers_config import kernel_config
 
-__all__ = ["LAYERS", "MODEL_PRESETS", "KernelizeReport", "build_model", "tiny_model", "get_kernel", "kernel_mapping", "kernel_packages", "kernelize", "tiny_llama"]
+__all__ = ["LAYERS", "MODEL_PRESETS", "KernelizeReport", "build_model", "tiny_model", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize", "tiny_llama"]
 __version__ = "0.1.0"

@@ -8,11 +8,17 @@ peer users pick instead; Llama only). For each:
 * prefill tokens/s at (1, 512), (1, 2048), (4, 2048): ``model(ids, use_cache=False,
   logits_to_keep=1)``, eager and ``torch.compile(dynamic=False)``; median of CUDA-event timings;
 * decode ms/step at batch 1, 8, 32 after a 512-token prompt: ``generate`` with the dynamic
-  cache (eager forward) and with ``cache_implementation="static"`` (transformers compiles the
-  forward, CUDA graphs included); a step = (time of N2 new tokens - time of N1) / (N2 - N1);
+  cache (eager forward) and with a static cache (transformers compiles the forward, CUDA
+  graphs included); a step = (time of N2 new tokens - time of N1) / (N2 - N1). Dynamic cache:
+  the models take turns, round after round, and each model's figure is the median over the
+  rounds (this host's host-bound timings drift by tens of percent over a minute). Static: one
+  ``StaticCache`` per model and batch, sized for N2, reset before each run, so both lengths
+  replay the same compiled graph (a cache sized per length recompiled for each);
 * host time of one decode step (the forward's wall time without a synchronization, the GPU
-  idle before it), peak memory of the (4, 2048) prefill, top-1 agreement of the logits with
-  eager on random tokens next to the noise floor (compiled eager against eager);
+  idle before it), peak memory of the (4, 2048) prefill;
+* top-1 agreement of the logits with eager on 16 x 512 random tokens next to the noise floor
+  (compiled eager against eager), with its binomial standard error, and each model's
+  agreement with the same model in fp32 (which of them is closer to the exact computation);
 * host time per call of each op on the kernelize path at decode shapes, next to one
   ``torch.add`` of the same input (measured in the same run).
 
@@ -22,6 +28,7 @@ Writes JSON, CSV and a PNG with the GPU, date and versions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import datetime
@@ -39,6 +46,9 @@ from . import integration, packages
 PREFILL = [(1, 512), (1, 2048), (4, 2048)]
 DECODE_BATCHES = [1, 8, 32]
 PROMPT = 512
+# Top-1 agreement over 16 x 512 positions: a standard error of ~0.3 points (at 2 x 512 it was
+# ~1.3, as large as the differences between the models it compares).
+AGREEMENT_BATCH = 16
 
 
 def _sync() -> None:
@@ -65,11 +75,37 @@ def _prefill(model, ids):
         return model(ids, use_cache=False, logits_to_keep=1)
 
 
-def _generate_ms(model, prompt, new_tokens: int, static: bool) -> float:
+# Module globals a model needs set while it runs (name -> {module: {attribute: value}}). Liger's
+# apply_liger_kernel_to_llama(model=...) patches the instance's modules but also replaces
+# modeling_llama.apply_rotary_pos_emb process-wide, which every Llama in the process then calls:
+# left in place, the "not kernelized" model would run Liger's rope too. run() puts transformers'
+# function back and gives Liger's to the Liger model only, through this table.
+_GLOBALS: dict[str, dict] = {}
+
+
+@contextlib.contextmanager
+def _running(name: str):
+    """Set the module globals of model ``name`` for the duration (see _GLOBALS)."""
+    saved = []
+    for module, attrs in _GLOBALS.get(name, {}).items():
+        for attr, value in attrs.items():
+            saved.append((module, attr, getattr(module, attr)))
+            setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        for module, attr, value in reversed(saved):
+            setattr(module, attr, value)
+
+
+def _generate_ms(model, prompt, new_tokens: int, cache=None) -> float:
+    """Wall time of one ``generate``; ``cache``: a StaticCache (reset first), else the dynamic cache."""
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    if static:
-        kwargs["cache_implementation"] = "static"
+    if cache is not None:
+        kwargs["past_key_values"] = cache
     with torch.inference_mode():
+        if cache is not None:
+            cache.reset()  # its tensors were made under inference mode
         _sync()
         t0 = time.perf_counter()
         model.generate(prompt, **kwargs)
@@ -77,15 +113,38 @@ def _generate_ms(model, prompt, new_tokens: int, static: bool) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def decode_ms_per_step(model, prompt, static: bool, n1: int, n2: int) -> float:
+def _step_ms(model, prompt, n1: int, n2: int, cache=None) -> float:
     """Decode time per token: the difference of two generate lengths, so the prefill and the
-    fixed cost of generate cancel. Two warm-ups each (the static cache compiles on the first)."""
-    for n in (n1, n2):
-        _generate_ms(model, prompt, n, static)
-        _generate_ms(model, prompt, n, static)
-    t1 = min(_generate_ms(model, prompt, n1, static) for _ in range(2))
-    t2 = min(_generate_ms(model, prompt, n2, static) for _ in range(2))
+    fixed cost of generate cancel."""
+    t1 = _generate_ms(model, prompt, n1, cache)
+    t2 = _generate_ms(model, prompt, n2, cache)
     return (t2 - t1) / (n2 - n1)
+
+
+def decode_dynamic_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> dict[str, float]:
+    """ms per step of each model with the dynamic cache: one warm-up each, then ``rounds``
+    rounds in which every model runs in turn; the median over rounds."""
+    for name, model in models.items():
+        with _running(name):
+            _step_ms(model, prompt, n1, n2)
+    steps: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            with _running(name):
+                steps[name].append(_step_ms(model, prompt, n1, n2))
+    return {name: statistics.median(v) for name, v in steps.items()}
+
+
+def decode_static_ms(model, prompt, n1: int, n2: int, rounds: int) -> float:
+    """ms per step with a static cache (transformers compiles the decode forward and captures
+    it in CUDA graphs): one cache sized for n2 serves both lengths; two warm-ups (the first
+    compiles), then the median over ``rounds``."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + n2 + 1)
+    for _ in range(2):
+        _step_ms(model, prompt, n1, n2, cache)
+    return statistics.median(_step_ms(model, prompt, n1, n2, cache) for _ in range(rounds))
 
 
 def decode_host_ms(model, batch: int, vocab: int, device) -> float:
@@ -107,10 +166,15 @@ def decode_host_ms(model, batch: int, vocab: int, device) -> float:
     return statistics.median(times[2:])
 
 
-def top1_agreement(model, ref_logits, ids) -> float:
+def top1(model, ids) -> torch.Tensor:
     with torch.inference_mode():
-        logits = model(ids).logits
-    return (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
+        return model(ids).logits.argmax(-1)
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """Share of positions whose top-1 token agrees, with its binomial standard error."""
+    p = (a == b).float().mean().item()
+    return dict(agreement=round(p, 4), stderr=round((p * (1 - p) / a.numel()) ** 0.5, 4), positions=a.numel())
 
 
 def op_host_us(dtype: torch.dtype, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> dict[str, float]:
@@ -169,9 +233,16 @@ def run(args) -> dict:
         try:
             from liger_kernel.transformers import apply_liger_kernel_to_llama
 
+            from transformers.models.llama import modeling_llama
+
             liger = copy.deepcopy(eager)
+            patched = {modeling_llama: {"apply_rotary_pos_emb": modeling_llama.apply_rotary_pos_emb}}
             apply_liger_kernel_to_llama(model=liger, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                         fused_linear_cross_entropy=False)
+            _GLOBALS["liger"] = {m: {a: getattr(m, a) for a in attrs} for m, attrs in patched.items()}
+            for module, attrs in patched.items():  # transformers' own for every other model
+                for attr, value in attrs.items():
+                    setattr(module, attr, value)
             models["liger"] = liger
         except ImportError:
             console.print("liger-kernel not installed: no Liger column")
@@ -179,9 +250,14 @@ def run(args) -> dict:
     batches = DECODE_BATCHES[:2] if args.quick else DECODE_BATCHES
     n1, n2 = (8, 24) if args.quick else (16, 64)
     reps = 5 if args.quick else 10
-    stages = [s for s in ("prefill", "decode") if args.only in (None, s)]
+    rounds = 3 if args.quick else 5
+    stages = [args.only] if args.only else ["prefill", "decode"]
+    decode_settings = 2 if "decode" in stages else int(bool({"decode-dynamic", "decode-static"} & set(stages)))
     rows: list[dict] = []
-    total = len(models) * (2 * len(prefill) * ("prefill" in stages) + 2 * len(batches) * ("decode" in stages))
+    total = len(models) * (2 * len(prefill) * ("prefill" in stages) + decode_settings * len(batches))
+    # Three models x three batch sizes of static-cache decode, and prefill shapes: more graphs
+    # than dynamo's default of 8 per code object, after which it silently runs eagerly.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     gen = torch.Generator(device="cpu").manual_seed(0)
     with Progress(console=console) as progress:
         task = progress.add_task("e2e", total=total)
@@ -192,7 +268,8 @@ def run(args) -> dict:
                     for batch, seq in prefill:
                         ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
                         torch.cuda.reset_peak_memory_stats()
-                        ms = _median_ms(lambda: _prefill(runner, ids), 3, reps)
+                        with _running(name):
+                            ms = _median_ms(lambda r=runner, i=ids: _prefill(r, i), 3, reps)
                         rows.append(dict(stage="prefill", setting="compiled" if compiled else "eager", model=name,
                                          batch=batch, tokens=seq, ms=ms, tokens_per_s=batch * seq / ms * 1e3,
                                          peak_mib=torch.cuda.max_memory_allocated() / 2**20))
@@ -200,27 +277,43 @@ def run(args) -> dict:
                     del runner
                     torch._dynamo.reset()
                     gc.collect()
-        if "decode" in stages:
-            for static in (False, True):
-                for name, model in models.items():
-                    for batch in batches:
-                        prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), generator=gen).to(device)
-                        ms = decode_ms_per_step(model, prompt, static, n1, n2)
-                        row = dict(stage="decode", setting="static-cache generate" if static else "dynamic-cache generate",
-                                   model=name, batch=batch, tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3)
-                        if not static:
-                            row["host_ms"] = decode_host_ms(model, batch, cfg.vocab_size, device)
-                        rows.append(row)
-                        progress.advance(task)
-                    if hasattr(model, "_compiled_call"):
-                        del model._compiled_call
-                    torch._dynamo.reset()
-                    gc.collect()
-    ids = torch.randint(0, cfg.vocab_size, (2, 512), generator=gen).to(device)
-    with torch.inference_mode():
-        ref = eager(ids).logits
-    agreement = {name: top1_agreement(m, ref, ids) for name, m in models.items() if name != "eager"}
-    agreement["compiled eager (noise floor)"] = top1_agreement(torch.compile(eager, dynamic=False), ref, ids)
+        if "decode" in stages or "decode-dynamic" in stages:
+            for batch in batches:
+                prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), generator=gen).to(device)
+                for name, ms in decode_dynamic_ms(models, prompt, n1, n2, rounds).items():
+                    with _running(name):
+                        host_ms = decode_host_ms(models[name], batch, cfg.vocab_size, device)
+                    rows.append(dict(stage="decode", setting="dynamic-cache generate", model=name, batch=batch,
+                                     tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3, host_ms=host_ms))
+                    progress.advance(task)
+        if "decode" in stages or "decode-static" in stages:
+            for name, model in models.items():
+                for batch in batches:
+                    prompt = torch.randint(0, cfg.vocab_size, (batch, PROMPT), generator=gen).to(device)
+                    with _running(name):
+                        ms = decode_static_ms(model, prompt, n1, n2, rounds)
+                    rows.append(dict(stage="decode", setting="static-cache generate", model=name, batch=batch,
+                                     tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3))
+                    progress.advance(task)
+                if hasattr(model, "_compiled_call"):
+                    del model._compiled_call
+                torch._dynamo.reset()
+                gc.collect()
+    ids = torch.randint(0, cfg.vocab_size, (AGREEMENT_BATCH, 512), generator=gen).to(device)
+    tops = {}
+    for name, m in models.items():
+        with _running(name):
+            tops[name] = top1(m, ids)
+    tops["compiled eager (noise floor)"] = top1(torch.compile(eager, dynamic=False), ids)
+    torch._dynamo.reset()
+    agree = {name: agreement(t, tops["eager"]) for name, t in tops.items() if name != "eager"}
+    # Against the exact computation: the same weights in fp32 (eager, without our kernels).
+    exact = copy.deepcopy(eager).float()
+    exact_top = top1(exact, ids)
+    del exact
+    gc.collect()
+    torch.cuda.empty_cache()
+    agree_fp32 = {name: agreement(t, exact_top) for name, t in tops.items()}
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     ops = op_host_us(dtype, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
     import kernels
@@ -231,8 +324,9 @@ def run(args) -> dict:
         gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
         versions=dict(torch=torch.__version__, triton=triton.__version__, transformers=transformers.__version__,
                       kernels=kernels.__version__, python=platform.python_version()),
-        model=args.model, layers=args.layers, dtype=args.dtype, quick=args.quick,
-        kernelize_report=str(report), rows=rows, top1_agreement=agreement, op_host_us=ops,
+        model=args.model, layers=args.layers, dtype=args.dtype, quick=args.quick, only=args.only,
+        kernelize_report=str(report), rows=rows, top1_agreement=agree, top1_agreement_with_fp32=agree_fp32,
+        op_host_us=ops,
     )
 
 
@@ -257,7 +351,8 @@ def ratios(result: dict) -> list[dict]:
 def write(result: dict, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = result["gpu"].replace(" ", "-")
-    stem = out_dir / f"e2e_{result['model']}{result['layers']}L_{result['dtype']}{'_quick' if result['quick'] else ''}_{gpu}"
+    part = f"_{result['only']}" if result.get("only") else ""
+    stem = out_dir / f"e2e_{result['model']}{result['layers']}L_{result['dtype']}{'_quick' if result['quick'] else ''}{part}_{gpu}"
     result["ratios"] = ratios(result)
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     with stem.with_suffix(".csv").open("w", newline="") as f:
@@ -304,6 +399,7 @@ def print_summary(result: dict) -> None:
                       f"{r.get('liger_ms', float('nan')):.3f}", f"{r.get('vs_liger', float('nan')):.3f}")
     console.print(table)
     console.print("top-1 agreement with eager:", result["top1_agreement"])
+    console.print("top-1 agreement with the fp32 model:", result.get("top1_agreement_with_fp32"))
     add = result["op_host_us"]["torch.add"]
     console.print("host us per call:", {k: f"{v:.1f} ({v / add:.2f}x torch.add)" for k, v in result["op_host_us"].items()})
     host = {(r["model"], r["batch"]): r["host_ms"] for r in result["rows"] if "host_ms" in r}
@@ -317,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--quick", action="store_true", help="fewer shapes and steps (about 2 minutes)")
-    parser.add_argument("--only", choices=["prefill", "decode"], help="one stage")
+    parser.add_argument("--only", choices=["prefill", "decode", "decode-dynamic", "decode-static"],
+                        help="one stage (a full run takes longer than one 10-minute GPU call: split it)")
     parser.add_argument("--no-liger", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
     args = parser.parse_args(argv)

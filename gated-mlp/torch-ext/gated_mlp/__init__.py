@@ -37,6 +37,7 @@ import torch
 
 from . import _reference, layers
 from ._light_ops import define_op
+from ._triton_launch import SignatureTable
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -159,6 +160,22 @@ def _require_compiled(impl: str, x: torch.Tensor) -> None:
         raise ValueError(f"impl: 'sm90' needs a GPU of capability 9.0 (Hopper; built for sm_90a), got {major}.{minor}")
 
 
+def _run_gated_mlp_planned(out, x, w_gate, w_up, bias_gate, bias_up, activation, impl="auto"):
+    """_run_gated_mlp, returning the Triton launch plan it used (None for any other path)."""
+    if impl == "auto":
+        impl = _auto_impl(x, w_gate, w_up)
+    if impl in COMPILED_IMPLS:
+        _require_compiled(impl, x)
+        getattr(ops, f"gated_mlp_{impl}")(out, x, w_gate, w_up, bias_gate, bias_up, activation)
+    elif impl not in IMPLS:
+        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    elif triton_enabled_for(x):
+        return _triton_kernels().launch_gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation)
+    else:
+        _reference.gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation)
+    return None
+
+
 def _run_gated_mlp(
     out: torch.Tensor,
     x: torch.Tensor,
@@ -171,17 +188,27 @@ def _run_gated_mlp(
 ) -> None:
     """x [M, D], w_gate / w_up [U, D], biases [U] or None; writes out [M, U]. ``impl``: see
     :data:`IMPLS` (the choice is made here, on real tensors: pointer alignment is known)."""
-    if impl == "auto":
-        impl = _auto_impl(x, w_gate, w_up)
-    if impl in COMPILED_IMPLS:
-        _require_compiled(impl, x)
-        getattr(ops, f"gated_mlp_{impl}")(out, x, w_gate, w_up, bias_gate, bias_up, activation)
-    elif impl not in IMPLS:
-        raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-    elif triton_enabled_for(x):
-        _triton_kernels().launch_gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation)
-    else:
-        _reference.gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation)
+    _run_gated_mlp_planned(out, x, w_gate, w_up, bias_gate, bias_up, activation, impl)
+
+
+# Call signatures of gated_mlp (no biases) that reached a Triton launch plan: a repeated one
+# (decode: every layer, every token) skips the checks, the impl choice, the reshapes and the
+# plan's own key (on the H100 host the call went from 47 us to ~16). The key holds everything
+# those depend on: x's shape, strides, dtype, device and 16-byte alignment, each weight's shape,
+# strides, dtype, device and address (the plan keeps the weights' descriptors), activation, impl.
+_FAST_CALLS = SignatureTable()
+
+
+def _gated_call_key(x, w_gate, w_up, activation, impl):
+    try:
+        return (
+            x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() % 16,
+            w_gate.shape, w_gate.stride(), w_gate.dtype, w_gate.get_device(), w_gate.data_ptr(),
+            w_up.shape, w_up.stride(), w_up.dtype, w_up.get_device(), w_up.data_ptr(),
+            activation, impl,
+        )  # fmt: skip
+    except AttributeError:  # not tensors: the full path says what is wrong
+        return None
 
 
 def _gated_mlp_fp8_op(out, x, w_gate, w_up, x_scale, w_gate_scale, w_up_scale, bias_gate, bias_up, out_scale, activation) -> None:
@@ -295,6 +322,21 @@ def gated_mlp(
     0) or ``"sm90"`` (capability 9.0 only). The compiled kernels copy x when its rows are not
     16-byte aligned.
     Returns ``[..., U]``."""
+    key = None
+    if (
+        bias_gate is None
+        and bias_up is None
+        and isinstance(activation, str)
+        and isinstance(impl, str)
+        and not torch.compiler.is_compiling()
+    ):
+        key = _gated_call_key(x, w_gate, w_up, activation, impl)
+        fast = _FAST_CALLS.get(key) if key is not None else None
+        if fast is not None:
+            plan, out_shape = fast
+            out = x.new_empty(out_shape)
+            plan(x, None, None, out, None, None)
+            return out
     _check_tensor(x, "x")
     if x.dim() < 1:
         raise ValueError(f"x: expected shape [..., D], got {tuple(x.shape)}")
@@ -314,8 +356,13 @@ def gated_mlp(
     if impl in COMPILED_IMPLS and not _rows_ready(x2):
         x2 = x2.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
     out = torch.empty((x2.shape[0], U), dtype=x.dtype, device=x.device)
-    run = ops.gated_mlp if torch.compiler.is_compiling() else _run_gated_mlp
-    run(out, x2, w_gate, w_up, bias_gate, bias_up, activation, impl)
+    if torch.compiler.is_compiling():
+        ops.gated_mlp(out, x2, w_gate, w_up, bias_gate, bias_up, activation, impl)
+        return out.view(*x.shape[:-1], U)
+    plan = _run_gated_mlp_planned(out, x2, w_gate, w_up, bias_gate, bias_up, activation, impl)
+    if plan is not None and key is not None and x.is_contiguous():
+        # x2 is then a view of x, and x.new_empty(shape) lays the output out as out is.
+        _FAST_CALLS.put(key, (plan, (*x.shape[:-1], U)))
     return out.view(*x.shape[:-1], U)
 
 

@@ -330,14 +330,17 @@ class _GatedPlan:
     """A launch plan of `_gated_mlp_kernel` plus what a call builds around it: x's descriptor
     (TMA), the K-split partials, the weights' cached descriptors (or addresses)."""
 
-    __slots__ = ("launch", "weights", "x_block", "part_shape", "counters")
+    __slots__ = ("launch", "weights", "x_block", "x_shape", "x_strides", "part_shape", "counters")
 
-    def __init__(self, launch, weights, x_block, part_shape, counters):
+    def __init__(self, launch, weights, x_block, x_shape, x_strides, part_shape, counters):
         self.launch, self.weights, self.x_block = launch, weights, x_block
+        self.x_shape, self.x_strides = x_shape, x_strides  # x as [M, K] (the key fixes both)
         self.part_shape, self.counters = part_shape, counters
 
     def __call__(self, x, bias_gate, bias_up, out, scales, out_scale) -> None:
-        xa = x if self.x_block is None else HostDescriptor(x, x.shape, x.stride(), self.x_block)
+        """x: [M, K] as planned, or any tensor with the same memory layout (x before its
+        reshape to [M, K]); out likewise."""
+        xa = x if self.x_block is None else HostDescriptor(x, self.x_shape, self.x_strides, self.x_block)
         if self.part_shape is not None:
             part, counters = torch.empty(self.part_shape, dtype=torch.float32, device=x.device), self.counters
         else:
@@ -372,21 +375,21 @@ def launch_gated_mlp(
     cfg: dict | None = None,
     scales: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     out_scale: torch.Tensor | None = None,
-) -> None:
+) -> "_GatedPlan | None":
     """x [M, K], w_gate / w_up [N, K] (unit last strides, any row strides), biases [N] or None,
     out [M, N] (unit last stride). FP8 x / W: ``scales`` = (x_scale [1] or [M], w_gate_scale
     and w_up_scale [1] or [N]), fp32; ``out_scale`` [1] when out is FP8. ``cfg``:
     `gated_mlp_config`'s form plus an optional ``USE_TMA``, to override the choice (tuning,
-    tests)."""
+    tests). Returns the launch plan of this call signature, or None when it has none."""
     M, K = x.shape
     N = w_gate.shape[0]
     if M == 0 or N == 0:
-        return
+        return None
     if K == 0:  # an empty sum: act(b_g) * b_u (quantized as asked), or zeros
         from ._reference import gated_mlp
 
         gated_mlp(x, w_gate, w_up, bias_gate, bias_up, out, activation, scales, out_scale)
-        return
+        return None
     has_bias = bias_gate is not None
     quant_out = out.element_size() == 1
     # A launch plan per call signature (see _triton_launch): the configuration, the weights'
@@ -396,6 +399,7 @@ def launch_gated_mlp(
     key = None
     if cfg is None and x.is_cuda:
         key = (
+            x.get_device(),  # a plan launches on the GPU it was made on (its SM count picked the tiles)
             x.shape, x.stride(), w_gate.shape, w_gate.stride(), w_up.stride(), out.stride(), x.dtype, out.dtype,
             w_gate.data_ptr(), w_up.data_ptr(), activation,
             None if not has_bias else (bias_gate.dtype, bias_up.dtype),
@@ -405,7 +409,7 @@ def launch_gated_mlp(
         plan = _GATED_PLANS.get(key)
         if plan is not None:
             plan(x, bias_gate, bias_up, out, scales, out_scale)
-            return
+            return plan
     fp8 = x.element_size() == 1
     cfg = dict(cfg) if cfg is not None else {}
     tma = cfg.pop("USE_TMA", None)
@@ -461,5 +465,8 @@ def launch_gated_mlp(
              HostDescriptor(Address(w_up), ua.shape, ua.strides, ua.block_shape))
             if tma else (w_gate.data_ptr(), w_up.data_ptr())
         )  # fmt: skip
-        _GATED_PLANS.plans[key] = _GatedPlan(launch, weights, (block_m, block_k) if tma else None,
-                                             part_shape if split > 1 else None, counters if split > 1 else None)
+        plan = _GatedPlan(launch, weights, (block_m, block_k) if tma else None, (M, K), x.stride(),
+                          part_shape if split > 1 else None, counters if split > 1 else None)
+        _GATED_PLANS.put(key, plan)
+        return plan
+    return None

@@ -26,6 +26,7 @@ import torch
 
 from . import _reference, layers
 from ._light_ops import define_op
+from ._triton_launch import SignatureTable
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -77,9 +78,17 @@ def _triton_kernels():
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_rope(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows):
-    impl = _triton_kernels().launch_rope if triton_enabled_for(q) else _reference.rope
-    impl(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows)
+def _run_rope_planned(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows):
+    """_run_rope, returning the Triton launch plan it used (None on the plain-torch path)."""
+    if triton_enabled_for(q):
+        return _triton_kernels().launch_rope(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved,
+                                             hf_rounding, table_rows)
+    _reference.rope(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows)
+    return None
+
+
+def _run_rope(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows) -> None:
+    _run_rope_planned(q, k, q_out, k_out, cos, sin, pos, inv_freq, rotary_dim, interleaved, hf_rounding, table_rows)
 
 
 def _rotary_inplace(q, k, cos, sin, pos, inv_freq, rotary_dim, interleaved, table_rows) -> None:
@@ -372,6 +381,14 @@ def apply_rotary_transformers(
     ``q * cos + rotate_half(q) * sin`` with each op rounded to q's dtype. ``unsqueeze_dim`` 1:
     q ``[B, H, S, D]``, cos ``[B, S, D]``; 2: q ``[B, S, H, D]``. Inputs outside what the kernel
     takes (cos in another dtype, other broadcasts) run transformers' expression itself."""
+    key = None
+    if not torch.compiler.is_compiling() and isinstance(unsqueeze_dim, int):
+        key = _rotary_call_key(q, k, cos, sin, unsqueeze_dim)
+        plan = _FAST_ROTARY.get(key) if key is not None else None
+        if plan is not None:
+            q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+            plan(q, k, q_out, k_out, cos, sin, q, q)
+            return q_out, k_out
     fits = (
         isinstance(q, torch.Tensor)
         and isinstance(k, torch.Tensor)
@@ -403,10 +420,37 @@ def apply_rotary_transformers(
         )
     if not fits:
         return _transformers_eager(q, k, cos, sin, unsqueeze_dim)
-    q_out, k_out, qo4, ko4 = _outputs(q, k, q4, k4, layout, False)
-    run = ops.rotary if torch.compiler.is_compiling() else _run_rope  # see _call
-    run(q4, k4, qo4, ko4, cos, sin, None, None, q4.shape[3], False, True, "bs")
+    # Outputs laid out as q and k are when those are dense (transformers' [B, S, H, D] memory
+    # seen as [B, H, S, D]), as its own expression's results are; contiguous otherwise.
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    qo4, ko4 = _as_bshd(q_out, layout), _as_bshd(k_out, layout)
+    if torch.compiler.is_compiling():  # see _call
+        ops.rotary(q4, k4, qo4, ko4, cos, sin, None, None, q4.shape[3], False, True, "bs")
+        return q_out, k_out
+    plan = _run_rope_planned(q4, k4, qo4, ko4, cos, sin, None, None, q4.shape[3], False, True, "bs")
+    if plan is not None and key is not None:
+        _FAST_ROTARY.put(key, plan)
     return q_out, k_out
+
+
+# Call signatures of apply_rotary_transformers that reached a launch plan: a repeated one (decode:
+# every layer, every token) skips the checks, the views and the plan's own key (on the H100 host
+# the call went from 31-42 us to ~16). The key holds everything those depend on: each tensor's
+# shape, strides, dtype, device and 16-byte alignment (Triton specializes pointers on it).
+_FAST_ROTARY = SignatureTable()
+
+
+def _rotary_call_key(q, k, cos, sin, unsqueeze_dim):
+    try:
+        return (
+            q.shape, q.stride(), q.dtype, q.get_device(), q.data_ptr() % 16,
+            k.shape, k.stride(), k.dtype, k.get_device(), k.data_ptr() % 16,
+            cos.shape, cos.stride(), cos.dtype, cos.get_device(), cos.data_ptr() % 16,
+            sin.shape, sin.stride(), sin.dtype, sin.get_device(), sin.data_ptr() % 16,
+            unsqueeze_dim,
+        )  # fmt: skip
+    except AttributeError:  # not tensors: the full path says what is wrong
+        return None
 
 
 def fold_rms_weight(w: torch.Tensor, rms_weight: torch.Tensor) -> torch.Tensor:

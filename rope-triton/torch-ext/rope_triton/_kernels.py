@@ -279,20 +279,23 @@ def launch_rope(
     hf_rounding: bool,
     table_rows: str,
     cfg: dict | None = None,
-) -> None:
+):
     """q, k, q_out, k_out: [B, S, H, D] views (any strides, unit last stride); cos/sin: 2-D
     [rows, width] (table_rows = "pos": row pos[b, s]; "bs": 3-D [B or 1, S, width] by (b, s));
     pos: [B or 1, S] int; inv_freq: [rotary_dim / 2] fp32 (then cos/sin are None). ``cfg``:
-    a `rope_config` dict, to override it (tuning, tests)."""
+    a `rope_config` dict, to override it (tuning, tests). Returns the launch plan of this call
+    signature (called as ``plan(q, k, q_out, k_out, cos, sin, pos, inv_freq)``, absent ones
+    replaced by q), or None when it has none."""
     B, S, HQ, D = q.shape
     T = B * S
     if T == 0:
-        return
+        return None
     # A launch plan per call signature (see _triton_launch): everything below is a function of
     # this key, and a repeated key skips the JIT's per-call argument binding (decode: 40 -> 10 us).
     key = None
     if cfg is None and q.is_cuda:
         key = (
+            q.get_device(),  # a plan launches on the GPU it was made on
             q.shape, q.stride(), k.shape, k.stride(), q_out.stride(), k_out.stride(), q.dtype,
             None if cos is None else (cos.shape, cos.stride(), sin.stride(), cos.dtype),
             None if pos is None else (pos.shape, pos.stride(), pos.dtype), inv_freq is not None,
@@ -305,7 +308,7 @@ def launch_rope(
             dummy = q
             plan(q, k, q_out, k_out, cos if cos is not None else dummy, sin if sin is not None else dummy,
                  pos if pos is not None else dummy, inv_freq if inv_freq is not None else dummy)
-            return
+            return plan
     HK = k.shape[2]
     half = rotary_dim // 2
     block_p = triton.next_power_of_2(half)
@@ -347,7 +350,7 @@ def launch_rope(
         HAS_POS=has_pos, FROM_POSITIONS=from_positions, COMPILED=not _interpreting(),
         **cfg,
     )  # fmt: skip
-    _ROPE_PLANS.launch_and_plan(key, grid, _ROPE_VARYING, args, kwargs)
+    return _ROPE_PLANS.launch_and_plan(key, grid, _ROPE_VARYING, args, kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -873,10 +876,10 @@ def rms_matmul_rope_config(M: int, K: int, head_dim: int, folded: bool = False, 
         # The persistent kernel: x^2 shared out over the first round's tiles instead of computed
         # in every tile. Against the unfused sequence 0.95x at 2048 tokens (64 x 256 tiles) and
         # 1.12x at 4096 (128 x 256, 8 warps; whole-head tiles there: 0.95x). At 256 - 1024
-        # tokens the whole-head kernel was as fast or faster (results/tune_projection_persistent_*;
+        # tokens the whole-head kernel was as fast or faster (docs/rope-triton-projection-prefill.md;
         # its TAIL_SPLIT 2 / 4 rows are a K split of a short last round, measured slower
         # everywhere and removed). A stream-K last round (9eac92f) was slower too: 94 us at
-        # 1024 tokens against 88, 275 at 4096 against 259 (results/tune_projection_stream_k_*).
+        # 1024 tokens against 88, 275 at 4096 against 259 (docs/rope-triton-projection-prefill.md).
         cfg = {"PERSISTENT": True, "BLOCK_M": 128 if M > 2048 else 64, "HEADS": max(1, 256 // head_dim), "BLOCK_K": 64,
                "num_warps": 8 if M > 2048 else 4, "num_stages": 3 if M > 2048 else 4}  # fmt: skip
     elif folded and tma and head_dim & (head_dim - 1) == 0 and head_dim <= 256:
