@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "torch-ext"))  # fused_llm, also without `pip install -e .`
+# fused_llm (the integration package) and fused_llm_dev (the tooling), also without `pip install -e .`
+sys.path[:0] = [str(ROOT / "torch-ext"), str(ROOT / "tools")]
 
 
 def pytest_configure(config) -> None:
@@ -17,8 +18,8 @@ def pytest_configure(config) -> None:
     from fused_llm import packages
 
     if os.environ.get("FUSED_LLM_SKIP_BUILD") != "1" and not hasattr(config, "workerinput"):
-        from fused_llm.builder import BuildError
-        from fused_llm.cli import build_packages
+        from fused_llm_dev.builder import BuildError
+        from fused_llm_dev.commands import build_packages
 
         try:
             build_packages([])

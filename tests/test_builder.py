@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import shutil
 import subprocess
@@ -14,7 +15,8 @@ import torch
 from kernels.variants import parse_variant, resolve_variant
 from kernels_data import Digest, DigestAlgorithm, Metadata
 
-from fused_llm import builder, packages
+from fused_llm import packages
+from fused_llm_dev import builder
 
 ROOT = packages.repo_root()
 HAS_NVCC = shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").is_file()
@@ -344,8 +346,8 @@ def test_compiler_error_names_the_file(tmp_path):
 
 
 def test_cli_reports_errors_cleanly(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fused_llm.cli", "build", "no-such-package"],
-                          capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "torch-ext")})
+    proc = subprocess.run([sys.executable, "-m", "fused_llm_dev.cli", "build", "no-such-package"],
+                          capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "torch-ext"), str(ROOT / "tools")])})
     assert proc.returncode == 2
     assert "no-such-package" in proc.stderr and "Traceback" not in proc.stderr
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fused_llm import packages, sync
+from fused_llm import packages
+from fused_llm_dev import sync
 
 ROOT = packages.repo_root()
 
@@ -126,8 +127,8 @@ def test_manifest_errors_name_the_problem(tmp_path, manifest, message):
 def test_cli_check_exit_status(tmp_path):
     root = make_checkout(tmp_path)
     (root / "build.toml").write_text('[general]\nname = "fused-llm"\n')  # how repo_root() finds a checkout
-    env = {**os.environ, "FUSED_LLM_ROOT": str(root), "PYTHONPATH": str(ROOT / "torch-ext")}
-    cli = [sys.executable, "-m", "fused_llm.cli", "sync"]
+    env = {**os.environ, "FUSED_LLM_ROOT": str(root), "PYTHONPATH": os.pathsep.join([str(ROOT / "torch-ext"), str(ROOT / "tools")])}
+    cli = [sys.executable, "-m", "fused_llm_dev.cli", "sync"]
     proc = subprocess.run([*cli, "--check"], capture_output=True, text=True, env=env, check=False)
     assert proc.returncode == 1 and "pkg-a/csrc/common/util.h: missing" in proc.stderr
     assert subprocess.run(cli, capture_output=True, text=True, env=env, check=False).returncode == 0
@@ -141,19 +142,20 @@ def test_cli_check_exit_status(tmp_path):
 
 
 def test_package_tests_run_without_fused_llm(tmp_path):
-    """Copy a built package out of the checkout, hide fused_llm, and run its kernels_ci tests
-    from its own directory the way kernel-builder's ci-test does."""
+    """Copy a built package out of the checkout, hide fused_llm and fused_llm_dev, and run its
+    kernels_ci tests from its own directory the way kernel-builder's ci-test does."""
     name = "rmsnorm-fp8"
     src = packages.package_dir(name)
     if not (src / "build").is_dir():
         pytest.skip(f"{name} is not built")
     pkg = tmp_path / name
     shutil.copytree(src, pkg, ignore=shutil.ignore_patterns(".build-cache", "__pycache__", "results", "benchmarks"))
-    blocker = tmp_path / "blocker" / "fused_llm"
-    blocker.mkdir(parents=True)
-    (blocker / "__init__.py").write_text("raise ImportError('a package test imported fused_llm')\n")
+    blocker = tmp_path / "blocker"
+    for hidden in ("fused_llm", "fused_llm_dev"):
+        (blocker / hidden).mkdir(parents=True)
+        (blocker / hidden / "__init__.py").write_text(f"raise ImportError('a package test imported {hidden}')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FUSED_LLM_ROOT")}
-    env.update(PYTHONPATH=str(blocker.parent), LOCAL_KERNELS=f"{packages.hub_repo_id(name)}={pkg}")
+    env.update(PYTHONPATH=str(blocker), LOCAL_KERNELS=f"{packages.hub_repo_id(name)}={pkg}")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "tests", "-m", "kernels_ci", "-k", "opcheck or bad_input", "-q",
          "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning"],

@@ -40,9 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "torch-ext"))
+sys.path[:0] = [str(ROOT / "torch-ext"), str(ROOT / "tools")]
 
-from fused_llm import builder, packages  # noqa: E402
+from fused_llm import packages  # noqa: E402
+from fused_llm_dev import builder  # noqa: E402
 
 C_SUFFIXES = (".h", ".cuh", ".cu", ".cpp", ".cc", ".hpp")
 # cpp_extension's device-code flags (torch.utils.cpp_extension.COMMON_NVCC_FLAGS, torch 2.13);

@@ -31,8 +31,8 @@ from suite import (
     within_scale,
 )
 
-from fused_llm.bench import Case
 from fused_llm.packages import get_kernel
+from fused_llm_dev.bench import Case
 
 
 def decode_configs(m: int, fp8: bool = False):

@@ -6,7 +6,7 @@ The one source is common/python/testing.py. `fused-llm sync` stamps it into each
 tests/<package>_testing.py (a name of its own, so that the copies of several packages never
 stand in for each other in sys.modules; the package's tests/conftest.py puts tests/ on
 sys.path), which lets a package's tests run with only that package on the path, and into
-torch-ext/fused_llm/testing.py for the checkout's own tests.
+tools/fused_llm_dev/testing.py for the checkout's own tests.
 """
 
 from __future__ import annotations

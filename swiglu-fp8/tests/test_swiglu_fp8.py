@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import kernels
 import pytest
@@ -36,6 +37,7 @@ from swiglu_fp8_testing import (
 
 swiglu_fp8 = kernels.get_kernel("fused-llm/swiglu-fp8", version=1)
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # its build/ holds the variants
 DEVICE = device()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
@@ -709,8 +711,6 @@ def test_layer_kernelizes():
     # The layer passes kernelize's rules (no __init__, no extra members) and gets swapped in.
     from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
 
-    from fused_llm.packages import package_dir
-
     @use_kernel_forward_from_hub("SiluAndMul")
     class GatedAct(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -718,7 +718,7 @@ def test_layer_kernelizes():
             return F.silu(x[..., :d]) * x[..., d:]
 
     model = torch.nn.Sequential(GatedAct())
-    mapping = {"SiluAndMul": {DEVICE: LocalLayerRepository(package_dir("swiglu-fp8"), layer_name="SiluAndMul")}}
+    mapping = {"SiluAndMul": {DEVICE: LocalLayerRepository(PACKAGE_DIR, layer_name="SiluAndMul")}}
     x = torch.randn(3, 64, device=DEVICE)
     expected = model(x)
     with use_kernel_mapping(mapping, inherit_mapping=False):

@@ -1,14 +1,16 @@
 """fused-llm: fused GPU kernels for LLM inference, shipped as Hugging Face kernel packages.
 
-``fused_llm.kernelize(model)`` swaps the project's kernels into a transformers model; the
-``fused-llm`` command builds, benchmarks and demonstrates the packages.
+``fused_llm.kernelize(model)`` swaps the project's kernels into a transformers model (and
+fuses its decoder layers); ``fused_llm.kernel_config(model)`` gives transformers'
+``KernelConfig`` for the same layers. The tooling (builder, ``fused-llm`` command, benchmarks)
+is the development package ``fused_llm_dev``, which this package does not import.
 """
 
 from __future__ import annotations
 
-from .integration import LAYERS, MODEL_PRESETS, KernelizeReport, build_model, kernel_mapping, kernelize, tiny_llama, tiny_model
+from .integration import LAYERS, KernelizeReport, kernel_mapping, kernelize
 from .packages import get_kernel, kernel_packages
 from .transformers_config import kernel_config
 
-__all__ = ["LAYERS", "MODEL_PRESETS", "KernelizeReport", "build_model", "tiny_model", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize", "tiny_llama"]
+__all__ = ["LAYERS", "KernelizeReport", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize"]
 __version__ = "0.1.0"

@@ -9,7 +9,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from .integration import build_model, kernelize, tiny_llama
+from fused_llm import kernelize
+
+from .commands import build_packages
+from .models import build_model, tiny_llama
 
 console = Console()
 
@@ -28,8 +31,6 @@ def _time_ms(fn, iters: int = 50) -> float:
 
 
 def main(build: bool = True) -> int:
-    from .cli import build_packages
-
     if build:
         build_packages([])
     on_gpu = torch.cuda.is_available()

@@ -762,7 +762,7 @@ def load_suites(package: str) -> list[Suite]:
         return list(module.build_suites())
     build = getattr(module, "build_suite", None)
     if build is None:
-        raise AttributeError(f"{path} defines neither build_suites() nor build_suite() -> fused_llm.bench.Suite")
+        raise AttributeError(f"{path} defines neither build_suites() nor build_suite() -> fused_llm_dev.bench.Suite")
     return [build()]
 
 
@@ -899,6 +899,6 @@ def main(package: str, argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        print("usage: python -m fused_llm.bench <package> [options]", file=sys.stderr)
+        print("usage: python -m fused_llm_dev.bench <package> [options]", file=sys.stderr)
         sys.exit(2)
     sys.exit(main(sys.argv[1], sys.argv[2:]))

@@ -41,7 +41,9 @@ from pathlib import Path
 
 import torch
 
-from . import integration, packages
+from fused_llm import integration, packages
+
+from .models import MODEL_PRESETS, build_model
 
 PREFILL = [(1, 512), (1, 2048), (4, 2048)]
 DECODE_BATCHES = [1, 8, 32]
@@ -223,7 +225,7 @@ def run(args) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     for name in packages.kernel_packages():
         packages.use_local_build(name)
-    eager = integration.build_model(args.model, args.layers, device, dtype)
+    eager = build_model(args.model, args.layers, device, dtype)
     cfg = eager.config
     models = {"eager": eager}
     kern = copy.deepcopy(eager)
@@ -409,7 +411,7 @@ def print_summary(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-llm bench e2e", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="llama", choices=sorted(integration.MODEL_PRESETS))
+    parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--quick", action="store_true", help="fewer shapes and steps (about 2 minutes)")
