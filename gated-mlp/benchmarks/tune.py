@@ -32,7 +32,7 @@ from suite import (
 )
 
 from fused_llm.packages import get_kernel
-from fused_llm_dev.bench import Case
+from fused_llm_dev.bench.suite import Case
 
 
 def decode_configs(m: int, fp8: bool = False):

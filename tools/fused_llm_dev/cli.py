@@ -63,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
             return commands.check_abi(args.packages, args.manylinux, args.python_abi)
         if args.command == "bench":
             if args.package == "e2e":
-                from . import bench_e2e
+                from .bench import e2e
 
-                return bench_e2e.main(args.rest)
-            from . import bench
+                return e2e.main(args.rest)
+            from .bench import run
 
-            return bench.main(args.package, args.rest)
+            return run.main(args.package, args.rest)
         if args.command == "sync":
             return commands.sync_common(check=args.check, prune=args.prune)
         if args.command == "check-targets":

@@ -65,7 +65,7 @@ def main(build: bool = True) -> int:
 def _end_to_end(dtype: torch.dtype, layers: int = 2) -> None:
     """Prefill and decode tokens/s of a Llama-3-8B-shaped model (``layers`` layers, random
     weights), eager vs kernelized, and their top-1 agreement: a short `fused-llm bench e2e`."""
-    from .bench_e2e import PROMPT, _step_ms, agreement, top1
+    from .bench.e2e import PROMPT, _step_ms, agreement, top1
 
     eager = build_model("llama", layers, "cuda", dtype)
     fused = copy.deepcopy(eager)

@@ -43,7 +43,7 @@ import torch
 
 from fused_llm import integration, packages
 
-from .models import MODEL_PRESETS, build_model
+from ..models import MODEL_PRESETS, build_model
 
 PREFILL = [(1, 512), (1, 2048), (4, 2048)]
 DECODE_BATCHES = [1, 8, 32]
