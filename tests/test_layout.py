@@ -124,6 +124,15 @@ def test_kernel_packages_import_neither_python_package():
                 assert module.split(".")[0] not in PACKAGES, f"{path.relative_to(ROOT)} imports {module}"
 
 
+def test_pyproject_installs_both_packages():
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert {k: ROOT / v for k, v in setuptools["package-dir"].items()} == PACKAGES
+    found = {_module_name(pkg, p) for pkg, d in PACKAGES.items() for p in d.rglob("__init__.py")}
+    assert set(setuptools["packages"]) == found, "list every (sub)package: a wheel holds only those"
+
+
 @pytest.fixture(autouse=True)
 def _restore_hub_functions():
     """kernelize swaps transformers' apply_rotary_pos_emb process-wide: put it back."""

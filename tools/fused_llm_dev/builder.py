@@ -32,6 +32,7 @@ can be loaded once per process, and ``cpp_extension.load`` loads what it builds.
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import json
 import os
@@ -684,6 +685,7 @@ class BuildResult:
     variant_dir: Path
     kernel_id: str
     archs: list[str] | None
+    up_to_date: bool = False  # build/ already held exactly this variant: nothing was written
 
 
 def build_package(
@@ -796,21 +798,48 @@ def _build_arch(config: BuildConfig, backend: str, capabilities: Sequence[str] |
     so = job.run(on_progress)
 
     variant_dir = build_root / variant
-    build_root.mkdir(exist_ok=True)
-    # Staged next to the objects (same filesystem as build/, so the rename is atomic).
-    staging = Path(tempfile.mkdtemp(prefix=f"staging-{variant}-", dir=cache_root))
-    try:
-        staging.chmod(0o755)  # mkdtemp makes it 0700
+
+    def fill(staging: Path) -> None:
         copy_python_package(config, staging)
         (staging / "_ops.py").write_text(OPS_PY_ARCH.format(id=kernel_id))
         shutil.copy2(so, staging / f"{kernel_id}.abi3.so")
         write_metadata(staging, config, kernel_id, backend, archs)
+
+    up_to_date = _install_variant(variant_dir, cache_root, fill)
+    _remove_stale_variants(build_root, keep_noarch=False)
+    return BuildResult(config.name, variant_dir, kernel_id, archs, up_to_date)
+
+
+def _install_variant(variant_dir: Path, cache_root: Path, fill: Callable[[Path], None]) -> bool:
+    """Write a variant through a staging directory that ``fill`` populates, then move it to
+    ``variant_dir``, unless ``variant_dir`` already holds the same files with the same bytes:
+    then nothing is written and this returns True (the package was up to date)."""
+    cache_root.mkdir(parents=True, exist_ok=True)
+    # Staged next to the objects (same filesystem as build/, so the rename is atomic).
+    staging = Path(tempfile.mkdtemp(prefix=f"staging-{variant_dir.name}-", dir=cache_root))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it 0700
+        fill(staging)
+        if _same_files(staging, variant_dir):
+            return True
+        variant_dir.parent.mkdir(exist_ok=True)
         shutil.rmtree(variant_dir, ignore_errors=True)
         staging.rename(variant_dir)
+        return False
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    _remove_stale_variants(build_root, keep_noarch=False)
-    return BuildResult(config.name, variant_dir, kernel_id, archs)
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    """Whether directories ``a`` and ``b`` hold the same files with the same contents (the
+    ``__pycache__`` that loading a variant leaves in it aside)."""
+
+    def files(root: Path) -> list[Path]:
+        return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+    if not b.is_dir() or files(a) != files(b):
+        return False
+    return all(filecmp.cmp(a / p, b / p, shallow=False) for p in files(a))
 
 
 NOARCH_VARIANT = re.compile(r"torch-(universal|cpu|cuda|rocm|xpu|metal|npu|neuron|tpu)")
@@ -836,13 +865,15 @@ def _build_noarch(config: BuildConfig) -> list[BuildResult]:
         kernel_id = unique_id(config, backend)
         archs = {"cuda": list(config.noarch_cuda_capabilities), "rocm": list(config.noarch_rocm_archs)}.get(backend) or None
         variant_dir = config.path / "build" / f"torch-{backend}"
-        shutil.rmtree(variant_dir, ignore_errors=True)
-        variant_dir.mkdir(parents=True)
-        copy_python_package(config, variant_dir)
         uid = kernel_id.removeprefix(f"_{config.python_name}_{backend}_")
-        (variant_dir / "_ops.py").write_text(OPS_PY_NOARCH.format(py=config.python_name, uid=uid))
-        write_metadata(variant_dir, config, kernel_id, backend, archs)
-        results.append(BuildResult(config.name, variant_dir, kernel_id, archs))
+
+        def fill(staging: Path, kernel_id=kernel_id, backend=backend, archs=archs, uid=uid) -> None:
+            copy_python_package(config, staging)
+            (staging / "_ops.py").write_text(OPS_PY_NOARCH.format(py=config.python_name, uid=uid))
+            write_metadata(staging, config, kernel_id, backend, archs)
+
+        up_to_date = _install_variant(variant_dir, config.path / CACHE_DIR, fill)
+        results.append(BuildResult(config.name, variant_dir, kernel_id, archs, up_to_date))
     return results
 
 

@@ -1,4 +1,4 @@
-"""``fused-llm bench e2e``: a kernelized transformers model against the model it came from.
+"""fused-llm bench e2e: a kernelized transformers model against the model it came from.
 
 One run, one GPU, one process. A model with random weights built in code (a Llama-3-8B-shaped
 preset by default, fewer layers), copied three ways: eager (not kernelized), kernelized

@@ -217,7 +217,13 @@ def select_providers(suite: Suite, spec: str | None) -> list[Provider]:
 
 
 def main(package: str, argv: list[str] | None = None) -> int:
-    args = parse_args(package, argv)
+    """``python -m fused_llm_dev.bench PKG [options]``: parse the options, then ``bench``."""
+    return bench(package, parse_args(package, argv), argv)
+
+
+def bench(package: str, args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """Time ``package``'s suites with the options in ``args`` (settings.add_arguments);
+    ``argv``, the options as given, is recorded in the result files."""
     from rich.console import Console
 
     # Captured output (the device runner) would otherwise wrap the wide table at 80 columns.
@@ -251,8 +257,9 @@ def main(package: str, argv: list[str] | None = None) -> int:
         return 0
     if not torch.cuda.is_available():
         err.print(
-            f"[red]error:[/] fused-llm bench needs a CUDA GPU (torch {torch.__version__} sees none); "
-            "run it on the device machine"
+            f"[red]error:[/] fused-llm bench times kernels on a CUDA GPU, and torch {torch.__version__} sees "
+            "none here; run it on a machine with an NVIDIA GPU and a CUDA build of torch (fused-llm bench "
+            f"{package} --list shows what it would time)"
         )
         return 2
 

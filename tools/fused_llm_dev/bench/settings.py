@@ -34,6 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep cases whose PARAM is one of the values, e.g. --only hidden=16384 (repeatable; "
         "to split a long suite over several runs, each writing its own files)",
     )
-    parser.add_argument("--replays", type=int, default=Method.replays, help="timed replays per repeat")
-    parser.add_argument("--repeats", type=int, default=Method.repeats, help="repeats")
-    parser.add_argument("--budget", type=float, default=Method.budget_s, help="~timed seconds per point")
+    parser.add_argument("--replays", type=int, default=Method.replays, help="timed replays per repeat (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=Method.repeats, help="timed repeats per point (default: %(default)s)")
+    parser.add_argument("--budget", type=float, default=Method.budget_s, help="about this many timed seconds per point (default: %(default)s)")
