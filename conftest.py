@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent
 # fused_llm (the integration package) and fused_llm_dev (the tooling), also without `pip install -e .`
 sys.path[:0] = [str(ROOT / "torch-ext"), str(ROOT / "tools")]
@@ -27,3 +29,17 @@ def pytest_configure(config) -> None:
             raise SystemExit(f"fused-llm build failed, no test can load the packages:\n{err}") from None
     for name in packages.kernel_packages():
         packages.use_local_build(name)
+
+
+@pytest.fixture
+def restore_hub_functions():
+    """kernelize swaps transformers' hub functions (apply_rotary_pos_emb) process-wide: put the
+    original forward back, so later tests compare against the real eager function."""
+    from transformers.models.llama import modeling_llama
+
+    fn = modeling_llama.apply_rotary_pos_emb
+    saved = fn.__dict__.get("forward")
+    yield
+    fn.__dict__.pop("forward", None)
+    if saved is not None:
+        fn.forward = saved

@@ -33,6 +33,8 @@ ROOT = packages.repo_root()
 NAMES = packages.kernel_packages()
 DEVICE = device()
 USER = Path(__file__).with_name("hub_user.py")
+# kernelize swaps transformers' rotary function process-wide; conftest.py puts it back.
+pytestmark = pytest.mark.usefixtures("restore_hub_functions")
 
 
 @pytest.fixture(scope="module")
@@ -63,18 +65,6 @@ def run_user(base: Path, *args: str, timeout: int = 600) -> dict:
     found = json.loads(out.read_text())
     assert "error" not in found, found["error"] + proc.stderr[-2000:]
     return found
-
-
-@pytest.fixture(autouse=True)
-def _restore_hub_functions():
-    """kernelize swaps transformers' apply_rotary_pos_emb process-wide: put it back."""
-    from transformers.models.llama import modeling_llama
-
-    saved = modeling_llama.apply_rotary_pos_emb.__dict__.get("forward")
-    yield
-    modeling_llama.apply_rotary_pos_emb.__dict__.pop("forward", None)
-    if saved is not None:
-        modeling_llama.apply_rotary_pos_emb.forward = saved
 
 
 @pytest.fixture

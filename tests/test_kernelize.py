@@ -14,21 +14,8 @@ from fused_llm_dev.testing import device
 DEVICE = device()
 # Float32 logits agree to rounding; bf16 models round every layer, so compare loosely.
 DTYPES = [torch.float32, torch.bfloat16]  # bf16 runs the gated-mlp kernel (fp32 keeps the expression)
-
-
-@pytest.fixture(autouse=True)
-def _restore_hub_functions():
-    """kernelize swaps transformers' hub functions (apply_rotary_pos_emb) process-wide: put the
-    original forwards back so later tests compare against the real eager function."""
-    from transformers.models.llama import modeling_llama
-
-    fn = modeling_llama.apply_rotary_pos_emb
-    saved = fn.__dict__.get("forward")
-    yield
-    if saved is None:
-        fn.__dict__.pop("forward", None)
-    else:
-        fn.forward = saved
+# kernelize swaps transformers' rotary function process-wide; conftest.py puts it back.
+pytestmark = pytest.mark.usefixtures("restore_hub_functions")
 
 
 def _logits(model, tokens):

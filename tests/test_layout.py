@@ -28,6 +28,8 @@ INTEGRATION_IMPORTS = {"torch", "kernels", "transformers"}
 # The integration package's modules: kernelize and the layer mapping, the fused decoder layer,
 # transformers' KernelConfig, and where the kernel packages are.
 INTEGRATION_MODULES = {"__init__", "integration", "decoder", "transformers_config", "packages"}
+# kernelize swaps transformers' rotary function process-wide; conftest.py puts it back.
+pytestmark = pytest.mark.usefixtures("restore_hub_functions")
 
 
 def _module_name(package: str, path: Path) -> str:
@@ -131,18 +133,6 @@ def test_pyproject_installs_both_packages():
     assert {k: ROOT / v for k, v in setuptools["package-dir"].items()} == PACKAGES
     found = {_module_name(pkg, p) for pkg, d in PACKAGES.items() for p in d.rglob("__init__.py")}
     assert set(setuptools["packages"]) == found, "list every (sub)package: a wheel holds only those"
-
-
-@pytest.fixture(autouse=True)
-def _restore_hub_functions():
-    """kernelize swaps transformers' apply_rotary_pos_emb process-wide: put it back."""
-    from transformers.models.llama import modeling_llama
-
-    saved = modeling_llama.apply_rotary_pos_emb.__dict__.get("forward")
-    yield
-    modeling_llama.apply_rotary_pos_emb.__dict__.pop("forward", None)
-    if saved is not None:
-        modeling_llama.apply_rotary_pos_emb.forward = saved
 
 
 @pytest.mark.kernels_ci

@@ -18,6 +18,10 @@ DESCRIPTION = (
 )
 
 
+def _add_packages(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("packages", nargs="*", metavar="PKG", help="package names (default: all)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fused-llm", description=DESCRIPTION, epilog="'fused-llm COMMAND --help' lists a command's options."
@@ -38,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "PKG/build/<variant>/ with the Python files, _ops.py, the .so and metadata.json. A package whose "
         "variant is already current is reported as up to date.",
     )
-    p_build.add_argument("packages", nargs="*", metavar="PKG", help="package names (default: all)")
+    _add_packages(p_build)
     p_build.add_argument("--backend", default="auto", choices=["auto", *builder.BACKENDS],
                          help="auto: the running torch's backend (default)")
     p_build.add_argument("--clean", action="store_true", help="remove PKG/build and PKG/.build-cache (object files) first")
@@ -81,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check-abi", help="run Hugging Face's ABI check (kernel-abi-check) on every built variant",
         description="Check each built variant's .so against the Hub's rules (manylinux, abi3) with kernel-abi-check.",
     )
-    p_abi.add_argument("packages", nargs="*", metavar="PKG", help="package names (default: all)")
+    _add_packages(p_abi)
     p_abi.add_argument("--manylinux", default="manylinux_2_28", help="manylinux policy (default: the Hub's, manylinux_2_28)")
     p_abi.add_argument("--python-abi", default="3.9", help="oldest CPython the abi3 .so must load in (default: 3.9)")
 
@@ -90,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write each package's Hub repository as kernel-builder's upload would make it from "
         "PKG/build/ (bare Git, branch v1).",
     )
-    p_hub.add_argument("packages", nargs="*", metavar="PKG", help="package names (default: all)")
+    _add_packages(p_hub)
     p_hub.add_argument("--out", required=True, help="directory for the repositories (OUT/PKG.git, bare Git)")
     p_hub.add_argument("--hf-cache", help="also lay branch v1 into this Hugging Face cache (HF_HUB_CACHE), as "
                        "'hf download --repo-type kernel --revision v1' would")
