@@ -47,9 +47,11 @@ def load(out: dict) -> None:
     from kernels._rust import KernelDependency, KernelLock, KernelLocks, KernelVersion
 
     import fused_llm
-    from fused_llm import hub, packages
+    from fused_llm import packages
     from fused_llm.transformers_config import kernel_config, kernelized_report
-    from fused_llm.testing import device
+    from fused_llm_dev import hub
+    from fused_llm_dev.models import tiny_llama
+    from fused_llm_dev.testing import device
 
     assert constants.HF_HUB_OFFLINE and "LOCAL_KERNELS" not in os.environ, "run by tests/test_hub.py only"
     cache = Path(constants.HF_HUB_CACHE)
@@ -102,7 +104,7 @@ def load(out: dict) -> None:
         hf_kernel_config.KERNELS_SUPPORTED_DEVICE_TYPES.append("cpu")
     from transformers import AutoModelForCausalLM
 
-    eager = fused_llm.tiny_llama(dev, torch.float32)
+    eager = tiny_llama(dev, torch.float32)
     saved = Path(tempfile.mkdtemp()) / "tiny-llama"
     eager.save_pretrained(saved)
     tokens = torch.randint(0, eager.config.vocab_size, (2, 19), device=dev)

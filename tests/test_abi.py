@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fused_llm import abi, builder, cli, packages
+from fused_llm import packages
+from fused_llm_dev import abi, builder, cli
 
 pytest.importorskip("kernel_abi_check", reason="pip install kernel-abi-check==0.14.1 (the test extra)")
 

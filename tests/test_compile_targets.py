@@ -1,4 +1,4 @@
-"""CI's compile check of the Triton kernels for gfx942, sm80 and sm90 (`fused_llm.compile_targets`,
+"""CI's compile check of the Triton kernels for gfx942, sm80 and sm90 (`fused_llm_dev.compile_targets`,
 ``fused-llm check-targets``): one run in a child process, then a test per kernel and target.
 
 A child process because the package conftests set TRITON_INTERPRET=1 in this one on a machine
@@ -17,8 +17,8 @@ import textwrap
 
 import pytest
 
-from fused_llm import compile_targets as ct
 from fused_llm import packages
+from fused_llm_dev import compile_targets as ct
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 
@@ -30,9 +30,9 @@ KERNELS = [(s.package, k) for s in ct.kernel_sources() for k in s.kernels]
 def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("check-targets") / "results.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "torch-ext"), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "torch-ext"), str(ROOT / "tools"), env.get("PYTHONPATH")]))
     env["FUSED_LLM_ROOT"] = str(ROOT)
-    cmd = [sys.executable, "-m", "fused_llm.compile_targets", "--json", str(out), "--verbose"]
+    cmd = [sys.executable, "-m", "fused_llm_dev.compile_targets", "--json", str(out), "--verbose"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)
     if proc.returncode == 2 or not out.is_file():
         pytest.fail(f"`{' '.join(cmd)}` could not run the check (exit {proc.returncode}):\n{proc.stderr[-6000:]}")

@@ -23,14 +23,18 @@ import pytest
 import torch
 
 import fused_llm
-from fused_llm import hub, integration, packages
+from fused_llm import integration, packages
 from fused_llm.transformers_config import kernel_config, kernelized_report, registered_layer_names
-from fused_llm.testing import device
+from fused_llm_dev import hub
+from fused_llm_dev.models import tiny_llama
+from fused_llm_dev.testing import device
 
 ROOT = packages.repo_root()
 NAMES = packages.kernel_packages()
 DEVICE = device()
 USER = Path(__file__).with_name("hub_user.py")
+# kernelize swaps transformers' rotary function process-wide; conftest.py puts it back.
+pytestmark = pytest.mark.usefixtures("restore_hub_functions")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ def run_user(base: Path, *args: str, timeout: int = 600) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(base / "cache"), HF_HOME=str(base / "hf-home"),
                HF_HUB_DISABLE_TELEMETRY="1", FUSED_LLM_ROOT=str(ROOT),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "torch-ext"), env.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(ROOT / "torch-ext"), str(ROOT / "tools"), env.get("PYTHONPATH", "")]))
     out = base / f"user-{args[0]}-{uuid.uuid4().hex[:8]}.json"
     proc = subprocess.run([sys.executable, str(USER), args[0], str(out), *args[1:]], env=env, cwd=base,
                           capture_output=True, text=True, timeout=timeout)
@@ -61,18 +65,6 @@ def run_user(base: Path, *args: str, timeout: int = 600) -> dict:
     found = json.loads(out.read_text())
     assert "error" not in found, found["error"] + proc.stderr[-2000:]
     return found
-
-
-@pytest.fixture(autouse=True)
-def _restore_hub_functions():
-    """kernelize swaps transformers' apply_rotary_pos_emb process-wide: put it back."""
-    from transformers.models.llama import modeling_llama
-
-    saved = modeling_llama.apply_rotary_pos_emb.__dict__.get("forward")
-    yield
-    modeling_llama.apply_rotary_pos_emb.__dict__.pop("forward", None)
-    if saved is not None:
-        modeling_llama.apply_rotary_pos_emb.forward = saved
 
 
 @pytest.fixture
@@ -206,7 +198,7 @@ def _expected_swaps(model) -> set[str]:
 @pytest.mark.parametrize("path", ["kernelize_hub", "from_pretrained", "set_use_kernels"])
 def test_hub_kernels_swap_into_a_model_offline(offline, path):
     result = offline[path]
-    model = fused_llm.tiny_llama("meta")
+    model = tiny_llama("meta")
     assert {n for n, _, _ in result["swaps"]} == _expected_swaps(model), result["swaps"]
     assert result["kept"] == 0
     assert result["swaps"] == offline["kernelize_hub"]["swaps"], "the same layers as fused_llm.kernelize"
@@ -250,7 +242,7 @@ def test_the_cache_an_online_get_kernel_leaves_loads_offline(hub_cache, tmp_path
 @pytest.fixture(scope="module")
 def saved_llama(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama") / "model"
-    fused_llm.tiny_llama("cpu").save_pretrained(path)
+    tiny_llama("cpu").save_pretrained(path)
     return path
 
 
@@ -274,9 +266,9 @@ def test_kernel_config_names_only_the_models_layers(saved_llama):
     assert set(kernel_config().kernel_mapping) == set(integration.LAYERS)
     pinned = kernel_config(saved_llama, revision="v1")
     assert pinned.kernel_mapping["SiLU"] == ("fused-llm/swiglu-fp8:SiLU", {"revision": "v1"})
-    local = kernel_config(fused_llm.tiny_llama("meta"), source="local")
+    local = kernel_config(tiny_llama("meta"), source="local")
     assert local.use_local_kernel and local.kernel_mapping["RMSNorm"] == f"{packages.package_dir('rmsnorm-fp8')}:RMSNorm"
-    assert registered_layer_names(fused_llm.tiny_llama("meta")) >= set(config.kernel_mapping)
+    assert registered_layer_names(tiny_llama("meta")) >= set(config.kernel_mapping)
     with pytest.raises(ValueError, match="source: expected 'hub' or 'local'"):
         kernel_config(source="nowhere")
 
@@ -384,7 +376,7 @@ def test_kernels_benchmark_runs_and_verifies_every_package(hub_cache, where):
 
 @pytest.mark.kernels_ci
 def test_cli_hub_repo(tmp_path, capsys):
-    from fused_llm import cli
+    from fused_llm_dev import cli
 
     assert cli.main(["hub-repo", *NAMES, "--out", str(tmp_path / "repos"), "--hf-cache", str(tmp_path / "cache")]) == 0
     err = capsys.readouterr().err

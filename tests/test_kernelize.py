@@ -9,26 +9,14 @@ import torch
 
 import fused_llm
 import fused_llm.decoder
-from fused_llm.testing import device
+from fused_llm_dev.models import tiny_llama, tiny_model
+from fused_llm_dev.testing import device
 
 DEVICE = device()
 # Float32 logits agree to rounding; bf16 models round every layer, so compare loosely.
 DTYPES = [torch.float32, torch.bfloat16]  # bf16 runs the gated-mlp kernel (fp32 keeps the expression)
-
-
-@pytest.fixture(autouse=True)
-def _restore_hub_functions():
-    """kernelize swaps transformers' hub functions (apply_rotary_pos_emb) process-wide: put the
-    original forwards back so later tests compare against the real eager function."""
-    from transformers.models.llama import modeling_llama
-
-    fn = modeling_llama.apply_rotary_pos_emb
-    saved = fn.__dict__.get("forward")
-    yield
-    if saved is None:
-        fn.__dict__.pop("forward", None)
-    else:
-        fn.forward = saved
+# kernelize swaps transformers' rotary function process-wide; conftest.py puts it back.
+pytestmark = pytest.mark.usefixtures("restore_hub_functions")
 
 
 def _logits(model, tokens):
@@ -41,7 +29,7 @@ def _logits(model, tokens):
 @pytest.mark.parametrize("source", ["local", "hub"])
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused-decoder", "module-swaps"])
 def test_kernelize_tiny_llama(dtype, source, fuse):
-    eager = fused_llm.tiny_llama(DEVICE, dtype)
+    eager = tiny_llama(DEVICE, dtype)
     model = copy.deepcopy(eager)
     tokens = torch.randint(0, model.config.vocab_size, (2, 19), device=DEVICE)
     ref = _logits(eager, tokens)  # before kernelize: its rotary swap is process-wide
@@ -85,7 +73,7 @@ def test_kernelize_tiny_llama(dtype, source, fuse):
 def test_fused_decoder_families(model_type):
     """Each family's fused layer against its eager logits (Qwen2: QKV biases; Qwen3: q / k
     norms; Mistral: sliding window), and a greedy generate with the dynamic cache."""
-    eager = fused_llm.tiny_model(model_type, DEVICE, torch.bfloat16)
+    eager = tiny_model(model_type, DEVICE, torch.bfloat16)
     model = copy.deepcopy(eager)
     tokens = torch.randint(0, model.config.vocab_size, (2, 19), device=DEVICE)
     ref = _logits(eager, tokens)
@@ -106,7 +94,7 @@ def test_fused_decoder_compiles_fullgraph(batch, length):
     """torch.compile(fullgraph=True) of a kernelized model: no graph break, eager's logits. At
     >= decoder.COMPILED_ORIGINAL_MIN_TOKENS tokens the compiled layer is transformers' own."""
     assert 2 * 11 < fused_llm.decoder.COMPILED_ORIGINAL_MIN_TOKENS <= 80
-    eager = fused_llm.tiny_llama(DEVICE, torch.bfloat16)
+    eager = tiny_llama(DEVICE, torch.bfloat16)
     model = copy.deepcopy(eager)
     tokens = torch.randint(0, model.config.vocab_size, (batch, length), device=DEVICE)
     ref = _logits(eager, tokens)
@@ -134,7 +122,7 @@ def test_fused_decoder_compiles_fullgraph(batch, length):
 
 def test_fused_decoder_keeps_weights_shared():
     """q / k / v weights are views of the fused tensor: state_dict keeps its keys and shapes."""
-    model = fused_llm.tiny_llama(DEVICE, torch.bfloat16)
+    model = tiny_llama(DEVICE, torch.bfloat16)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     fused_llm.kernelize(model)
     after = model.state_dict()
@@ -147,13 +135,13 @@ def test_fused_decoder_keeps_weights_shared():
 def test_training_mode_keeps_the_original_forward():
     from kernels import Mode
 
-    model = fused_llm.tiny_llama(DEVICE)
+    model = tiny_llama(DEVICE)
     report = fused_llm.kernelize(model, mode=Mode.TRAINING)
     assert not report.swapped and report.kept, "our layers have no backward, so training keeps eager"
 
 
 def test_report_text():
-    model = fused_llm.tiny_llama(DEVICE)
+    model = tiny_llama(DEVICE)
     text = str(fused_llm.kernelize(model))
     assert "LlamaRMSNorm -> rmsnorm_fp8" in text or "LlamaRMSNorm -> _rmsnorm_fp8" in text, text
     assert "SiLUActivation -> swiglu_fp8" in text or "SiLUActivation -> _swiglu_fp8" in text, text

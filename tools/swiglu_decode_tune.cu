@@ -11,6 +11,7 @@
 
 #include "swiglu_fp8_gpu.cu"
 
+using namespace fused_llm;  // the helpers stamped from common/ (csrc/common/)
 using namespace fused_llm::swiglu_fp8;
 
 #define CK(x)                                                                \

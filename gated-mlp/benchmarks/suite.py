@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, importable, load_sibling, package_loader, within_scale
+from fused_llm_dev.bench.suite import Case, Fn, Provider, Suite, compile_static, importable, load_sibling, package_loader, within_scale
 
 ref = load_sibling(__file__)
 TOKENS = (1, 16, 64, 256, 1024, 4096, 16384)

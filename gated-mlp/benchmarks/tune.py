@@ -32,8 +32,8 @@ from suite import (
     within_scale,
 )
 
-from fused_llm.bench import Case
 from fused_llm.packages import get_kernel
+from fused_llm_dev.bench.suite import Case
 
 
 def decode_configs(m: int, fp8: bool = False):

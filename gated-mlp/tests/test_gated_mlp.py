@@ -19,7 +19,7 @@ import kernels
 import pytest
 import torch
 
-from fused_llm.testing import (
+from gated_mlp_testing import (
     assert_fp8_close,
     assert_fully_written,
     assert_only_declared_outputs_mutate,

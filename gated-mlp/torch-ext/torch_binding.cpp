@@ -21,8 +21,8 @@
 
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
+#include "common/binding_utils.h"
 #include "gated_mlp_sm80.h"
 #include "gated_mlp_sm90.h"
 
@@ -30,39 +30,7 @@ namespace gm = fused_llm::gated_mlp;
 
 namespace {
 
-// Error messages are built here as one std::string. TORCH_CHECK's own formatting streams each
-// argument into a std::ostringstream instantiated in this .so, and with the GPU image's build
-// (torch 2.11 + cu130 through cpp_extension) every check whose message streamed an integer
-// (or a shape through c10's operator<<) died with SIGSEGV (seen in rmsnorm-fp8). msg() only
-// concatenates strings, so no stream is used.
-// The same helpers (msg, shape_str, device_str) are in each CUDA package's binding on purpose:
-// a package builds and loads alone (kernel-builder / the Hub see only its own directory).
-std::string msg_part(const char* s) { return s; }
-std::string msg_part(const std::string& s) { return s; }
-std::string msg_part(std::string_view s) { return std::string(s); }
-std::string msg_part(c10::ScalarType t) { return c10::toString(t); }
-template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-std::string msg_part(I v) {
-  return std::to_string(v);
-}
-template <class... A>
-std::string msg(const A&... parts) {
-  std::string s;
-  (s += ... += msg_part(parts));
-  return s;
-}
-
-// Shapes and devices as strings, for msg(): c10's operator<< would stream them.
-std::string shape_str(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-std::string device_str(const at::Tensor& t) {
-  std::string s = c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
-  return t.device().has_index() ? s + ":" + std::to_string(t.device().index()) : s;
-}
+using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
@@ -73,9 +41,8 @@ void check_matrix(const at::Tensor& t, const char* name, const at::Tensor& x, in
               msg(name, ": expected shape ", shape_hint, " = [", rows, ", ", cols, "], got ", shape_str(t)));
   TORCH_CHECK(t.scalar_type() == x.scalar_type(),
               msg(name, ": expected dtype ", x.scalar_type(), " (x's), got ", t.scalar_type()));
-  TORCH_CHECK(t.device() == x.device(), msg(name, ": expected device ", device_str(x), ", got ", device_str(t)));
-  TORCH_CHECK(cols <= 1 || t.stride(1) == 1,
-              msg(name, ": the last dimension must be contiguous (stride 1), got stride ", t.stride(1)));
+  check_same_device(t, name, x);
+  check_last_dim_contiguous(t, name);
 }
 
 // An input read in 16-byte units (sm80: cp.async vectors; sm90: TMA rows): aligned start, row
@@ -92,20 +59,8 @@ std::optional<at::Tensor> bias_fp32(const std::optional<at::Tensor>& b, const ch
   TORCH_CHECK(b->dim() == 1 && b->size(0) == U, msg(name, ": expected shape [", U, "], got ", shape_str(*b)));
   TORCH_CHECK(b->scalar_type() == x.scalar_type() || b->scalar_type() == at::kFloat,
               msg(name, ": expected dtype ", x.scalar_type(), " (x's) or float32, got ", b->scalar_type()));
-  TORCH_CHECK(b->device() == x.device(), msg(name, ": expected device ", device_str(x), ", got ", device_str(*b)));
+  check_same_device(*b, name, x);
   return b->to(at::kFloat).contiguous();  // [U]: negligible, and the kernel reads one format
-}
-
-// Byte ranges [first, last] of a strided tensor's elements; disjoint ranges cannot alias.
-bool ranges_overlap(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const auto span = [](const at::Tensor& t) {
-    int64_t last = 0;
-    for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
-    return (last + 1) * static_cast<int64_t>(t.element_size());
-  };
-  const auto pa = reinterpret_cast<intptr_t>(a.data_ptr()), pb = reinterpret_cast<intptr_t>(b.data_ptr());
-  return !(pa + span(a) <= pb || pb + span(b) <= pa);
 }
 
 // The compiled kernels: what each needs beyond the shared checks.

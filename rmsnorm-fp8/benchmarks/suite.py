@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, load_sibling, package_loader
+from fused_llm_dev.bench.suite import Case, Fn, Provider, Suite, compile_static, load_sibling, package_loader
 
 HIDDEN = (4096, 8192, 16384)  # 8B, 70B, 405B-class models
 ROWS = tuple(2**i for i in range(15))  # 1 .. 16384 tokens: decode through prefill

@@ -13,27 +13,13 @@
 
 #include <cstdint>
 
+#include "common/kernel_types.h"
+
 namespace fused_llm {
 namespace rmsnorm_fp8 {
 
-enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-
-// kE4M3FN: OCP e4m3 used by NVIDIA (max 448, NaN = 0x7f/0xff, has -0).
-// kE4M3FNUZ: gfx942's e4m3 (exponent bias 8, max 240, NaN = 0x80, no -0).
-enum class Fp8Format : int32_t { kE4M3FN = 0, kE4M3FNUZ = 1 };
-
-enum class Quant : int32_t {
-  kNone = 0,          // out has dtype T
-  kStatic = 1,        // out fp8, one float32 scale read from static_scale[0]
-  kDynamicToken = 2,  // out fp8, one scale per row written to scales[row * scales_row_stride]
-  kDynamicGroup = 3,  // out fp8, one scale per (row, group of group_size columns)
-};
-
-// Smallest dynamic scale, as a fraction of 1/fp8_max: keeps an all-zero row or group from
-// dividing by zero (the same floor vLLM uses: 1 / (fp8_max * 512)).
-constexpr float kMinScaleFactor = 1.0f / 512.0f;
-
-inline float fp8_max_value(Fp8Format f) { return f == Fp8Format::kE4M3FN ? 448.0f : 240.0f; }
+// DType, Fp8Format, Quant, kMinScaleFactor and fp8_max_value are fused_llm's, shared with
+// swiglu-fp8: common/kernel_types.h.
 
 struct RmsNormParams {
   int64_t rows = 0;    // flattened leading dims, >= 0

@@ -21,316 +21,19 @@
 // only weight goes through the read-only path (__ldg).
 
 #include <cuda_runtime.h>
-#ifndef USE_ROCM
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#endif
 
-#include <atomic>
 #include <cstdint>
 
-#include "numerics.h"
+#include "common/dtype.cuh"
+#include "common/fp8.cuh"
+#include "common/launch.h"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
 #include "rmsnorm_fp8.h"
 
 namespace fused_llm {
 namespace rmsnorm_fp8 {
 namespace {
-
-#ifndef USE_ROCM
-constexpr int kWarpSize = 32;
-#else
-constexpr int kWarpSize = 64;  // gfx942 wavefront
-#endif
-// Shared-memory slots for one partial per warp of a 1024-thread block.
-constexpr int kMaxWarps = 1024 / kWarpSize;
-
-// Quantization modes as template values (Quant::k* mirrored; kept as ints for templates).
-constexpr int kQNone = 0;
-constexpr int kQStatic = 1;
-constexpr int kQToken = 2;
-constexpr int kQGroup = 3;
-constexpr int kFmtFn = 0;
-constexpr int kFmtFnuz = 1;
-
-// ---- dtype traits ----------------------------------------------------------------------------
-// Values travel as packed 32-bit words: one fp32 or two 16-bit elements (element 2k in the low
-// half). All arithmetic is in fp32; pack() rounds to T with RNE.
-struct Fp32Tag {};
-struct Fp16Tag {};
-struct Bf16Tag {};
-
-// Register-level reinterpretation of a 32-bit word as a packed pair type and back.
-template <class P>
-__device__ __forceinline__ P bit_cast_u32(uint32_t w) {
-  P p;
-  memcpy(&p, &w, sizeof(p));
-  return p;
-}
-template <class P>
-__device__ __forceinline__ uint32_t bit_cast_to_u32(const P& p) {
-  uint32_t w;
-  memcpy(&w, &p, sizeof(w));
-  return w;
-}
-
-template <class T>
-struct Elem;
-
-// Fallback packed op through fp32 (ROCm): unpack, operate, round once.
-template <class E, bool kMul>
-__device__ __forceinline__ uint32_t packed_op(uint32_t a, uint32_t b) {
-  float fa[2], fb[2];
-  E::unpack(a, fa);
-  E::unpack(b, fb);
-  fa[0] = kMul ? fa[0] * fb[0] : fa[0] + fb[0];
-  fa[1] = kMul ? fa[1] * fb[1] : fa[1] + fb[1];
-  return E::pack(fa);
-}
-
-template <>
-struct Elem<Fp32Tag> {
-  static constexpr int kBytes = 4;
-  static constexpr int kPerWord = 1;
-  __device__ __forceinline__ static void unpack(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
-  __device__ __forceinline__ static uint32_t pack(const float* f) { return __float_as_uint(f[0]); }
-  __device__ __forceinline__ static float round(float f) { return f; }
-  __device__ __forceinline__ static uint32_t add2(uint32_t a, uint32_t b) {
-    return __float_as_uint(__uint_as_float(a) + __uint_as_float(b));
-  }
-  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
-    return __float_as_uint(__uint_as_float(a) * __uint_as_float(b));
-  }
-  __device__ __forceinline__ static float load(const void* base, int64_t i) {
-    return static_cast<const float*>(base)[i];
-  }
-  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
-    static_cast<float*>(base)[i] = f;
-  }
-};
-
-template <>
-struct Elem<Bf16Tag> {
-  static constexpr int kBytes = 2;
-  static constexpr int kPerWord = 2;
-  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
-    f[0] = __uint_as_float(w << 16);
-    f[1] = __uint_as_float(w & 0xffff0000u);
-  }
-  __device__ __forceinline__ static uint32_t pack(const float* f) {
-#ifndef USE_ROCM
-    const __nv_bfloat162 h = __floats2bfloat162_rn(f[0], f[1]);  // one cvt.rn.bf16x2.f32 on sm_80+
-    return static_cast<uint32_t>(__bfloat16_as_ushort(h.x)) |
-           (static_cast<uint32_t>(__bfloat16_as_ushort(h.y)) << 16);
-#else
-    return static_cast<uint32_t>(float_to_bf16(f[0])) |
-           (static_cast<uint32_t>(float_to_bf16(f[1])) << 16);
-#endif
-  }
-  __device__ __forceinline__ static uint16_t to_bits(float f) {
-#ifndef USE_ROCM
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-#else
-    return float_to_bf16(f);
-#endif
-  }
-  __device__ __forceinline__ static float round(float f) { return bf16_to_float(to_bits(f)); }
-  // Packed add / multiply of two bf16 pairs, rounded once: equal to torch's fp32 op + cast
-  // (a bf16 product is exact in fp32; a sum is too unless one term is below half an ulp).
-  __device__ __forceinline__ static uint32_t add2(uint32_t a, uint32_t b) {
-#ifndef USE_ROCM
-    const __nv_bfloat162 r = __hadd2(bit_cast_u32<__nv_bfloat162>(a), bit_cast_u32<__nv_bfloat162>(b));
-    return bit_cast_to_u32(r);
-#else
-    return packed_op<Elem<Bf16Tag>, false>(a, b);
-#endif
-  }
-  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
-#ifndef USE_ROCM
-    const __nv_bfloat162 r = __hmul2(bit_cast_u32<__nv_bfloat162>(a), bit_cast_u32<__nv_bfloat162>(b));
-    return bit_cast_to_u32(r);
-#else
-    return packed_op<Elem<Bf16Tag>, true>(a, b);
-#endif
-  }
-  __device__ __forceinline__ static float load(const void* base, int64_t i) {
-    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-  }
-  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
-    static_cast<uint16_t*>(base)[i] = to_bits(f);
-  }
-};
-
-template <>
-struct Elem<Fp16Tag> {
-  static constexpr int kBytes = 2;
-  static constexpr int kPerWord = 2;
-  __device__ __forceinline__ static float from_bits(uint32_t h) {
-#ifndef USE_ROCM
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-#else
-    return half_to_float(static_cast<uint16_t>(h));
-#endif
-  }
-  __device__ __forceinline__ static uint16_t to_bits(float f) {
-#ifndef USE_ROCM
-    return __half_as_ushort(__float2half_rn(f));
-#else
-    return float_to_half(f);
-#endif
-  }
-  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
-    f[0] = from_bits(w & 0xffffu);
-    f[1] = from_bits(w >> 16);
-  }
-  __device__ __forceinline__ static uint32_t pack(const float* f) {
-#ifndef USE_ROCM
-    const __half2 h = __floats2half2_rn(f[0], f[1]);  // one cvt.rn.f16x2.f32 on sm_80+
-    return static_cast<uint32_t>(__half_as_ushort(h.x)) |
-           (static_cast<uint32_t>(__half_as_ushort(h.y)) << 16);
-#else
-    return static_cast<uint32_t>(float_to_half(f[0])) |
-           (static_cast<uint32_t>(float_to_half(f[1])) << 16);
-#endif
-  }
-  __device__ __forceinline__ static float round(float f) { return from_bits(to_bits(f)); }
-  __device__ __forceinline__ static uint32_t add2(uint32_t a, uint32_t b) {
-#ifndef USE_ROCM
-    return bit_cast_to_u32(__hadd2(bit_cast_u32<__half2>(a), bit_cast_u32<__half2>(b)));
-#else
-    return packed_op<Elem<Fp16Tag>, false>(a, b);
-#endif
-  }
-  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
-#ifndef USE_ROCM
-    return bit_cast_to_u32(__hmul2(bit_cast_u32<__half2>(a), bit_cast_u32<__half2>(b)));
-#else
-    return packed_op<Elem<Fp16Tag>, true>(a, b);
-#endif
-  }
-  __device__ __forceinline__ static float load(const void* base, int64_t i) {
-    return from_bits(static_cast<const uint16_t*>(base)[i]);
-  }
-  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
-    static_cast<uint16_t*>(base)[i] = to_bits(f);
-  }
-};
-
-// 16-byte vector <-> floats.
-template <class T>
-__device__ __forceinline__ void unpack_vec(const uint4& v, float* f) {
-  constexpr int P = Elem<T>::kPerWord;
-  Elem<T>::unpack(v.x, f);
-  Elem<T>::unpack(v.y, f + P);
-  Elem<T>::unpack(v.z, f + 2 * P);
-  Elem<T>::unpack(v.w, f + 3 * P);
-}
-
-template <class T>
-__device__ __forceinline__ uint4 pack_vec(const float* f) {
-  constexpr int P = Elem<T>::kPerWord;
-  uint4 v;
-  v.x = Elem<T>::pack(f);
-  v.y = Elem<T>::pack(f + P);
-  v.z = Elem<T>::pack(f + 2 * P);
-  v.w = Elem<T>::pack(f + 3 * P);
-  return v;
-}
-
-template <class T, bool kMul>
-__device__ __forceinline__ uint4 packed_vec_op(const uint4& a, const uint4& b) {
-  uint4 r;
-  r.x = kMul ? Elem<T>::mul2(a.x, b.x) : Elem<T>::add2(a.x, b.x);
-  r.y = kMul ? Elem<T>::mul2(a.y, b.y) : Elem<T>::add2(a.y, b.y);
-  r.z = kMul ? Elem<T>::mul2(a.z, b.z) : Elem<T>::add2(a.z, b.z);
-  r.w = kMul ? Elem<T>::mul2(a.w, b.w) : Elem<T>::add2(a.w, b.w);
-  return r;
-}
-
-// ---- math helpers ----------------------------------------------------------------------------
-// IEEE division even under --use_fast_math, so scales match torch's `amax / fp8_max` and `1 / s`.
-__device__ __forceinline__ float div_rn(float a, float b) {
-#ifndef USE_ROCM
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-// Clamp that keeps NaN (torch.clamp propagates it; fminf/fmaxf would drop it).
-__device__ __forceinline__ float clamp_fp8(float v, float fp8_max) {
-  return v < -fp8_max ? -fp8_max : (v > fp8_max ? fp8_max : v);
-}
-
-// The clamp before an e4m3 conversion. The hardware e4m3fn conversion saturates by itself
-// (.satfinite: out-of-range and inf go to +-448, NaN stays NaN, exactly what the clamp does),
-// so it is skipped there: 4 instructions per element on a kernel that is close to issue-bound
-// at decode sizes.
-template <int FMT>
-__device__ __forceinline__ float fp8_clamp_input(float v, float fp8_max) {
-#ifndef USE_ROCM
-  if constexpr (FMT == kFmtFn) return v;
-#endif
-  return clamp_fp8(v, fp8_max);
-}
-
-// Two clamped values -> two e4m3 bytes (a in the low byte).
-template <int FMT>
-__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
-#ifndef USE_ROCM
-  if constexpr (FMT == kFmtFn) {
-    // cvt.rn.satfinite.e4m3x2.f32 on sm_89+, emulated by cuda_fp8.hpp below that.
-    return static_cast<uint32_t>(
-        __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
-  }
-#endif
-  if constexpr (FMT == kFmtFn) {
-    return static_cast<uint32_t>(float_to_e4m3fn(a)) |
-           (static_cast<uint32_t>(float_to_e4m3fn(b)) << 8);
-  } else {
-    return static_cast<uint32_t>(float_to_e4m3fnuz(a)) |
-           (static_cast<uint32_t>(float_to_e4m3fnuz(b)) << 8);
-  }
-}
-
-__device__ __forceinline__ uint8_t fp8_one(float a, int fmt) {
-  return static_cast<uint8_t>(fmt == kFmtFn ? fp8x2<kFmtFn>(a, 0.0f) : fp8x2<kFmtFnuz>(a, 0.0f));
-}
-
-__device__ __forceinline__ float shfl_xor(float v, int offset) {
-#ifndef USE_ROCM
-  return __shfl_xor_sync(0xffffffffu, v, offset);
-#else
-  return __shfl_xor(v, offset);
-#endif
-}
-
-template <bool kMax>
-__device__ __forceinline__ float combine(float a, float b) {
-  return kMax ? fmaxf(a, b) : a + b;
-}
-
-// Reduce over the `tpr` consecutive threads of a row (tpr a power of two; the block is a whole
-// number of warps). tpr <= warp size: xor shuffles inside the warp (several rows per warp stay
-// separate). tpr > warp size: each warp reduces, then the row's warps combine through `smem`
-// (one slot per warp of the block). Every thread of the block must call this (uniformly); every
-// caller gets its row's result.
-template <bool kMax>
-__device__ __forceinline__ float row_reduce(float v, int tpr, float* smem) {
-  const int width = tpr < kWarpSize ? tpr : kWarpSize;
-  for (int o = width >> 1; o > 0; o >>= 1) v = combine<kMax>(v, shfl_xor(v, o));
-  if (tpr > kWarpSize) {
-    const int lane = threadIdx.x % kWarpSize;
-    const int warp = threadIdx.x / kWarpSize;
-    const int warps_per_row = tpr / kWarpSize;
-    if (lane == 0) smem[warp] = v;
-    __syncthreads();
-    const int first = warp & ~(warps_per_row - 1);  // first warp of this row
-    v = lane < warps_per_row ? smem[first + lane] : 0.0f;  // 0: identity for sum and max(|y|)
-    for (int o = kWarpSize >> 1; o > 0; o >>= 1) v = combine<kMax>(v, shfl_xor(v, o));
-  }
-  return v;
-}
 
 // ---- kernel arguments --------------------------------------------------------------------
 struct KernelArgs {
@@ -386,22 +89,20 @@ __global__ void __launch_bounds__(kFastMaxThreads)
   const char* x_row = static_cast<const char*>(a.x) + row * a.x_stride * E::kBytes;
   const char* r_row = static_cast<const char*>(a.residual) + row * a.residual_stride * E::kBytes;
   char* ro_row = static_cast<char*>(a.residual_out) + row * a.residual_out_stride * E::kBytes;
-  const uint4* w_row = static_cast<const uint4*>(a.weight);
 
   // Issue every load of the row before any use: x and residual, and the weight too when
   // ITERS <= 2 (decode shapes: its latency would otherwise add a dependent round trip, and
   // 3 x 2 vectors fit the register budget; at ITERS 4 they do not, see below).
-  uint4 v[ITERS];
-  uint4 r[ITERS];
-  uint4 w[ITERS];
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  Vec<4> v[ITERS];
+  Vec<4> r[ITERS];
+  Vec<4> w[ITERS];
 #pragma unroll
   for (int j = 0; j < ITERS; ++j) {
     const int vi = j * tpr + t;
     const bool in = vi < nvec;
-    v[j] = (in && row_ok) ? reinterpret_cast<const uint4*>(x_row)[vi] : zero;
-    r[j] = (in && row_ok && has_res) ? reinterpret_cast<const uint4*>(r_row)[vi] : zero;
-    if constexpr (ITERS <= 2) w[j] = in ? __ldg(w_row + vi) : zero;
+    v[j] = (in && row_ok) ? load_vec<4>(x_row, vi) : zero_vec<4>();
+    r[j] = (in && row_ok && has_res) ? load_vec<4>(r_row, vi) : zero_vec<4>();
+    if constexpr (ITERS <= 2) w[j] = in ? load_vec_readonly<4>(a.weight, vi) : zero_vec<4>();
   }
   float inv_scale = 0.0f;
   if constexpr (QM == kQStatic) inv_scale = div_rn(1.0f, __ldg(a.static_scale));
@@ -411,9 +112,9 @@ __global__ void __launch_bounds__(kFastMaxThreads)
 #pragma unroll
   for (int j = 0; j < ITERS; ++j) {
     if (has_res) {
-      v[j] = packed_vec_op<T, false>(v[j], r[j]);  // T(x + residual), one packed add per pair
+      v[j] = add_vec<T>(v[j], r[j]);  // T(x + residual), one packed add per pair
       const int vi = j * tpr + t;
-      if (row_ok && vi < nvec) reinterpret_cast<uint4*>(ro_row)[vi] = v[j];
+      if (row_ok && vi < nvec) store_vec<4>(ro_row, vi, v[j]);
     }
     float f[kVec];
     unpack_vec<T>(v[j], f);
@@ -427,10 +128,10 @@ __global__ void __launch_bounds__(kFastMaxThreads)
 #pragma unroll
     for (int j = 0; j < ITERS; ++j) {
       const int vi = j * tpr + t;
-      w[j] = vi < nvec ? __ldg(w_row + vi) : zero;
+      w[j] = vi < nvec ? load_vec_readonly<4>(a.weight, vi) : zero_vec<4>();
     }
   }
-  ss = row_reduce<false>(ss, tpr, s_sum);
+  ss = row_reduce<ReduceSum>(ss, tpr, s_sum);
   const float rstd = rsqrtf(ss * a.inv_hidden + a.eps);
 
   // y = T(float(T(v * rstd)) * w), kept packed in v[]; |y| max for the token scale.
@@ -442,7 +143,7 @@ __global__ void __launch_bounds__(kFastMaxThreads)
 #pragma unroll
     for (int k = 0; k < kVec; ++k) f[k] *= rstd;
     // n = T(v * rstd) (2 elements per cvt), then y = T(n * w) as one packed multiply per pair.
-    v[j] = packed_vec_op<T, true>(pack_vec<T>(f), w[j]);
+    v[j] = mul_vec<T>(pack_vec<T, 4>(f), w[j]);
     if constexpr (QM == kQToken) {
       unpack_vec<T>(v[j], f);
 #pragma unroll
@@ -455,14 +156,13 @@ __global__ void __launch_bounds__(kFastMaxThreads)
 #pragma unroll
     for (int j = 0; j < ITERS; ++j) {
       const int vi = j * tpr + t;
-      if (row_ok && vi < nvec) reinterpret_cast<uint4*>(out_row)[vi] = v[j];
+      if (row_ok && vi < nvec) store_vec<4>(out_row, vi, v[j]);
     }
     return;
   } else {
     if constexpr (QM == kQToken) {
-      amax = row_reduce<true>(amax, tpr, s_max);
-      if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
-      const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
+      amax = row_reduce<ReduceAmax>(amax, tpr, s_max);
+      const float scale = fp8_scale(amax, a.scale_ub, a.fp8_max, a.min_scale);
       if (row_ok && t == 0) a.scales[row * a.scales_row_stride] = scale;
       inv_scale = div_rn(1.0f, scale);
     }
@@ -478,29 +178,14 @@ __global__ void __launch_bounds__(kFastMaxThreads)
 #pragma unroll
         for (int k = 0; k < kVec; ++k) gmax = fmaxf(gmax, fabsf(f[k]));
         const int gv = 1 << a.group_vecs_log2;
-        for (int o = gv >> 1; o > 0; o >>= 1) gmax = fmaxf(gmax, shfl_xor(gmax, o));
-        if (a.scale_ub > 0.0f) gmax = fminf(gmax, a.scale_ub);
-        const float scale = fmaxf(div_rn(gmax, a.fp8_max), a.min_scale);
+        gmax = warp_reduce<ReduceAmax>(gmax, gv);
+        const float scale = fp8_scale(gmax, a.scale_ub, a.fp8_max, a.min_scale);
         if (row_ok && vi < nvec && (t & (gv - 1)) == 0)
           a.scales[row * a.scales_row_stride + (vi >> a.group_vecs_log2) * a.scales_group_stride] = scale;
         inv = div_rn(1.0f, scale);
       }
-      uint32_t q[kVec / 4];
-#pragma unroll
-      for (int k = 0; k < kVec / 4; ++k) {
-        const uint32_t lo = fp8x2<FMT>(fp8_clamp_input<FMT>(f[4 * k] * inv, a.fp8_max),
-                                       fp8_clamp_input<FMT>(f[4 * k + 1] * inv, a.fp8_max));
-        const uint32_t hi = fp8x2<FMT>(fp8_clamp_input<FMT>(f[4 * k + 2] * inv, a.fp8_max),
-                                       fp8_clamp_input<FMT>(f[4 * k + 3] * inv, a.fp8_max));
-        q[k] = lo | (hi << 16);
-      }
-      if (row_ok && vi < nvec) {
-        if constexpr (kVec == 8) {
-          reinterpret_cast<uint2*>(out_row)[vi] = make_uint2(q[0], q[1]);
-        } else if constexpr (kVec == 4) {
-          reinterpret_cast<uint32_t*>(out_row)[vi] = q[0];
-        }
-      }
+      const Vec<kVec / 4> q = fp8_pack_vec<kVec, FMT>(f, inv, a.fp8_max);
+      if (row_ok && vi < nvec) store_vec<kVec / 4>(out_row, vi, q);
     }
   }
 }
@@ -536,7 +221,7 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_generic_kernel(const KernelA
     }
     ss = fmaf(v, v, ss);
   }
-  ss = row_reduce<false>(ss, nthreads, s_sum);  // its barrier also publishes residual_out
+  ss = row_reduce<ReduceSum>(ss, nthreads, s_sum);  // its barrier also publishes residual_out
   const float rstd = rsqrtf(ss * a.inv_hidden + a.eps);
   auto y_at = [&](int64_t c) {
     const float n = E::round(E::load(v_row, c) * rstd);
@@ -555,9 +240,8 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_generic_kernel(const KernelA
     } else {
       float amax = 0.0f;
       for (int64_t c = tid; c < H; c += nthreads) amax = fmaxf(amax, fabsf(y_at(c)));
-      amax = row_reduce<true>(amax, nthreads, s_max);
-      if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
-      const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
+      amax = row_reduce<ReduceAmax>(amax, nthreads, s_max);
+      const float scale = fp8_scale(amax, a.scale_ub, a.fp8_max, a.min_scale);
       if (tid == 0) a.scales[row * a.scales_row_stride] = scale;
       inv = div_rn(1.0f, scale);
     }
@@ -572,9 +256,8 @@ __global__ void __launch_bounds__(1024, 1) rms_norm_generic_kernel(const KernelA
   for (int64_t g = tid / kWarpSize; g < ngroups; g += nwarps) {
     float amax = 0.0f;
     for (int64_t c = g * gs + lane; c < (g + 1) * gs; c += kWarpSize) amax = fmaxf(amax, fabsf(y_at(c)));
-    for (int o = kWarpSize >> 1; o > 0; o >>= 1) amax = fmaxf(amax, shfl_xor(amax, o));
-    if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
-    const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
+    amax = warp_reduce<ReduceAmax>(amax, kWarpSize);
+    const float scale = fp8_scale(amax, a.scale_ub, a.fp8_max, a.min_scale);
     if (lane == 0) a.scales[row * a.scales_row_stride + g * a.scales_group_stride] = scale;
     const float inv = div_rn(1.0f, scale);
     for (int64_t c = g * gs + lane; c < (g + 1) * gs; c += kWarpSize)
@@ -589,19 +272,6 @@ struct FastConfig {
   int iters = 0;            // vectors per thread: 1, 2, 4
   int rows_per_block = 0;
 };
-
-int next_pow2(int64_t n) {
-  int p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
-int log2_exact(int n) {
-  int l = 0;
-  while ((1 << l) < n) ++l;
-  return l;
-}
-
 
 // nvec = H / VEC vectors per row; group_vecs = vectors per quant group (1 outside group mode).
 //
@@ -643,25 +313,6 @@ FastConfig choose_fast_config(int64_t nvec, int64_t rows, int num_sms, int group
   c.rows_per_block = rpb;
   return c;
 }
-
-// Multiprocessor count of the current device, queried once per device.
-cudaError_t sm_count(int* n) {
-  static std::atomic<int> cache[64];
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  int v = (dev >= 0 && dev < 64) ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (v == 0) {
-    e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    v = v < 1 ? 1 : v;
-    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
-  }
-  *n = v;
-  return cudaSuccess;
-}
-
-bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
 template <class T, int ITERS, int QM, int FMT>
 cudaError_t launch_fast(const KernelArgs& a, const FastConfig& c, cudaStream_t stream) {
@@ -716,9 +367,8 @@ cudaError_t launch_typed(const RmsNormParams& p, KernelArgs a, cudaStream_t s) {
   }
   int group_vecs = 1;
   if (is_group) {
-    group_vecs = p.group_size / vec;
-    fast = fast && p.group_size % vec == 0 && group_vecs <= kWarpSize &&
-           (group_vecs & (group_vecs - 1)) == 0;
+    group_vecs = group_vectors(p.group_size, vec);
+    fast = fast && group_vecs > 0;
   }
 
   FastConfig c;
@@ -756,22 +406,7 @@ int rms_norm_launch_gpu(const RmsNormParams& p, void* stream) {
   if (p.rows < 0 || p.hidden < 1 || p.x == nullptr || p.weight == nullptr || p.out == nullptr)
     return static_cast<int>(cudaErrorInvalidValue);
   if (p.residual != nullptr && p.residual_out == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-  switch (p.quant) {
-    case Quant::kNone:
-      break;
-    case Quant::kStatic:
-      if (p.static_scale == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-      break;
-    case Quant::kDynamicToken:
-      if (p.scales == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-      break;
-    case Quant::kDynamicGroup:
-      if (p.scales == nullptr || p.group_size <= 0 || p.hidden % p.group_size != 0)
-        return static_cast<int>(cudaErrorInvalidValue);
-      break;
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
+  if (!quant_params_valid(p, p.hidden)) return static_cast<int>(cudaErrorInvalidValue);
 
   KernelArgs a{};
   a.x = p.x;
@@ -787,31 +422,10 @@ int rms_norm_launch_gpu(const RmsNormParams& p, void* stream) {
   a.hidden = p.hidden;
   a.inv_hidden = 1.0f / static_cast<float>(p.hidden);
   a.eps = p.eps;
-  a.static_scale = p.static_scale;
-  a.scales = p.scales;
-  a.scales_row_stride = p.scales_row_stride;
-  a.scales_group_stride = p.scales_group_stride;
-  a.scale_ub = p.scale_ub;
-  a.fp8_max = fp8_max_value(p.fp8_format);
-  a.min_scale = kMinScaleFactor / a.fp8_max;
-  a.group_size = p.group_size;
+  set_quant_args(a, p);
 
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t e;
-  switch (p.dtype) {
-    case DType::kFloat32:
-      e = launch_typed<Fp32Tag>(p, a, s);
-      break;
-    case DType::kFloat16:
-      e = launch_typed<Fp16Tag>(p, a, s);
-      break;
-    case DType::kBFloat16:
-      e = launch_typed<Bf16Tag>(p, a, s);
-      break;
-    default:
-      e = cudaErrorInvalidValue;
-  }
-  return static_cast<int>(e);
+  return static_cast<int>(dispatch_dtype(p.dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, a, s); }));
 }
 
 const char* gpu_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }

@@ -8,7 +8,6 @@ Runs on CUDA when torch has a GPU (the CUDA variant), else on the CPU variant.
 from __future__ import annotations
 
 import itertools
-import zlib
 
 import kernels
 import pytest
@@ -16,15 +15,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fused_llm.testing import (
+from rmsnorm_fp8_testing import (
     assert_close,
     assert_fp8_close,
     assert_fully_written,
     assert_only_declared_outputs_mutate,
     device,
+    dynamic_fp8_ref,
     empty_poisoned,
     FP8_DTYPES,
+    FP8_MAX,
     opcheck,
+    quantize_fp8_ref,
+    seed_of,
+    size_id,
 )
 
 rmsnorm_fp8 = kernels.get_kernel("fused-llm/rmsnorm-fp8", version=1)
@@ -34,7 +38,6 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HIDDEN = (1, 7, 64, 2048, 4096, 5120, 8192, 16384, 13331)  # 13331: odd and large
 ROWS = (0, 1, 3, 257, 4096)
 EPS = 1e-6
-FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 
 
 def affordable(rows: int, hidden: int) -> bool:
@@ -43,15 +46,6 @@ def affordable(rows: int, hidden: int) -> bool:
 
 
 SIZES = [(r, h) for r, h in itertools.product(ROWS, HIDDEN) if affordable(r, h)]
-
-
-def seed_of(*parts) -> int:
-    """A stable per-case seed: fresh inputs for every case, reproducible across runs."""
-    return zlib.crc32(repr(parts).encode())
-
-
-def size_id(size: tuple[int, int]) -> str:
-    return f"{size[0]}x{size[1]}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -66,24 +60,6 @@ def ref_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     normed = (vd * torch.rsqrt(vd.pow(2).mean(-1, keepdim=True) + eps)).float().to(dtype)
     y = (normed.float() * weight.float()).to(dtype)
     return y, v
-
-
-def quantize(y: torch.Tensor, inv_scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
-    m = FP8_MAX[fp8_dtype]
-    return (y.float() * inv_scale).clamp(-m, m).to(fp8_dtype)
-
-
-def ref_dynamic(y: torch.Tensor, fp8_dtype: torch.dtype, group: int | None, scale_ub: float | None):
-    m = FP8_MAX[fp8_dtype]
-    rows, hidden = y.reshape(-1, y.shape[-1]).shape
-    g = group or hidden
-    yg = y.float().reshape(rows, hidden // g, g)
-    amax = yg.abs().amax(-1, keepdim=True)
-    if scale_ub is not None:
-        amax = amax.clamp(max=scale_ub)
-    scale = torch.maximum(amax / m, torch.tensor(1.0 / (512.0 * m), device=y.device))
-    q = quantize(yg, 1.0 / scale, fp8_dtype).reshape(y.shape)
-    return q, scale.reshape(rows, hidden // g)
 
 
 def make_inputs(rows: int, hidden: int, dtype: torch.dtype, *, seed: int, residual: bool = True):
@@ -139,7 +115,7 @@ def test_static_fp8(size, dtype, fp8_dtype, fused_add):
     # A scale that sends the largest values past the FP8 maximum, so saturation is exercised.
     scale = torch.tensor([3.0 / FP8_MAX[fp8_dtype]], device=DEVICE)
     y_ref, v_ref = ref_norm(x, res, w, EPS)
-    q_ref = quantize(y_ref, 1.0 / scale, fp8_dtype)
+    q_ref = quantize_fp8_ref(y_ref, 1.0 / scale, fp8_dtype)
     out = empty_poisoned((rows, hidden), fp8_dtype, DEVICE)
     if fused_add:
         q, new_res = rmsnorm_fp8.fused_add_rms_norm_fp8(x, res, w, scale, EPS, fp8_dtype=fp8_dtype, out=out)
@@ -178,7 +154,7 @@ def test_dynamic_fp8(size, group, fp8_dtype, dtype):
         if res is not None:
             res[0].zero_()
     y_ref, v_ref = ref_norm(x, res, w, EPS)
-    q_ref, s_ref = ref_dynamic(y_ref, fp8_dtype, group, None)
+    q_ref, s_ref = dynamic_fp8_ref(y_ref, fp8_dtype, group, None)
     out = empty_poisoned((rows, hidden), fp8_dtype, DEVICE)
     scales = empty_poisoned(tuple(s_ref.shape), torch.float32, DEVICE)
     kwargs = dict(group_size=group, fp8_dtype=fp8_dtype, out=out, scales=scales)
@@ -201,7 +177,7 @@ def test_dynamic_scale_ub_and_column_major(group):
     x, res, w = make_inputs(33, 1024, torch.bfloat16, seed=7)
     x[3] *= 50  # a row whose absmax exceeds the bound
     y_ref, v_ref = ref_norm(x, res, w, EPS)
-    q_ref, s_ref = ref_dynamic(y_ref, torch.float8_e4m3fn, group, 4.0)
+    q_ref, s_ref = dynamic_fp8_ref(y_ref, torch.float8_e4m3fn, group, 4.0)
     q, s, _ = rmsnorm_fp8.fused_add_rms_norm_dynamic_fp8(
         x, res, w, EPS, group_size=group, scale_ub=4.0, column_major_scales=True, fp8_dtype=torch.float8_e4m3fn
     )
@@ -249,7 +225,7 @@ def test_non_contiguous_rows(dtype):
     assert_close(out, y_ref, "out")
     scale = torch.tensor([0.01], device=DEVICE)
     q = rmsnorm_fp8.rms_norm_fp8(x, w, scale, EPS)
-    assert_fp8_close(q, quantize(ref_norm(x, None, w, EPS)[0], 1 / scale, q.dtype), scale, scale)
+    assert_fp8_close(q, quantize_fp8_ref(ref_norm(x, None, w, EPS)[0], 1 / scale, q.dtype), scale, scale)
 
 
 def test_misaligned_rows_take_the_generic_path():
@@ -271,7 +247,7 @@ def test_generic_kernel_dynamic(group, hidden):
     res = torch.randn(rows, hidden, dtype=torch.bfloat16, device=DEVICE)
     w = torch.rand(hidden, dtype=torch.bfloat16, device=DEVICE) + 0.5
     y_ref, v_ref = ref_norm(x, res, w, EPS)
-    q_ref, s_ref = ref_dynamic(y_ref, torch.float8_e4m3fn, group, None)
+    q_ref, s_ref = dynamic_fp8_ref(y_ref, torch.float8_e4m3fn, group, None)
     q, s, new_res = rmsnorm_fp8.fused_add_rms_norm_dynamic_fp8(x, res, w, EPS, group_size=group)
     assert torch.equal(new_res, v_ref)
     torch.testing.assert_close(s, s_ref, rtol=2 * 2**-7, atol=0)
@@ -279,7 +255,7 @@ def test_generic_kernel_dynamic(group, hidden):
     assert_fp8_close(q, q_ref, s.repeat_interleave(g, -1), s_ref.repeat_interleave(g, -1))
     scale = torch.tensor([0.01], device=DEVICE)
     q, _ = rmsnorm_fp8.fused_add_rms_norm_fp8(x, res, w, scale, EPS)
-    assert_fp8_close(q, quantize(y_ref, 1 / scale, q.dtype), scale, scale)
+    assert_fp8_close(q, quantize_fp8_ref(y_ref, 1 / scale, q.dtype), scale, scale)
 
 
 def test_overlapping_outputs_are_refused():
@@ -338,7 +314,7 @@ def test_random_shapes(rows, hidden, pad, dtype, seed):
     assert_close(out, y_ref, "out")
     scale = torch.tensor([0.02], device=DEVICE)
     q, _ = rmsnorm_fp8.fused_add_rms_norm_fp8(x, res, w, scale, EPS)
-    assert_fp8_close(q, quantize(y_ref, 1 / scale, q.dtype), scale, scale)
+    assert_fp8_close(q, quantize_fp8_ref(y_ref, 1 / scale, q.dtype), scale, scale)
 
 
 # ---------------------------------------------------------------------------------------

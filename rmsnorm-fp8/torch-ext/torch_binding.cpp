@@ -2,80 +2,22 @@
 // with friendlier messages; these keep direct torch.ops callers safe), dispatch.
 #include "torch_binding.h"
 
-#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "common/binding_utils.h"
 #include "registration.h"
 #include "rmsnorm_fp8.h"
-
-#if defined(CUDA_KERNEL)
-#include <ATen/cuda/CUDAContext.h>
-#elif defined(ROCM_KERNEL)
-#include <c10/hip/HIPStream.h>
-#elif defined(CPU_KERNEL)
-#include <ATen/Parallel.h>
-#endif
 
 namespace rn = fused_llm::rmsnorm_fp8;
 
 namespace {
 
-// Error messages are built here as one std::string. TORCH_CHECK's own formatting streams each
-// argument into a std::ostringstream instantiated in this .so, and with the GPU image's build
-// (torch 2.11 + cu130 through cpp_extension) every check whose message streamed an integer
-// (or a shape through c10's operator<<) died with SIGSEGV, while messages made only of strings
-// and ScalarType names raised normally. msg() only concatenates strings, so no stream is used.
-// The same helpers (msg, shape_str, device_str) are in each CUDA package's binding on purpose:
-// a package builds and loads alone (kernel-builder / the Hub see only its own directory).
-std::string msg_part(const char* s) { return s; }
-std::string msg_part(const std::string& s) { return s; }
-std::string msg_part(c10::ScalarType t) { return c10::toString(t); }
-template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-std::string msg_part(I v) {
-  return std::to_string(v);
-}
-template <class... A>
-std::string msg(const A&... parts) {
-  std::string s;
-  (s += ... += msg_part(parts));
-  return s;
-}
-
-// Shapes and devices as strings, for msg(): c10's operator<< would stream them.
-std::string shape_str(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-std::string device_str(const at::Tensor& t) {
-  std::string s = c10::DeviceTypeName(t.device().type(), /*lower_case=*/true);
-  return t.device().has_index() ? s + ":" + std::to_string(t.device().index()) : s;
-}
-
-rn::DType to_dtype(const at::Tensor& t, const char* name) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return rn::DType::kFloat32;
-    case at::kHalf: return rn::DType::kFloat16;
-    case at::kBFloat16: return rn::DType::kBFloat16;
-    default:
-      TORCH_CHECK(false,
-                  msg(name, ": expected float32, float16 or bfloat16, got ", t.scalar_type()));
-  }
-}
-
-rn::Fp8Format to_fp8_format(const at::Tensor& out) {
-  if (out.scalar_type() == at::kFloat8_e4m3fn) return rn::Fp8Format::kE4M3FN;
-  TORCH_CHECK(out.scalar_type() == at::kFloat8_e4m3fnuz,
-              msg("out: expected float8_e4m3fn or float8_e4m3fnuz, got ", out.scalar_type()));
-  return rn::Fp8Format::kE4M3FNUZ;
-}
+using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
 
 // A [rows, H] operand with a unit-stride last dimension, on x's device.
 void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
@@ -83,11 +25,8 @@ void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
               msg(name, ": expected a 2-D [rows, hidden] tensor, got ", t.dim(), "-D"));
   TORCH_CHECK(t.size(0) == x.size(0) && t.size(1) == x.size(1),
               msg(name, ": expected shape ", shape_str(x), ", got ", shape_str(t)));
-  TORCH_CHECK(t.device() == x.device(),
-              msg(name, ": expected device ", device_str(x), ", got ", device_str(t)));
-  TORCH_CHECK(
-      t.size(1) <= 1 || t.stride(1) == 1,
-      msg(name, ": the last dimension must be contiguous (stride 1), got stride ", t.stride(1)));
+  check_same_device(t, name, x);
+  check_last_dim_contiguous(t, name);
 }
 
 // Memory relation of two [rows, H] operands (unit-stride last dimension): kNone, kExact (same
@@ -97,14 +36,8 @@ void check_rows(const at::Tensor& t, const char* name, const at::Tensor& x) {
 enum class Overlap { kNone, kExact, kPartial };
 
 Overlap overlap_of(const at::Tensor& a, const at::Tensor& b) {
-  if (a.numel() == 0 || b.numel() == 0) return Overlap::kNone;
-  const auto span = [](const at::Tensor& t) {
-    int64_t last = 0;
-    for (int64_t i = 0; i < t.dim(); ++i) last += (t.size(i) - 1) * t.stride(i);
-    return (last + 1) * static_cast<int64_t>(t.element_size());
-  };
+  if (!ranges_overlap(a, b)) return Overlap::kNone;
   const auto pa = reinterpret_cast<intptr_t>(a.data_ptr()), pb = reinterpret_cast<intptr_t>(b.data_ptr());
-  if (pa + span(a) <= pb || pb + span(b) <= pa) return Overlap::kNone;
   if (pa == pb && a.sizes() == b.sizes() && a.strides() == b.strides() && a.element_size() == b.element_size())
     return Overlap::kExact;
   if (a.dim() == 2 && b.dim() == 2 && a.element_size() == b.element_size() && a.stride(0) == b.stride(0) &&
@@ -162,13 +95,12 @@ rn::RmsNormParams common_params(const at::Tensor& out, const at::Tensor& x,
   TORCH_CHECK(
       weight.scalar_type() == x.scalar_type(),
       msg("weight: expected dtype ", x.scalar_type(), " (x's), got ", weight.scalar_type()));
-  TORCH_CHECK(weight.device() == x.device(),
-              msg("weight: expected device ", device_str(x), ", got ", device_str(weight)));
+  check_same_device(weight, "weight", x);
   TORCH_CHECK(weight.is_contiguous(), msg("weight: must be contiguous"));
   rn::RmsNormParams p;
   p.rows = x.size(0);
   p.hidden = x.size(1);
-  p.dtype = to_dtype(x, "x");
+  p.dtype = float_dtype_of<fused_llm::DType>(x, "x");
   p.x = x.data_ptr();
   p.x_row_stride = x.stride(0);
   p.weight = weight.data_ptr();
@@ -193,59 +125,10 @@ void add_residual(rn::RmsNormParams& p, at::Tensor& residual_out, const at::Tens
   p.residual_out_row_stride = residual_out.stride(0);
 }
 
-void set_static(rn::RmsNormParams& p, const at::Tensor& out, const at::Tensor& scale,
-                const at::Tensor& x) {
-  p.quant = rn::Quant::kStatic;
-  p.fp8_format = to_fp8_format(out);
-  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat,
-              msg("scale: expected a float32 tensor with one element, got ", scale.scalar_type(),
-                  " of shape ", shape_str(scale)));
-  TORCH_CHECK(scale.device() == x.device(),
-              msg("scale: expected device ", device_str(x), ", got ", device_str(scale)));
-  p.static_scale = scale.data_ptr<float>();
-}
-
-void set_dynamic(rn::RmsNormParams& p, const at::Tensor& out, at::Tensor& scales,
-                 int64_t group_size, std::optional<double> scale_ub, const at::Tensor& x) {
-  p.fp8_format = to_fp8_format(out);
-  TORCH_CHECK(group_size == 0 || group_size == 64 || group_size == 128,
-              msg("group_size: expected 0 (per token), 64 or 128, got ", group_size));
-  const int64_t groups = group_size == 0 ? 1 : x.size(1) / group_size;
-  TORCH_CHECK(group_size == 0 || x.size(1) % group_size == 0,
-              msg("group_size: hidden size ", x.size(1), " is not a multiple of ", group_size));
-  TORCH_CHECK(scales.scalar_type() == at::kFloat,
-              msg("scales: expected float32, got ", scales.scalar_type()));
-  TORCH_CHECK(scales.device() == x.device(), msg("scales: expected device ", device_str(x)));
-  TORCH_CHECK(
-      scales.dim() == 2 && scales.size(0) == x.size(0) && scales.size(1) == groups,
-      msg("scales: expected shape [", x.size(0), ", ", groups, "], got ", shape_str(scales)));
-  TORCH_CHECK(!scale_ub.has_value() || *scale_ub > 0, msg("scale_ub: must be > 0"));
-  p.quant = group_size == 0 ? rn::Quant::kDynamicToken : rn::Quant::kDynamicGroup;
-  p.group_size = static_cast<int32_t>(group_size);
-  p.scales = scales.data_ptr<float>();
-  p.scales_row_stride = scales.stride(0);
-  p.scales_group_stride = scales.stride(1);
-  p.scale_ub = scale_ub.has_value() ? static_cast<float>(*scale_ub) : 0.0f;
-}
-
 void launch(const rn::RmsNormParams& p, const at::Tensor& x) {
-  if (p.rows == 0) return;
-  const c10::DeviceGuard guard(x.device());
-#if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
-  TORCH_CHECK(x.is_cuda(), msg("x: expected a GPU tensor, got device ", device_str(x)));
-#if defined(CUDA_KERNEL)
-  void* stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
-#else
-  void* stream = c10::hip::getCurrentHIPStream(x.get_device()).stream();
-#endif
-  const int err = rn::rms_norm_launch_gpu(p, stream);
-  TORCH_CHECK(err == 0, msg("rmsnorm-fp8 kernel launch failed: ", rn::gpu_error_string(err)));
-#else
-  TORCH_CHECK(x.is_cpu(), msg("x: expected a CPU tensor, got device ", device_str(x)));
-  // Chunks of >= 16K elements amortize the thread-pool dispatch.
-  const int64_t grain = std::max<int64_t>(1, 16384 / p.hidden);
-  at::parallel_for(0, p.rows, grain, [&](int64_t begin, int64_t end) { rn::rms_norm_cpu(p, begin, end); });
-#endif
+  launch_rows(
+      x, p.rows, p.hidden, "rmsnorm-fp8", [&](void* stream) { return rn::rms_norm_launch_gpu(p, stream); },
+      rn::gpu_error_string, [&](int64_t begin, int64_t end) { rn::rms_norm_cpu(p, begin, end); });
 }
 
 }  // namespace
@@ -272,7 +155,7 @@ void fused_add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at::Ten
 void rms_norm_static_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                          const at::Tensor& scale, double eps) {
   auto p = common_params(out, x, weight, eps);
-  set_static(p, out, scale, x);
+  set_static_fp8(p, out, scale, x);
   check_output(out, "out", {&x, &weight, &scale});
   launch(p, x);
 }
@@ -282,7 +165,7 @@ void fused_add_rms_norm_static_fp8(at::Tensor& out, at::Tensor& residual_out,
                                    const at::Tensor& weight, const at::Tensor& scale,
                                    double eps) {
   auto p = common_params(out, x, weight, eps);
-  set_static(p, out, scale, x);
+  set_static_fp8(p, out, scale, x);
   add_residual(p, residual_out, residual, x);
   check_output(out, "out", {&x, &residual, &residual_out, &weight, &scale});
   check_output(residual_out, "residual_out", {&x, &residual, &weight, &scale}, &residual);
@@ -293,7 +176,7 @@ void rms_norm_dynamic_fp8(at::Tensor& out, at::Tensor& scales, const at::Tensor&
                           const at::Tensor& weight, double eps, int64_t group_size,
                           std::optional<double> scale_ub) {
   auto p = common_params(out, x, weight, eps);
-  set_dynamic(p, out, scales, group_size, scale_ub, x);
+  set_dynamic_fp8(p, out, scales, group_size, scale_ub, x, x.size(1), "hidden size");
   check_output(out, "out", {&x, &weight, &scales});
   check_output(scales, "scales", {&x, &weight});
   launch(p, x);
@@ -305,7 +188,7 @@ void fused_add_rms_norm_dynamic_fp8(at::Tensor& out, at::Tensor& scales,
                                     double eps, int64_t group_size,
                                     std::optional<double> scale_ub) {
   auto p = common_params(out, x, weight, eps);
-  set_dynamic(p, out, scales, group_size, scale_ub, x);
+  set_dynamic_fp8(p, out, scales, group_size, scale_ub, x, x.size(1), "hidden size");
   add_residual(p, residual_out, residual, x);
   check_output(out, "out", {&x, &residual, &residual_out, &weight, &scales});
   check_output(scales, "scales", {&x, &residual, &residual_out, &weight});
@@ -341,7 +224,7 @@ rn::RmsNormParams flat_params(const at::Tensor& out, const at::Tensor& x, const 
   rn::RmsNormParams p;
   p.rows = x.numel() / hidden;
   p.hidden = hidden;
-  p.dtype = to_dtype(x, "x");
+  p.dtype = float_dtype_of<fused_llm::DType>(x, "x");
   p.x = x.data_ptr();
   p.x_row_stride = hidden;
   p.weight = weight.data_ptr();
@@ -413,11 +296,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def(
       "fused_add_rms_norm_dynamic_fp8(Tensor! out, Tensor! scales, Tensor! residual_out, "
       "Tensor x, Tensor residual, Tensor weight, float eps, int group_size, float? scale_ub) -> ()");
-#if defined(CUDA_KERNEL) || defined(ROCM_KERNEL)
-  const auto device = c10::kCUDA;  // ROCm registers under CUDA too
-#else
-  const auto device = c10::kCPU;
-#endif
+  const auto device = fused_llm::binding::kKernelDevice;
   ops.impl("rms_norm", device, &rms_norm);
   ops.impl("fused_add_rms_norm", device, &fused_add_rms_norm);
   ops.impl("rms_norm_alloc", device, &rms_norm_alloc);

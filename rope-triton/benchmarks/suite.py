@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fused_llm.bench import (
+from fused_llm_dev.bench.suite import (
     Case,
     Fn,
     Provider,

@@ -2,7 +2,7 @@
 `rms_matmul_rope_config`): `python rope-triton/benchmarks/tune_projection.py [--out DIR]`.
 
 For each token count of the benchmark (Llama-3 8B [W_q; W_k], 5120 x 4096, bf16) it times every
-configuration with the shared harness's timer (`fused_llm.bench.time_calls`: one CUDA graph of
+configuration with the shared harness's timer (`fused_llm_dev.bench.timing.time_calls`: one CUDA graph of
 calls on independent input sets that together exceed 4x the L2 cache; W alone is 42 MB, so
 one set would be timed largely from an H100's 50 MB L2), checks its result against the unfused
 torch sequence, and prints the best ones next to the unfused sequence (our RMSNorm + cuBLAS +
@@ -24,8 +24,9 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import _check_projection, make_unfused_ours, ref  # noqa: E402
 
-from fused_llm.bench import Method, calls_to_flush_l2, l2_bytes, time_calls, time_us  # noqa: E402
 from fused_llm.packages import get_kernel  # noqa: E402
+from fused_llm_dev.bench.settings import Method  # noqa: E402
+from fused_llm_dev.bench.timing import calls_to_flush_l2, l2_bytes, time_calls, time_us  # noqa: E402
 
 
 VARIANTS = {  # how the RMSNorm weight and sum(x^2) are handled (see the kernel's HAS_G / SQUARES_MMA)

@@ -3,7 +3,7 @@
 
 Times `apply_rotary_transformers` (the benchmark's call: Llama-3 8B, 32 q / 8 kv heads,
 head_dim 128, bf16, transformers' full-width tables) for every configuration with the shared
-harness's timer (`fused_llm.bench.time_calls`: one CUDA graph of calls, each on its own input
+harness's timer (`fused_llm_dev.bench.timing.time_calls`: one CUDA graph of calls, each on its own input
 set, as many sets as exceed 4x the L2 cache, so every call reads from DRAM as in
 `fused-llm bench`), checks the result against the eager function, and prints the best
 configurations next to the default one and two same-bytes copies: the harness's `torch.mul`
@@ -27,8 +27,9 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import _check_rope, _rope_bytes, ref  # noqa: E402
 
-from fused_llm.bench import Method, calls_to_flush_l2, l2_bytes, time_calls  # noqa: E402
 from fused_llm.packages import get_kernel  # noqa: E402
+from fused_llm_dev.bench.settings import Method  # noqa: E402
+from fused_llm_dev.bench.timing import calls_to_flush_l2, l2_bytes, time_calls  # noqa: E402
 
 HEAD_BLOCKS = ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8), (16, 4), (16, 8), (32, 8))
 

@@ -21,7 +21,7 @@ import kernels
 import pytest
 import torch
 
-from fused_llm.testing import device, opcheck
+from rope_triton_testing import device, opcheck
 
 rt = kernels.get_kernel("fused-llm/rope-triton", version=1)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fused_llm.bench import Case, Fn, Provider, Suite, compile_static, importable, load_sibling, package_loader, same_bytes_copy
+from fused_llm_dev.bench.suite import Case, Fn, Provider, Suite, compile_static, importable, load_sibling, package_loader, same_bytes_copy
 
 D = (4096, 8192, 14336, 28672)  # output widths d (inputs 2d): 8B-class up to 70B-class MLPs
 ROWS = tuple(2**i for i in range(15))  # 1 .. 16384 tokens: decode through prefill

@@ -13,24 +13,15 @@
 
 #include <cstdint>
 
+#include "common/kernel_types.h"
+
 namespace fused_llm {
 namespace swiglu_fp8 {
 
-enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-enum class Fp8Format : int32_t { kE4M3FN = 0, kE4M3FNUZ = 1 };
+// DType, Fp8Format, Quant, kMinScaleFactor and fp8_max_value are fused_llm's, shared with
+// rmsnorm-fp8: common/kernel_types.h.
+
 enum class Activation : int32_t { kSilu = 0, kGeluTanh = 1, kGelu = 2 };
-
-enum class Quant : int32_t {
-  kNone = 0,          // out has dtype T
-  kStatic = 1,        // out fp8, one float32 scale read from static_scale[0]
-  kDynamicToken = 2,  // out fp8, one scale per row written to scales[row * scales_row_stride]
-  kDynamicGroup = 3,  // out fp8, one scale per (row, group of group_size output columns)
-};
-
-// Smallest dynamic scale, as a fraction of 1/fp8_max (vLLM's floor: 1 / (fp8_max * 512)).
-constexpr float kMinScaleFactor = 1.0f / 512.0f;
-
-inline float fp8_max_value(Fp8Format f) { return f == Fp8Format::kE4M3FN ? 448.0f : 240.0f; }
 
 struct SwigluParams {
   int64_t rows = 0;  // flattened leading dims, >= 0

@@ -4,37 +4,17 @@
 #include <cmath>
 #include <vector>
 
-#include "numerics.h"
+#include "common/cpu_elem.h"
 #include "swiglu_fp8.h"
 
 namespace fused_llm {
 namespace swiglu_fp8 {
 namespace {
 
-// Element access by dtype: load to fp32, store with RNE rounding to the storage type.
-template <DType D> struct Elem;
-template <> struct Elem<DType::kFloat32> {
-  using Storage = float;
-  static float load(Storage v) { return v; }
-  static Storage store(float f) { return f; }
-};
-template <> struct Elem<DType::kFloat16> {
-  using Storage = uint16_t;
-  static float load(Storage v) { return half_to_float(v); }
-  static Storage store(float f) { return float_to_half(f); }
-};
-template <> struct Elem<DType::kBFloat16> {
-  using Storage = uint16_t;
-  static float load(Storage v) { return bf16_to_float(v); }
-  static Storage store(float f) { return float_to_bf16(f); }
-};
-
-// Round-trip through the storage type: the value T(f) as fp32.
-template <DType D> float round_to(float f) { return Elem<D>::load(Elem<D>::store(f)); }
-
-inline uint8_t to_fp8(float f, Fp8Format fmt) {
-  return fmt == Fp8Format::kE4M3FN ? float_to_e4m3fn(f) : float_to_e4m3fnuz(f);
-}
+using cpu::dynamic_fp8_scale;
+using cpu::Elem;
+using cpu::quantize_fp8;
+using cpu::round_to;
 
 // The activations in fp32 with the C library's accurate expf / tanhf / erff (the GPU kernel
 // may use faster approximations within the tests' tolerance).
@@ -78,9 +58,7 @@ void rows_impl(const SwigluParams& p, int64_t row_begin, int64_t row_end) {
       continue;
     }
     uint8_t* q = static_cast<uint8_t*>(p.out) + r * p.out_row_stride;
-    auto quantize = [&](float v, float inv_scale) {
-      return to_fp8(std::min(std::max(v * inv_scale, -fp8_max), fp8_max), p.fp8_format);
-    };
+    auto quantize = [&](float v, float inv_scale) { return quantize_fp8(v, inv_scale, fp8_max, p.fp8_format); };
     if (p.quant == Quant::kStatic) {
       const float inv_scale = 1.0f / p.static_scale[0];
       for (int64_t i = 0; i < d; ++i) q[i] = quantize(gated<D, A>(gate, up, i), inv_scale);
@@ -89,10 +67,7 @@ void rows_impl(const SwigluParams& p, int64_t row_begin, int64_t row_end) {
     // Dynamic: y is needed twice (absmax, then quantization), so it is kept for the row.
     for (int64_t i = 0; i < d; ++i) y[i] = gated<D, A>(gate, up, i);
     auto dynamic_scale = [&](int64_t begin, int64_t end) {
-      float amax = 0.f;
-      for (int64_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(y[i]));
-      if (p.scale_ub > 0.f) amax = std::min(amax, p.scale_ub);
-      return std::max(amax / fp8_max, kMinScaleFactor / fp8_max);
+      return dynamic_fp8_scale(y.data() + begin, end - begin, p.scale_ub, fp8_max);
     };
     const int64_t group = p.quant == Quant::kDynamicToken ? d : p.group_size;
     for (int64_t g = 0; g * group < d; ++g) {
@@ -117,11 +92,7 @@ void rows_by_activation(const SwigluParams& p, int64_t row_begin, int64_t row_en
 }  // namespace
 
 void swiglu_cpu(const SwigluParams& p, int64_t row_begin, int64_t row_end) {
-  switch (p.dtype) {
-    case DType::kFloat32: return rows_by_activation<DType::kFloat32>(p, row_begin, row_end);
-    case DType::kFloat16: return rows_by_activation<DType::kFloat16>(p, row_begin, row_end);
-    case DType::kBFloat16: return rows_by_activation<DType::kBFloat16>(p, row_begin, row_end);
-  }
+  cpu::dispatch_dtype(p.dtype, [&](auto d) { rows_by_activation<decltype(d)::value>(p, row_begin, row_end); });
 }
 
 }  // namespace swiglu_fp8

@@ -37,332 +37,31 @@
 // x and out must not overlap (in-place is not supported).
 
 #include <cuda_runtime.h>
-#ifndef USE_ROCM
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-#endif
 
-#include <atomic>
 #include <cstdint>
 
-#include "numerics.h"
+#include "common/dtype.cuh"
+#include "common/fp8.cuh"
+#include "common/launch.h"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
 #include "swiglu_fp8.h"
 
 namespace fused_llm {
 namespace swiglu_fp8 {
 namespace {
 
-#ifndef USE_ROCM
-constexpr int kWarpSize = 32;
-#else
-constexpr int kWarpSize = 64;  // gfx942 wavefront
-#endif
-// Shared-memory slots for one partial per warp of a 1024-thread block.
-constexpr int kMaxWarps = 1024 / kWarpSize;
+// Activations as ints (mirrors of the header enum; the quantization modes and formats are in
+// common/fp8.cuh).
+constexpr int kActSilu = static_cast<int>(Activation::kSilu);
+constexpr int kActGeluTanh = static_cast<int>(Activation::kGeluTanh);
+constexpr int kActGelu = static_cast<int>(Activation::kGelu);
 
-// Quantization modes / formats / activations as ints (mirrors of the header enums).
-constexpr int kQNone = 0;
-constexpr int kQStatic = 1;
-constexpr int kQToken = 2;
-constexpr int kQGroup = 3;
-constexpr int kFmtFn = 0;
-constexpr int kFmtFnuz = 1;
-constexpr int kActSilu = 0;
-constexpr int kActGeluTanh = 1;
-constexpr int kActGelu = 2;
-
-// ---- dtype traits ----------------------------------------------------------------------------
-// Values travel as packed 32-bit words: one fp32 or two 16-bit elements (element 2k in the low
-// half). All arithmetic is in fp32; pack() rounds to T with RNE.
-struct Fp32Tag {};
-struct Fp16Tag {};
-struct Bf16Tag {};
-
-// Register-level reinterpretation of a 32-bit word as a packed pair type and back.
-template <class P>
-__device__ __forceinline__ P bit_cast_u32(uint32_t w) {
-  P p;
-  memcpy(&p, &w, sizeof(p));
-  return p;
-}
-template <class P>
-__device__ __forceinline__ uint32_t bit_cast_to_u32(const P& p) {
-  uint32_t w;
-  memcpy(&w, &p, sizeof(w));
-  return w;
-}
-
+// The activations run hardware approximations where the result is rounded to 16 bits, which
+// hides their ~2^-22 relative error (see the top of this file), and torch's accurate formulas
+// for fp32 outputs.
 template <class T>
-struct Elem;
-
-// Fallback packed multiply through fp32 (ROCm): unpack, multiply (exact for 16-bit inputs),
-// round once.
-template <class E>
-__device__ __forceinline__ uint32_t packed_mul_fp32(uint32_t a, uint32_t b) {
-  float fa[2], fb[2];
-  E::unpack(a, fa);
-  E::unpack(b, fb);
-  fa[0] *= fb[0];
-  fa[1] *= fb[1];
-  return E::pack(fa);
-}
-
-template <>
-struct Elem<Fp32Tag> {
-  static constexpr int kBytes = 4;
-  static constexpr int kPerWord = 1;
-  static constexpr bool kFastMath = false;  // no rounding after the activation to hide errors
-  __device__ __forceinline__ static void unpack(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
-  __device__ __forceinline__ static uint32_t pack(const float* f) { return __float_as_uint(f[0]); }
-  __device__ __forceinline__ static float round(float f) { return f; }
-  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
-    return __float_as_uint(__uint_as_float(a) * __uint_as_float(b));
-  }
-  __device__ __forceinline__ static float load(const void* base, int64_t i) {
-    return static_cast<const float*>(base)[i];
-  }
-  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
-    static_cast<float*>(base)[i] = f;
-  }
-};
-
-template <>
-struct Elem<Bf16Tag> {
-  static constexpr int kBytes = 2;
-  static constexpr int kPerWord = 2;
-  static constexpr bool kFastMath = true;
-  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
-    f[0] = __uint_as_float(w << 16);
-    f[1] = __uint_as_float(w & 0xffff0000u);
-  }
-  __device__ __forceinline__ static uint32_t pack(const float* f) {
-#ifndef USE_ROCM
-    const __nv_bfloat162 h = __floats2bfloat162_rn(f[0], f[1]);  // one cvt.rn.bf16x2.f32 on sm_80+
-    return static_cast<uint32_t>(__bfloat16_as_ushort(h.x)) |
-           (static_cast<uint32_t>(__bfloat16_as_ushort(h.y)) << 16);
-#else
-    return static_cast<uint32_t>(float_to_bf16(f[0])) |
-           (static_cast<uint32_t>(float_to_bf16(f[1])) << 16);
-#endif
-  }
-  __device__ __forceinline__ static uint16_t to_bits(float f) {
-#ifndef USE_ROCM
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-#else
-    return float_to_bf16(f);
-#endif
-  }
-  __device__ __forceinline__ static float round(float f) { return bf16_to_float(to_bits(f)); }
-  // Packed multiply of two bf16 pairs, rounded once: equal to torch's fp32 multiply + cast (a
-  // bf16 x bf16 product is exact in fp32).
-  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
-#ifndef USE_ROCM
-    const __nv_bfloat162 r = __hmul2(bit_cast_u32<__nv_bfloat162>(a), bit_cast_u32<__nv_bfloat162>(b));
-    return bit_cast_to_u32(r);
-#else
-    return packed_mul_fp32<Elem<Bf16Tag>>(a, b);
-#endif
-  }
-  __device__ __forceinline__ static float load(const void* base, int64_t i) {
-    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-  }
-  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
-    static_cast<uint16_t*>(base)[i] = to_bits(f);
-  }
-};
-
-template <>
-struct Elem<Fp16Tag> {
-  static constexpr int kBytes = 2;
-  static constexpr int kPerWord = 2;
-  static constexpr bool kFastMath = true;
-  __device__ __forceinline__ static float from_bits(uint32_t h) {
-#ifndef USE_ROCM
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-#else
-    return half_to_float(static_cast<uint16_t>(h));
-#endif
-  }
-  __device__ __forceinline__ static uint16_t to_bits(float f) {
-#ifndef USE_ROCM
-    return __half_as_ushort(__float2half_rn(f));
-#else
-    return float_to_half(f);
-#endif
-  }
-  __device__ __forceinline__ static void unpack(uint32_t w, float* f) {
-    f[0] = from_bits(w & 0xffffu);
-    f[1] = from_bits(w >> 16);
-  }
-  __device__ __forceinline__ static uint32_t pack(const float* f) {
-#ifndef USE_ROCM
-    const __half2 h = __floats2half2_rn(f[0], f[1]);  // one cvt.rn.f16x2.f32 on sm_80+
-    return static_cast<uint32_t>(__half_as_ushort(h.x)) |
-           (static_cast<uint32_t>(__half_as_ushort(h.y)) << 16);
-#else
-    return static_cast<uint32_t>(float_to_half(f[0])) |
-           (static_cast<uint32_t>(float_to_half(f[1])) << 16);
-#endif
-  }
-  __device__ __forceinline__ static float round(float f) { return from_bits(to_bits(f)); }
-  // fp16 x fp16 is exact in fp32 (22-bit significand, exponent in range): one rounding either way.
-  __device__ __forceinline__ static uint32_t mul2(uint32_t a, uint32_t b) {
-#ifndef USE_ROCM
-    return bit_cast_to_u32(__hmul2(bit_cast_u32<__half2>(a), bit_cast_u32<__half2>(b)));
-#else
-    return packed_mul_fp32<Elem<Fp16Tag>>(a, b);
-#endif
-  }
-  __device__ __forceinline__ static float load(const void* base, int64_t i) {
-    return from_bits(static_cast<const uint16_t*>(base)[i]);
-  }
-  __device__ __forceinline__ static void store(void* base, int64_t i, float f) {
-    static_cast<uint16_t*>(base)[i] = to_bits(f);
-  }
-};
-
-// A vector of NW 32-bit words (16, 8 or 4 bytes) moved with one load or store instruction.
-template <int NW>
-struct Vec {
-  uint32_t w[NW];
-};
-
-template <int NW>
-__device__ __forceinline__ Vec<NW> load_vec(const void* base, int vi) {
-  Vec<NW> v;
-  if constexpr (NW == 4) {
-    const uint4 r = static_cast<const uint4*>(base)[vi];
-    v.w[0] = r.x; v.w[1] = r.y; v.w[2] = r.z; v.w[3] = r.w;
-  } else if constexpr (NW == 2) {
-    const uint2 r = static_cast<const uint2*>(base)[vi];
-    v.w[0] = r.x; v.w[1] = r.y;
-  } else {
-    static_assert(NW == 1, "16-, 8- or 4-byte vectors");
-    v.w[0] = static_cast<const uint32_t*>(base)[vi];
-  }
-  return v;
-}
-
-template <int NW>
-__device__ __forceinline__ void store_vec(void* base, int vi, const Vec<NW>& v) {
-  if constexpr (NW == 4) {
-    static_cast<uint4*>(base)[vi] = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
-  } else if constexpr (NW == 2) {
-    static_cast<uint2*>(base)[vi] = make_uint2(v.w[0], v.w[1]);
-  } else {
-    static_assert(NW == 1, "16-, 8- or 4-byte vectors");
-    static_cast<uint32_t*>(base)[vi] = v.w[0];
-  }
-}
-
-template <int NW>
-__device__ __forceinline__ Vec<NW> zero_vec() {
-  Vec<NW> v;
-#pragma unroll
-  for (int i = 0; i < NW; ++i) v.w[i] = 0u;
-  return v;
-}
-
-// Vector <-> floats (NW * kPerWord of them).
-template <class T, int NW>
-__device__ __forceinline__ void unpack_vec(const Vec<NW>& v, float* f) {
-#pragma unroll
-  for (int i = 0; i < NW; ++i) Elem<T>::unpack(v.w[i], f + i * Elem<T>::kPerWord);
-}
-
-template <class T, int NW>
-__device__ __forceinline__ Vec<NW> pack_vec(const float* f) {
-  Vec<NW> v;
-#pragma unroll
-  for (int i = 0; i < NW; ++i) v.w[i] = Elem<T>::pack(f + i * Elem<T>::kPerWord);
-  return v;
-}
-
-template <class T, int NW>
-__device__ __forceinline__ Vec<NW> mul_vec(const Vec<NW>& a, const Vec<NW>& b) {
-  Vec<NW> r;
-#pragma unroll
-  for (int i = 0; i < NW; ++i) r.w[i] = Elem<T>::mul2(a.w[i], b.w[i]);
-  return r;
-}
-
-// ---- math helpers ----------------------------------------------------------------------------
-// IEEE division even under --use_fast_math, so scales match torch's `amax / fp8_max` and `1 / s`.
-__device__ __forceinline__ float div_rn(float a, float b) {
-#ifndef USE_ROCM
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
-// Clamp that keeps NaN (torch.clamp propagates it; fminf/fmaxf would drop it).
-__device__ __forceinline__ float clamp_fp8(float v, float fp8_max) {
-  return v < -fp8_max ? -fp8_max : (v > fp8_max ? fp8_max : v);
-}
-
-// The clamp before an e4m3 conversion. The hardware e4m3fn conversion saturates by itself
-// (.satfinite: out-of-range and inf go to +-448, NaN stays NaN, exactly what the clamp does),
-// so it is skipped there.
-template <int FMT>
-__device__ __forceinline__ float fp8_clamp_input(float v, float fp8_max) {
-#ifndef USE_ROCM
-  if constexpr (FMT == kFmtFn) return v;
-#endif
-  return clamp_fp8(v, fp8_max);
-}
-
-// Two clamped values -> two e4m3 bytes (a in the low byte).
-template <int FMT>
-__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
-#ifndef USE_ROCM
-  if constexpr (FMT == kFmtFn) {
-    // cvt.rn.satfinite.e4m3x2.f32 on sm_89+, emulated by cuda_fp8.hpp below that.
-    return static_cast<uint32_t>(
-        __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
-  }
-#endif
-  if constexpr (FMT == kFmtFn) {
-    return static_cast<uint32_t>(float_to_e4m3fn(a)) |
-           (static_cast<uint32_t>(float_to_e4m3fn(b)) << 8);
-  } else {
-    return static_cast<uint32_t>(float_to_e4m3fnuz(a)) |
-           (static_cast<uint32_t>(float_to_e4m3fnuz(b)) << 8);
-  }
-}
-
-__device__ __forceinline__ uint8_t fp8_one(float a, int fmt) {
-  return static_cast<uint8_t>(fmt == kFmtFn ? fp8x2<kFmtFn>(a, 0.0f) : fp8x2<kFmtFnuz>(a, 0.0f));
-}
-
-__device__ __forceinline__ float shfl_xor(float v, int offset) {
-#ifndef USE_ROCM
-  return __shfl_xor_sync(0xffffffffu, v, offset);
-#else
-  return __shfl_xor(v, offset);
-#endif
-}
-
-// Max over the `tpr` consecutive threads of a row. tpr <= warp size: a power of two, xor
-// shuffles inside the warp (several rows per warp stay separate). tpr > warp size: the block is
-// exactly one row (tpr == blockDim.x, a multiple of the warp size); warps combine through `smem`.
-// Every thread of the block must call this (uniformly); every caller gets its row's max.
-// 0 is the identity (the inputs are |y| >= 0).
-__device__ __forceinline__ float row_max(float v, int tpr, float* smem) {
-  const int width = tpr < kWarpSize ? tpr : kWarpSize;
-  for (int o = width >> 1; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
-  if (tpr > kWarpSize) {
-    const int lane = threadIdx.x % kWarpSize;
-    const int warp = threadIdx.x / kWarpSize;
-    const int nwarps = blockDim.x / kWarpSize;
-    if (lane == 0) smem[warp] = v;
-    __syncthreads();
-    v = lane < nwarps ? smem[lane] : 0.0f;
-    for (int o = kWarpSize >> 1; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
-  }
-  return v;
-}
+constexpr bool kFastAct = Elem<T>::kBytes == 2;
 
 // ---- activations -------------------------------------------------------------------------
 constexpr float kSqrt2OverPi = 0.7978845608028654f;  // torch's kBeta = sqrt(2) * (2/sqrt(pi)) / 2
@@ -449,10 +148,10 @@ __device__ __forceinline__ Vec<NW> act_vec(const Vec<NW>& g, int act) {
   unpack_vec<T>(g, f);
   if (act == kActSilu) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) f[k] = act_silu<E::kFastMath>(f[k]);
+    for (int k = 0; k < kVec; ++k) f[k] = act_silu<kFastAct<T>>(f[k]);
   } else if (act == kActGeluTanh) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) f[k] = act_gelu_tanh<E::kFastMath>(f[k]);
+    for (int k = 0; k < kVec; ++k) f[k] = act_gelu_tanh<kFastAct<T>>(f[k]);
   } else {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) f[k] = act_gelu(f[k]);
@@ -492,8 +191,7 @@ struct KernelArgs {
 
 // scale = max(min(amax, ub) / fp8_max, floor); returns 1 / scale (IEEE divisions).
 __device__ __forceinline__ float dynamic_scale(const KernelArgs& a, float amax, float* scale_out) {
-  if (a.scale_ub > 0.0f) amax = fminf(amax, a.scale_ub);
-  const float scale = fmaxf(div_rn(amax, a.fp8_max), a.min_scale);
+  const float scale = fp8_scale(amax, a.scale_ub, a.fp8_max, a.min_scale);
   *scale_out = scale;
   return div_rn(1.0f, scale);
 }
@@ -502,21 +200,7 @@ __device__ __forceinline__ float dynamic_scale(const KernelArgs& a, float amax, 
 template <int kVec, int FMT>
 __device__ __forceinline__ void store_fp8_vec(uint8_t* out_row, int vi, const float* f, float inv,
                                               float fp8_max) {
-  uint32_t q[kVec / 4];
-#pragma unroll
-  for (int k = 0; k < kVec / 4; ++k) {
-    const uint32_t lo = fp8x2<FMT>(fp8_clamp_input<FMT>(f[4 * k] * inv, fp8_max),
-                                   fp8_clamp_input<FMT>(f[4 * k + 1] * inv, fp8_max));
-    const uint32_t hi = fp8x2<FMT>(fp8_clamp_input<FMT>(f[4 * k + 2] * inv, fp8_max),
-                                   fp8_clamp_input<FMT>(f[4 * k + 3] * inv, fp8_max));
-    q[k] = lo | (hi << 16);
-  }
-  if constexpr (kVec == 8) {
-    reinterpret_cast<uint2*>(out_row)[vi] = make_uint2(q[0], q[1]);
-  } else {
-    static_assert(kVec == 4, "vectors of 4 or 8 elements");
-    reinterpret_cast<uint32_t*>(out_row)[vi] = q[0];
-  }
+  store_vec<kVec / 4>(out_row, vi, fp8_pack_vec<kVec, FMT>(f, inv, fp8_max));
 }
 
 // ---- elementwise fast kernel (kNone / kStatic / kDynamicGroup) ----------------------------
@@ -581,7 +265,7 @@ __global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelAr
 #pragma unroll
         for (int k = 0; k < kVec; ++k) gmax = fmaxf(gmax, fabsf(f[k]));
         const int gv = 1 << a.group_vecs_log2;
-        for (int o = gv >> 1; o > 0; o >>= 1) gmax = fmaxf(gmax, shfl_xor(gmax, o));
+        gmax = warp_reduce<ReduceAmax>(gmax, gv);
         float scale;
         inv = dynamic_scale(a, gmax, &scale);
         if (in && (vi & (gv - 1)) == 0)
@@ -639,7 +323,7 @@ __global__ void __launch_bounds__(1024) swiglu_token_kernel(const KernelArgs a) 
 #pragma unroll
     for (int k = 0; k < kVec; ++k) amax = fmaxf(amax, fabsf(f[k]));
   }
-  amax = row_max(amax, tpr, s_max);
+  amax = row_reduce<ReduceAmax, WideRows::kBlock>(amax, tpr, s_max);
   float scale;
   const float inv = dynamic_scale(a, amax, &scale);
   if (row_ok && t == 0) a.scales[row * a.scales_row_stride] = scale;
@@ -675,7 +359,7 @@ __global__ void __launch_bounds__(1024) swiglu_generic_kernel(const KernelArgs a
   char* out_row = static_cast<char*>(a.out) + row * a.out_stride * (quant == kQNone ? E::kBytes : 1);
   const bool gated = a.gated != 0;
   auto y_at = [&](int64_t c) {
-    const float h = E::round(act_scalar<E::kFastMath>(E::load(x_row, c), act));
+    const float h = E::round(act_scalar<kFastAct<T>>(E::load(x_row, c), act));
     return gated ? E::round(h * E::load(up_row, c)) : h;
   };
 
@@ -691,7 +375,7 @@ __global__ void __launch_bounds__(1024) swiglu_generic_kernel(const KernelArgs a
     } else {
       float amax = 0.0f;
       for (int64_t c = tid; c < d; c += nthreads) amax = fmaxf(amax, fabsf(y_at(c)));
-      amax = row_max(amax, nthreads, s_max);
+      amax = row_reduce<ReduceAmax, WideRows::kBlock>(amax, nthreads, s_max);
       float scale;
       inv = dynamic_scale(a, amax, &scale);
       if (tid == 0) a.scales[row * a.scales_row_stride] = scale;
@@ -706,7 +390,7 @@ __global__ void __launch_bounds__(1024) swiglu_generic_kernel(const KernelArgs a
   for (int64_t g = tid / kWarpSize; g < ngroups; g += nwarps) {
     float amax = 0.0f;
     for (int64_t c = g * gs + lane; c < (g + 1) * gs; c += kWarpSize) amax = fmaxf(amax, fabsf(y_at(c)));
-    for (int o = kWarpSize >> 1; o > 0; o >>= 1) amax = fmaxf(amax, shfl_xor(amax, o));
+    amax = warp_reduce<ReduceAmax>(amax, kWarpSize);
     float scale;
     const float inv = dynamic_scale(a, amax, &scale);
     if (lane == 0) a.scales[row * a.scales_row_stride + g * a.scales_group_stride] = scale;
@@ -716,18 +400,6 @@ __global__ void __launch_bounds__(1024) swiglu_generic_kernel(const KernelArgs a
 }
 
 // ---- launch configuration ----------------------------------------------------------------
-int next_pow2(int64_t n) {
-  int p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
-int log2_exact(int n) {
-  int l = 0;
-  while ((1 << l) < n) ++l;
-  return l;
-}
-
 // Problems of at most this many 16-byte vectors per SM (rows * d / VEC <= num_sms * 2048) are
 // "small": one vector per thread of a full GPU.
 constexpr int kEwSmallVectorsPerSm = 2048;
@@ -855,25 +527,6 @@ TokenConfig choose_token_config(int64_t nvec, int64_t rows, int num_sms) {
   return c;
 }
 
-// Multiprocessor count of the current device, queried once per device.
-cudaError_t sm_count(int* n) {
-  static std::atomic<int> cache[64];
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  int v = (dev >= 0 && dev < 64) ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (v == 0) {
-    e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    v = v < 1 ? 1 : v;
-    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
-  }
-  *n = v;
-  return cudaSuccess;
-}
-
-bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
-
 template <class T, int ITEMS, int QM, int FMT, bool GATED, int VB>
 cudaError_t launch_ew(const KernelArgs& a, const EwConfig& c, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((a.rows + c.rows_per_block - 1) / c.rows_per_block),
@@ -930,9 +583,8 @@ cudaError_t launch_typed(const SwigluParams& p, KernelArgs a, cudaStream_t s) {
   }
   int group_vecs = 1;
   if (is_group) {
-    group_vecs = p.group_size / vec;
-    fast = fast && p.group_size % vec == 0 && group_vecs <= kWarpSize &&
-           (group_vecs & (group_vecs - 1)) == 0;
+    group_vecs = group_vectors(p.group_size, vec);
+    fast = fast && group_vecs > 0;
   }
 
   if (fast) {
@@ -1006,22 +658,7 @@ int swiglu_launch_gpu(const SwigluParams& p, void* stream) {
       return static_cast<int>(cudaErrorInvalidValue);
   }
   if (!p.gated && p.quant != Quant::kNone) return static_cast<int>(cudaErrorInvalidValue);
-  switch (p.quant) {
-    case Quant::kNone:
-      break;
-    case Quant::kStatic:
-      if (p.static_scale == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-      break;
-    case Quant::kDynamicToken:
-      if (p.scales == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-      break;
-    case Quant::kDynamicGroup:
-      if (p.scales == nullptr || p.group_size <= 0 || p.d % p.group_size != 0)
-        return static_cast<int>(cudaErrorInvalidValue);
-      break;
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
+  if (!quant_params_valid(p, p.d)) return static_cast<int>(cudaErrorInvalidValue);
 
   KernelArgs a{};
   a.x = p.x;
@@ -1030,33 +667,12 @@ int swiglu_launch_gpu(const SwigluParams& p, void* stream) {
   a.out_stride = p.out_row_stride;
   a.rows = p.rows;
   a.d = p.d;
-  a.static_scale = p.static_scale;
-  a.scales = p.scales;
-  a.scales_row_stride = p.scales_row_stride;
-  a.scales_group_stride = p.scales_group_stride;
-  a.scale_ub = p.scale_ub;
-  a.fp8_max = fp8_max_value(p.fp8_format);
-  a.min_scale = kMinScaleFactor / a.fp8_max;
-  a.group_size = p.group_size;
+  set_quant_args(a, p);
   a.act = static_cast<int>(p.act);
   a.gated = p.gated ? 1 : 0;
 
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cudaError_t e;
-  switch (p.dtype) {
-    case DType::kFloat32:
-      e = launch_typed<Fp32Tag>(p, a, s);
-      break;
-    case DType::kFloat16:
-      e = launch_typed<Fp16Tag>(p, a, s);
-      break;
-    case DType::kBFloat16:
-      e = launch_typed<Bf16Tag>(p, a, s);
-      break;
-    default:
-      e = cudaErrorInvalidValue;
-  }
-  return static_cast<int>(e);
+  return static_cast<int>(dispatch_dtype(p.dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, a, s); }));
 }
 
 const char* gpu_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import zlib
+from pathlib import Path
 
 import kernels
 import pytest
@@ -18,20 +18,26 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fused_llm.testing import (
+from swiglu_fp8_testing import (
     assert_fp8_close,
     assert_fully_written,
     assert_only_declared_outputs_mutate,
     device,
+    dynamic_fp8_ref,
     empty_poisoned,
     FP8_DTYPES,
+    FP8_MAX,
     fp8_ulp,
     opcheck,
+    quantize_fp8_ref,
+    seed_of,
+    size_id,
     TOLERANCES,
 )
 
 swiglu_fp8 = kernels.get_kernel("fused-llm/swiglu-fp8", version=1)
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # its build/ holds the variants
 DEVICE = device()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
@@ -39,7 +45,6 @@ ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 # 13331: odd and large (no vector width divides it).
 D = (1, 7, 64, 4096, 5120, 11008, 14336, 28672, 13331)
 ROWS = (0, 1, 3, 257, 4096)
-FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 
 
 def affordable(rows: int, d: int) -> bool:
@@ -48,15 +53,6 @@ def affordable(rows: int, d: int) -> bool:
 
 
 SIZES = [(r, d) for r, d in itertools.product(ROWS, D) if affordable(r, d)]
-
-
-def seed_of(*parts) -> int:
-    """A stable per-case seed: fresh inputs for every case, reproducible across runs."""
-    return zlib.crc32(repr(parts).encode())
-
-
-def size_id(size: tuple[int, int]) -> str:
-    return f"{size[0]}x{size[1]}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -155,24 +151,6 @@ def assert_scales_close(s: torch.Tensor, s_ref: torch.Tensor, x: torch.Tensor, g
     err = (s.double() - s_ref.double()).abs()
     worst = (err / (rtol * s_ref.double().abs() + slack)).max().item()
     assert worst <= 1.0, f"scales: error up to {worst:.2f}x the tolerance"
-
-
-def quantize(y: torch.Tensor, inv_scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
-    m = FP8_MAX[fp8_dtype]
-    return (y.float() * inv_scale).clamp(-m, m).to(fp8_dtype)
-
-
-def ref_dynamic(y: torch.Tensor, fp8_dtype: torch.dtype, group: int | None, scale_ub: float | None):
-    m = FP8_MAX[fp8_dtype]
-    rows, d = y.reshape(-1, y.shape[-1]).shape
-    g = group or d
-    yg = y.float().reshape(rows, d // g, g)
-    amax = yg.abs().amax(-1, keepdim=True)
-    if scale_ub is not None:
-        amax = amax.clamp(max=scale_ub)
-    scale = torch.maximum(amax / m, torch.tensor(1.0 / (512.0 * m), device=y.device))
-    q = quantize(yg, 1.0 / scale, fp8_dtype).reshape(y.shape)
-    return q, scale.reshape(rows, d // g)
 
 
 def make_x(rows: int, d: int, dtype: torch.dtype, *, seed: int) -> torch.Tensor:
@@ -356,7 +334,7 @@ def test_static_fp8(size, dtype, fp8_dtype, activation=None):
     activation = activation or act_for(SIZES.index(size) if size in SIZES else 0, DTYPES.index(dtype))
     x = make_x(rows, d, dtype, seed=seed_of(rows, d, "static"))
     scale = static_scale(fp8_dtype)
-    q_ref = quantize(ref_swiglu(x, activation), 1.0 / scale, fp8_dtype)
+    q_ref = quantize_fp8_ref(ref_swiglu(x, activation), 1.0 / scale, fp8_dtype)
     out = empty_poisoned((rows, d), fp8_dtype, DEVICE)
     q = swiglu_fp8.silu_and_mul_fp8(x, scale, activation=activation, fp8_dtype=fp8_dtype, out=out)
     assert q is out
@@ -391,7 +369,7 @@ def test_dynamic_fp8(size, group, fp8_dtype, dtype, activation=None):
     x = make_x(rows, d, dtype, seed=seed_of(rows, d, group))
     if rows:
         x[0, :d].zero_()  # an all-zero row (and group) of y: the scale floor keeps it finite
-    q_ref, s_ref = ref_dynamic(ref_swiglu(x, activation), fp8_dtype, group, None)
+    q_ref, s_ref = dynamic_fp8_ref(ref_swiglu(x, activation), fp8_dtype, group, None)
     q, s = swiglu_fp8.silu_and_mul_dynamic_fp8(x, group_size=group, activation=activation, fp8_dtype=fp8_dtype)
     assert q.dtype == fp8_dtype and q.shape == (rows, d)
     if rows:
@@ -413,7 +391,7 @@ def test_dynamic_raw_op_writes_every_output(group, fp8_dtype):
     out = empty_poisoned((rows, d), fp8_dtype, DEVICE)
     scales = empty_poisoned((groups, rows), torch.float32, DEVICE).t()
     swiglu_fp8.ops.silu_and_mul_dynamic_fp8(out, scales, x, group, None, 0)
-    q_ref, s_ref = ref_dynamic(ref_swiglu(x), fp8_dtype, group or None, None)
+    q_ref, s_ref = dynamic_fp8_ref(ref_swiglu(x), fp8_dtype, group or None, None)
     assert_scales_close(scales, s_ref, x, group or None)
     g = group or d
     assert_q_close(out, q_ref, scales.repeat_interleave(g, -1), s_ref.repeat_interleave(g, -1), x)
@@ -424,7 +402,7 @@ def test_dynamic_raw_op_writes_every_output(group, fp8_dtype):
 def test_dynamic_scale_ub_and_column_major(group, activation):
     x = make_x(33, 1024, torch.bfloat16, seed=7)
     x[3] *= 8  # a row whose absmax exceeds the bound
-    q_ref, s_ref = ref_dynamic(ref_swiglu(x, activation), torch.float8_e4m3fn, group, 4.0)
+    q_ref, s_ref = dynamic_fp8_ref(ref_swiglu(x, activation), torch.float8_e4m3fn, group, 4.0)
     q, s = swiglu_fp8.silu_and_mul_dynamic_fp8(
         x, group_size=group, scale_ub=4.0, column_major_scales=True, activation=activation, fp8_dtype=torch.float8_e4m3fn
     )
@@ -475,9 +453,9 @@ def test_non_contiguous_rows(dtype):
     assert torch.isnan(out_wide[:, d:].float()).all(), "nothing outside out was written"
     scale = torch.tensor([0.01], device=DEVICE)
     q = swiglu_fp8.silu_and_mul_fp8(x, scale)
-    assert_q_close(q, quantize(ref_swiglu(x), 1 / scale, q.dtype), scale, scale, x)
+    assert_q_close(q, quantize_fp8_ref(ref_swiglu(x), 1 / scale, q.dtype), scale, scale, x)
     q, s = swiglu_fp8.silu_and_mul_dynamic_fp8(x, group_size=64)
-    q_ref, s_ref = ref_dynamic(ref_swiglu(x), q.dtype, 64, None)
+    q_ref, s_ref = dynamic_fp8_ref(ref_swiglu(x), q.dtype, 64, None)
     assert_scales_close(s, s_ref, x, 64)
 
 
@@ -494,7 +472,7 @@ def test_misaligned_rows_take_the_generic_path(d):
     scale = torch.tensor([0.01], device=DEVICE)
     q = empty_poisoned(40 * d + 1, torch.float8_e4m3fn, DEVICE)[1:].view(40, d)
     swiglu_fp8.silu_and_mul_fp8(x, scale, out=q, fp8_dtype=torch.float8_e4m3fn)
-    assert_q_close(q, quantize(ref_swiglu(x), 1 / scale, q.dtype), scale, scale, x)
+    assert_q_close(q, quantize_fp8_ref(ref_swiglu(x), 1 / scale, q.dtype), scale, scale, x)
 
 
 def test_leading_dims():
@@ -534,10 +512,10 @@ def test_random_shapes(rows, d, pad, dtype, activation, seed):
     assert_act_close(swiglu_fp8.silu_and_mul(x, activation=activation), y_ref, x)
     scale = torch.tensor([0.02], device=DEVICE)
     q = swiglu_fp8.silu_and_mul_fp8(x, scale, activation=activation)
-    assert_q_close(q, quantize(y_ref, 1 / scale, q.dtype), scale, scale, x)
+    assert_q_close(q, quantize_fp8_ref(y_ref, 1 / scale, q.dtype), scale, scale, x)
     group = 64 if d % 64 == 0 else None
     q, s = swiglu_fp8.silu_and_mul_dynamic_fp8(x, group_size=group, activation=activation)
-    q_ref, s_ref = ref_dynamic(y_ref, q.dtype, group, None)
+    q_ref, s_ref = dynamic_fp8_ref(y_ref, q.dtype, group, None)
     assert_scales_close(s, s_ref, x, group)
     g = group or d
     if rows:
@@ -733,8 +711,6 @@ def test_layer_kernelizes():
     # The layer passes kernelize's rules (no __init__, no extra members) and gets swapped in.
     from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
 
-    from fused_llm.packages import package_dir
-
     @use_kernel_forward_from_hub("SiluAndMul")
     class GatedAct(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -742,7 +718,7 @@ def test_layer_kernelizes():
             return F.silu(x[..., :d]) * x[..., d:]
 
     model = torch.nn.Sequential(GatedAct())
-    mapping = {"SiluAndMul": {DEVICE: LocalLayerRepository(package_dir("swiglu-fp8"), layer_name="SiluAndMul")}}
+    mapping = {"SiluAndMul": {DEVICE: LocalLayerRepository(PACKAGE_DIR, layer_name="SiluAndMul")}}
     x = torch.randn(3, 64, device=DEVICE)
     expected = model(x)
     with use_kernel_mapping(mapping, inherit_mapping=False):

@@ -1,14 +1,45 @@
 """fused-llm: fused GPU kernels for LLM inference, shipped as Hugging Face kernel packages.
 
-``fused_llm.kernelize(model)`` swaps the project's kernels into a transformers model; the
-``fused-llm`` command builds, benchmarks and demonstrates the packages.
+``fused_llm.kernelize(model)`` swaps the project's kernels into a transformers model (and
+fuses its decoder layers); ``fused_llm.kernel_config(model)`` gives transformers'
+``KernelConfig`` for the same layers. The tooling (builder, ``fused-llm`` command, benchmarks)
+is the development package ``fused_llm_dev``, which this package does not import.
+
+The names below are imported on first use (``import fused_llm`` alone does not import torch),
+so that the ``fused-llm`` command, which reads ``fused_llm.packages``, starts at once.
 """
 
 from __future__ import annotations
 
-from .integration import LAYERS, MODEL_PRESETS, KernelizeReport, build_model, kernel_mapping, kernelize, tiny_llama, tiny_model
-from .packages import get_kernel, kernel_packages
-from .transformers_config import kernel_config
+import importlib
 
-__all__ = ["LAYERS", "MODEL_PRESETS", "KernelizeReport", "build_model", "tiny_model", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize", "tiny_llama"]
 __version__ = "0.1.0"
+
+# public name -> the module of this package that defines it
+_EXPORTS = {
+    "LAYERS": "integration",
+    "KernelizeReport": "integration",
+    "kernel_mapping": "integration",
+    "kernelize": "integration",
+    "get_kernel": "packages",
+    "kernel_packages": "packages",
+    "kernel_config": "transformers_config",
+}
+_SUBMODULES = ("decoder", "integration", "packages", "transformers_config")
+
+__all__ = ["LAYERS", "KernelizeReport", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS, *_SUBMODULES})

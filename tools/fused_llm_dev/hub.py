@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import packages
+from fused_llm import packages
 
 MAIN = "main"
 # One identity and time for every commit: content alone decides the commit ids.

@@ -1,4 +1,4 @@
-"""``fused-llm bench e2e``: a kernelized transformers model against the model it came from.
+"""fused-llm bench e2e: a kernelized transformers model against the model it came from.
 
 One run, one GPU, one process. A model with random weights built in code (a Llama-3-8B-shaped
 preset by default, fewer layers), copied three ways: eager (not kernelized), kernelized
@@ -42,7 +42,9 @@ from pathlib import Path
 
 import torch
 
-from . import integration, packages
+from fused_llm import integration, packages
+
+from ..models import MODEL_PRESETS, build_model
 
 PREFILL = [(1, 512), (1, 2048), (4, 2048)]
 DECODE_BATCHES = [1, 8, 32]
@@ -251,7 +253,7 @@ def run(args) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     for name in packages.kernel_packages():
         packages.use_local_build(name)
-    eager = integration.build_model(args.model, args.layers, device, dtype)
+    eager = build_model(args.model, args.layers, device, dtype)
     cfg = eager.config
     models = {"eager": eager}
     kern = copy.deepcopy(eager)
@@ -433,7 +435,7 @@ def print_summary(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-llm bench e2e", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="llama", choices=sorted(integration.MODEL_PRESETS))
+    parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--quick", action="store_true", help="fewer shapes and steps (about 2 minutes)")

@@ -1,6 +1,17 @@
-"""Test helpers shared by every package's tests: devices, poisoning, tolerances, FP8 ulps."""
+# generated from common/python/testing.py by `fused-llm sync`, do not edit
+"""Test helpers shared by every package's tests: devices, seeds, poisoning, tolerances, FP8
+references and ulps, the torch.library contract.
+
+The one source is common/python/testing.py. `fused-llm sync` stamps it into each package as
+tests/<package>_testing.py (a name of its own, so that the copies of several packages never
+stand in for each other in sys.modules; the package's tests/conftest.py puts tests/ on
+sys.path), which lets a package's tests run with only that package on the path, and into
+tools/fused_llm_dev/testing.py for the checkout's own tests.
+"""
 
 from __future__ import annotations
+
+import zlib
 
 import torch
 
@@ -15,12 +26,25 @@ TOLERANCES: dict[torch.dtype, dict[str, float]] = {
 }
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 _FP8_MIN_EXP = {torch.float8_e4m3fn: -6, torch.float8_e4m3fnuz: -7}  # smallest normal exponent
+# The dynamic-scale floor of the kernels, as a fraction of 1 / fp8_max (vLLM's: 1 / (fp8_max * 512)).
+MIN_SCALE_FACTOR = 1.0 / 512.0
 
 
 def device() -> str:
     """The device whose kernels the loaded variant implements: CUDA when torch has one."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def seed_of(*parts) -> int:
+    """A stable per-case seed: fresh inputs for every case, reproducible across runs."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def size_id(size: tuple[int, int]) -> str:
+    """A readable test id for a (rows, columns) case: ``257x4096``."""
+    return f"{size[0]}x{size[1]}"
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
@@ -76,6 +100,28 @@ def assert_fp8_close(q: torch.Tensor, q_ref: torch.Tensor, scale: torch.Tensor, 
                 for i in where
             )
             raise AssertionError(f"{name}: {mismatch:.2%} of the bytes differ from the reference; first: {detail}")
+
+
+def quantize_fp8_ref(y: torch.Tensor, inv_scale: torch.Tensor | float, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """e4m3(clamp(y * inv_scale, +-fp8_max)) in fp32, torch's order (the kernels' too)."""
+    m = FP8_MAX[fp8_dtype]
+    return (y.float() * inv_scale).clamp(-m, m).to(fp8_dtype)
+
+
+def dynamic_fp8_ref(y: torch.Tensor, fp8_dtype: torch.dtype, group: int | None, scale_ub: float | None):
+    """Dynamic FP8 of the rows of ``y`` (any leading dims): one scale per row (``group`` None)
+    or per ``group`` columns, scale = max(min(amax, scale_ub) / fp8_max, floor). Returns the
+    quantized tensor (``y``'s shape) and the scales [rows, columns / group]."""
+    m = FP8_MAX[fp8_dtype]
+    rows, cols = y.reshape(-1, y.shape[-1]).shape
+    g = group or cols
+    yg = y.float().reshape(rows, cols // g, g)
+    amax = yg.abs().amax(-1, keepdim=True)
+    if scale_ub is not None:
+        amax = amax.clamp(max=scale_ub)
+    scale = torch.maximum(amax / m, torch.tensor(MIN_SCALE_FACTOR / m, device=y.device))
+    q = quantize_fp8_ref(yg, 1.0 / scale, fp8_dtype).reshape(y.shape)
+    return q, scale.reshape(rows, cols // g)
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, name: str) -> None:

@@ -9,7 +9,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from .integration import build_model, kernelize, tiny_llama
+from fused_llm import kernelize
+
+from .commands import build_packages
+from .models import build_model, tiny_llama
 
 console = Console()
 
@@ -28,8 +31,6 @@ def _time_ms(fn, iters: int = 50) -> float:
 
 
 def main(build: bool = True) -> int:
-    from .cli import build_packages
-
     if build:
         build_packages([])
     on_gpu = torch.cuda.is_available()
@@ -64,7 +65,7 @@ def main(build: bool = True) -> int:
 def _end_to_end(dtype: torch.dtype, layers: int = 2) -> None:
     """Prefill and decode tokens/s of a Llama-3-8B-shaped model (``layers`` layers, random
     weights), eager vs kernelized, and their top-1 agreement: a short `fused-llm bench e2e`."""
-    from .bench_e2e import PROMPT, _step_ms, agreement, top1
+    from .bench.e2e import PROMPT, _step_ms, agreement, top1
 
     eager = build_model("llama", layers, "cuda", dtype)
     fused = copy.deepcopy(eager)

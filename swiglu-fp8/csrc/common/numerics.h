@@ -1,8 +1,9 @@
-// Framework-free scalar conversions shared by the CPU kernel and the GPU kernels.
+// generated from common/csrc/numerics.h by `fused-llm sync`, do not edit
+// Framework-free scalar conversions shared by the CPU kernels and the GPU kernels.
 // Every conversion rounds to nearest, ties to even, exactly like torch's `.to(dtype)`, so the
-// CPU backend is bit-identical to a torch reference that casts the same fp32 values.
-// Every package carries its own copy (kernel-builder builds a package directory alone); the
-// copies are kept identical, which tests/test_builder.py checks.
+// CPU backend is bit-identical to a torch reference that casts the same fp32 values. The CUDA
+// kernels prefer a hardware conversion where one exists (dtype.cuh, fp8.cuh) and use these for
+// the rest; the ROCm and CPU paths use them throughout.
 #pragma once
 
 #include <cstdint>

@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import packages
+from fused_llm import packages
 
 # ---------------------------------------------------------------------------------------------
 # Targets: what a launcher reads from the device, and what a launch is allowed to use
@@ -819,7 +819,7 @@ def summary_rows(report: Report) -> list[tuple[str, str, str, int, int, int, flo
 
 
 def add_arguments(parser) -> None:
-    """The options of ``fused-llm check-targets`` (also ``python -m fused_llm.compile_targets``)."""
+    """The options of ``fused-llm check-targets`` (also ``python -m fused_llm_dev.compile_targets``)."""
     parser.add_argument("packages", nargs="*", metavar="PKG", help="packages (default: every one with Triton kernels)")
     parser.add_argument("--targets", default=",".join(DEVICES), help=f"comma-separated, of {', '.join(DEVICES)}")
     parser.add_argument("--jobs", "-j", type=int, default=None, help="compile processes (default: one per CPU)")
@@ -879,7 +879,7 @@ def command(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m fused_llm.compile_targets", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fused_llm_dev.compile_targets", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     return command(parser.parse_args(argv))
 

@@ -1,0 +1,39 @@
+"""How the harness times each point (``Method``, recorded in every result file) and the
+options of ``fused-llm bench PKG`` that set it. Imports no torch: ``fused-llm bench --help``
+answers without loading it."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Method:
+    """How each point is timed (recorded in the JSON)."""
+
+    replays: int = 20  # timed replays per repeat, lowered for long graphs (budget_s)
+    repeats: int = 5
+    budget_s: float = 1.0  # rough cap on timed seconds per point; >= 3 replays per repeat
+    l2_factor: int = 4  # input sets together exceed this many L2s
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The harness's options (``fused-llm bench PKG [options]``)."""
+    parser.add_argument("--quick", action="store_true", help="the suite's few smoke-test cases")
+    parser.add_argument("--suite", default=None, help="only this suite of a package that has several")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default <pkg>/benchmarks/results)")
+    parser.add_argument("--providers", default=None, help="comma-separated subset, e.g. ours,torch_compile")
+    parser.add_argument("--list", action="store_true", help="print cases and providers, time nothing")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="PARAM=V[,V]",
+        help="keep cases whose PARAM is one of the values, e.g. --only hidden=16384 (repeatable; "
+        "to split a long suite over several runs, each writing its own files)",
+    )
+    parser.add_argument("--replays", type=int, default=Method.replays, help="timed replays per repeat (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=Method.repeats, help="timed repeats per point (default: %(default)s)")
+    parser.add_argument("--budget", type=float, default=Method.budget_s, help="about this many timed seconds per point (default: %(default)s)")

@@ -1,0 +1,161 @@
+"""Timing: a list of calls captured into one CUDA graph and replayed (``time_calls``), one op
+over enough input sets to exceed the L2 (``time_us``), the copy ceiling and the launch floor."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .settings import Method
+from .suite import Fn
+
+METHOD = (
+    "Per provider and case: N independent input sets with N * bytes_per_call > 4 x L2 "
+    "(N >= 1), one warm-up call per set on a side stream (torch.compile compiles, Triton "
+    "autotunes there), then all N calls captured into one CUDA graph; the graph is replayed "
+    "`repeats` x `replays` times (replays lowered for long graphs to keep about `budget_s` "
+    "per point, never under 3 per repeat), each replay timed with CUDA events; us per call = "
+    "replay time / N; "
+    "median and p20/p80 over replays. GB/s counts the provider's own minimum bytes "
+    "(each input read once, each output written once). Copy ceiling: torch.mul(a, 1.0, out=b) "
+    "on 2 GiB bf16 measured the same way, counting read + write bytes."
+)
+
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float  # per call
+    p20_us: float
+    p80_us: float
+    calls_per_graph: int
+    samples: int  # timed replays
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks, like numpy's default."""
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def l2_bytes(device: torch.device | None = None) -> int:
+    index = torch.cuda.current_device() if device is None else device.index
+    return int(torch.cuda.get_device_properties(index or 0).L2_cache_size)
+
+
+def calls_to_flush_l2(bytes_per_call: int, l2: int, factor: int = 4, max_calls: int = 16384) -> int:
+    """Independent input sets needed so that the sets together exceed ``factor`` x L2."""
+    return max(1, min(max_calls, factor * l2 // max(bytes_per_call, 1) + 1))
+
+
+def time_calls(fns: Sequence[Fn], method: Method = Method()) -> Timing:
+    """Capture ``fns`` (called in order) into one CUDA graph and time its replays.
+
+    Raises whatever warm-up or capture raises (e.g. a provider that synchronizes or allocates
+    through a non-capturable path); the caller reports it and moves on.
+    """
+    # Warm up on a side stream, as torch.cuda.graphs recommends: lazy initialisation
+    # (compilation, autotuning, cuBLAS workspaces) must not happen during capture.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph):
+            # Keep every call's outputs alive through capture: a dropped output returns its
+            # block to the graph's pool and the next call gets the same addresses, so every
+            # call would write one L2-resident buffer and never pay its writes to memory.
+            outputs = [fn() for fn in fns]
+        graph.replay()  # the first replay uploads the graph; keep it out of the samples
+        torch.cuda.synchronize()
+
+        # Long graphs (e.g. eager at 16K rows, or thousands of decode-size calls) would take
+        # minutes at 100 replays; keep ~budget_s per point but never < 3 per repeat.
+        t0 = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        one = max(time.perf_counter() - t0, 1e-6)
+        per_repeat = max(3, min(method.replays, int(method.budget_s / (method.repeats * one))))
+
+        samples: list[float] = []
+        for _ in range(method.repeats):
+            events = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(per_repeat)
+            ]
+            for start, end in events:
+                start.record()
+                graph.replay()
+                end.record()
+            torch.cuda.synchronize()
+            samples += [start.elapsed_time(end) * 1e3 / len(fns) for start, end in events]
+    finally:
+        outputs = None  # noqa: F841 - released with the graph
+        # If capture_end raises, torch.cuda.graph leaves its capture stream current: restore ours.
+        torch.cuda.set_stream(stream)
+        with contextlib.suppress(RuntimeError):  # never mask the error that got us here
+            graph.reset()
+    samples.sort()
+    return Timing(
+        median_us=_percentile(samples, 0.5),
+        p20_us=_percentile(samples, 0.2),
+        p80_us=_percentile(samples, 0.8),
+        calls_per_graph=len(fns),
+        samples=len(samples),
+    )
+
+
+def time_us(make: Callable[[int], Fn], bytes_per_call: int, method: Method = Method()) -> Timing:
+    """Time one op: ``make(seed)`` builds one independent input set and returns its call."""
+    n = calls_to_flush_l2(bytes_per_call, l2_bytes(), method.l2_factor)
+    fns = [make(seed) for seed in range(n)]
+    try:
+        return time_calls(fns, method)
+    finally:
+        del fns
+        release_memory()
+
+
+def release_memory() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def measure_copy_ceiling(device: torch.device | str = "cuda", nbytes: int = 2 << 30) -> float:
+    """GB/s (read + write bytes, 1e9) of ``torch.mul(a, 1.0, out=b)`` on ``nbytes`` of bf16.
+
+    A kernel copy, not ``copy_``: the cudaMemcpy path is ~35% slower on an H200 and would
+    flatter every kernel measured against it.
+    """
+    a = torch.randn(nbytes // 2, dtype=torch.bfloat16, device=device)
+    b = torch.empty_like(a)
+    copy = functools.partial(torch.mul, a, 1.0, out=b)
+    try:
+        timing = time_calls([copy], Method())
+    finally:
+        del copy, a, b
+        release_memory()
+    return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
+
+
+def measure_launch_floor(device: torch.device | str = "cuda") -> float:
+    """us per call of a one-element ``torch.add`` timed the same way: what one kernel costs in
+    graph replay before it moves any data (the floor under every decode-size number)."""
+    a = torch.ones(1, device=device)
+    b = torch.empty_like(a)
+    # 256 calls per graph, like the decode-size points, so the graph launch itself amortizes.
+    return time_calls([functools.partial(torch.add, a, 1.0, out=b)] * 256, Method()).median_us
