@@ -20,7 +20,19 @@ import pytest
 from fused_llm import packages
 from fused_llm_dev import compile_targets as ct
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def _triton_version() -> tuple[int, ...]:
+    import triton
+
+    return tuple(int(p) for p in triton.__version__.split(".")[:2])
+
+
+# The check drives Triton 3.9's binder and packer (CI's pin); the GPU image's Triton 3.6 lacks
+# knobs it reads (compilation.fpsan_homomorphic_casts).
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed"),
+    pytest.mark.skipif(importlib.util.find_spec("triton") is not None and _triton_version() < (3, 9),
+                       reason="the check uses Triton >= 3.9's compiler internals (CI's pin)"),
+]
 
 ROOT = packages.repo_root()
 KERNELS = [(s.package, k) for s in ct.kernel_sources() for k in s.kernels]

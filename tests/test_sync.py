@@ -155,7 +155,11 @@ def test_package_tests_run_without_fused_llm(tmp_path):
         (blocker / hidden).mkdir(parents=True)
         (blocker / hidden / "__init__.py").write_text(f"raise ImportError('a package test imported {hidden}')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FUSED_LLM_ROOT")}
-    env.update(PYTHONPATH=str(blocker), LOCAL_KERNELS=f"{packages.hub_repo_id(name)}={pkg}")
+    # Other path entries stay (a machine may provide kernels / torch through PYTHONPATH); only
+    # the checkout's package roots go.
+    ours = {(ROOT / "torch-ext").resolve(), (ROOT / "tools").resolve()}
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() not in ours]
+    env.update(PYTHONPATH=os.pathsep.join([str(blocker), *kept]), LOCAL_KERNELS=f"{packages.hub_repo_id(name)}={pkg}")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "tests", "-m", "kernels_ci", "-k", "opcheck or bad_input", "-q",
          "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning"],

@@ -720,6 +720,7 @@ def test_sm80_auto_dispatch(monkeypatch):
         assert torch.equal(rt.gated_mlp(x, w_gate, w_up), triton), "auto: Triton on this GPU at 9 tokens"
     monkeypatch.setattr(rt, "_is_sm8x", lambda index: True)
     monkeypatch.setattr(rt, "_is_sm90", lambda index: False)
+    rt._FAST_CALLS.entries.clear()  # a repeated call signature skips the dispatch (the GPU never changes)
     assert rt._auto_impl(x, w_gate, w_up) == "sm80"
     assert torch.equal(rt.gated_mlp(x, w_gate, w_up), sm80), "auto on 8.x: the sm80 kernel"
     big = (torch.randn(U, 64, device=DEVICE) / 8).bfloat16()
@@ -728,6 +729,7 @@ def test_sm80_auto_dispatch(monkeypatch):
     assert torch.equal(rt.gated_mlp(x60, w60, w60), rt.gated_mlp(x60, w60, w60, impl="triton"))
     misaligned = torch.empty(M * D + 4, dtype=torch.bfloat16, device=DEVICE)[4:].view(M, D).copy_(x)  # 8-byte aligned
     assert rt._auto_impl(misaligned, w_gate, w_up) == "triton"
+    rt._FAST_CALLS.entries.clear()  # no signature keeps the faked GPU's dispatch for later tests
 
 
 @needs_sm90
