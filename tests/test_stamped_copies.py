@@ -9,8 +9,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COPIES = {
-    "triton_launch.py": ["rope-triton/torch-ext/rope_triton/_triton_launch.py", "gated-mlp/torch-ext/gated_mlp/_triton_launch.py"],
-    "light_ops.py": ["rope-triton/torch-ext/rope_triton/_light_ops.py", "gated-mlp/torch-ext/gated_mlp/_light_ops.py"],
+    "triton_launch.py": ["rope-triton/torch-ext/rope_triton/_triton_launch.py", "gated-mlp/torch-ext/gated_mlp/_triton_launch.py",
+                         "machete-w4a16/torch-ext/machete_w4a16/_triton_launch.py"],
+    "light_ops.py": ["rope-triton/torch-ext/rope_triton/_light_ops.py", "gated-mlp/torch-ext/gated_mlp/_light_ops.py",
+                     "machete-w4a16/torch-ext/machete_w4a16/_light_ops.py"],
 }
 
 
