@@ -79,7 +79,7 @@ def _awq_unpack(words: torch.Tensor) -> torch.Tensor:
 
 
 def write_awq(q_nk, z_gn, s_gn):
-    return _awq_pack(q_nk.t()), _awq_pack(z_gn), s_gn.contiguous()
+    return _awq_pack(q_nk.t()).contiguous(), _awq_pack(z_gn).contiguous(), s_gn.contiguous()
 
 
 def read_awq(qweight, qzeros, scales) -> torch.Tensor:
