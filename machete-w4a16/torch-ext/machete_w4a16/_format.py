@@ -210,10 +210,12 @@ def quantize(w: torch.Tensor, group_size: int = 128, zero_point: bool = False) -
     * symmetric (``zero_point=False``, ``uint4b8``): ``s = max(max(w) / 7, -min(w) / 8)``,
       ``q = clamp(round(w / s) + 8, 0, 15)``;
     * asymmetric (``zero_point=True``, ``uint4`` + zeros): with ``lo = min(w, 0)`` and
-      ``hi = max(w, 0)``, ``s = (hi - lo) / 15``, ``z = clamp(round(-lo / s), 0, 15)``,
-      ``q = clamp(round(w / s) + z, 0, 15)``.
+      ``hi = max(w, 0)``, ``s = (hi - lo) / 15`` rounded up to w's dtype (rounded down, the
+      range would need a 16th step and the top code would clip), ``z = clamp(round(-lo / s),
+      0, 15)``, ``q = clamp(round(w / s) + z, 0, 15)``.
 
-    s is rounded to w's dtype first, and q computed with the rounded s (so dequantization
+    s is rounded to w's dtype first (to nearest; up for the asymmetric one), and q computed
+    with the rounded s (so dequantization
     uses the s that chose q). An all-zero group gets s = 1."""
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"w: expected a torch.Tensor, got {type(w).__name__}")
@@ -232,7 +234,11 @@ def quantize(w: torch.Tensor, group_size: int = 128, zero_point: bool = False) -
     if zero_point:
         lo = wg.amin(-1).clamp(max=0)
         hi = wg.amax(-1).clamp(min=0)
-        s = ((hi - lo) / 15).to(w.dtype).float()
+        s32 = (hi - lo) / 15
+        s = s32.to(w.dtype).float()
+        # s rounded down would stretch [lo, hi] over more than 15 steps and clip the top code:
+        # round up instead (x (1 + eps) rounds to a value >= x: eps is the dtype's widest spacing).
+        s = torch.where(s < s32, (s32 * (1 + torch.finfo(w.dtype).eps)).to(w.dtype).float(), s)
     else:
         s = torch.maximum(wg.amax(-1) / 7, -wg.amin(-1) / 8).to(w.dtype).float()
     s = torch.where(s > 0, s, torch.ones_like(s))  # all-zero groups (and fp16 underflow)
