@@ -17,6 +17,7 @@
         "swiglu-fp8"
         "rope-triton"
         "gated-mlp"
+        "machete-w4a16"
       ];
       perPackage = lib.genAttrs kernelPackages (
         name:

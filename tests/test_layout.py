@@ -22,12 +22,13 @@ from fused_llm_dev.testing import device
 
 ROOT = packages.repo_root()
 PACKAGES = {"fused_llm": ROOT / "torch-ext" / "fused_llm", "fused_llm_dev": ROOT / "tools" / "fused_llm_dev"}
-# What the integration package may import: the standard library, torch, the Hub's loader and
-# transformers (the models it kernelizes), and its own modules.
-INTEGRATION_IMPORTS = {"torch", "kernels", "transformers"}
+# What the integration package may import: the standard library, torch, the Hub's loader,
+# transformers (the models it kernelizes) and safetensors (4-bit checkpoints; a transformers
+# dependency), and its own modules.
+INTEGRATION_IMPORTS = {"torch", "kernels", "transformers", "safetensors"}
 # The integration package's modules: kernelize and the layer mapping, the fused decoder layer,
-# transformers' KernelConfig, and where the kernel packages are.
-INTEGRATION_MODULES = {"__init__", "integration", "decoder", "transformers_config", "packages"}
+# transformers' KernelConfig, where the kernel packages are, and the 4-bit model paths.
+INTEGRATION_MODULES = {"__init__", "integration", "decoder", "transformers_config", "packages", "w4a16"}
 # kernelize swaps transformers' rotary function process-wide; conftest.py puts it back.
 pytestmark = pytest.mark.usefixtures("restore_hub_functions")
 

@@ -436,9 +436,42 @@ def _gated_mlp_scenarios(module, dev: Device) -> list[Scenario]:
     return out
 
 
+def _machete_w4a16_scenarios(module, dev: Device) -> list[Scenario]:
+    """machete-w4a16: ``w4a16_gemm`` through ``launch_w4a16`` with ``w4a16_config``'s choice for
+    the target's SM count, on Llama-3 8B projections: the split-K kernel at 1 (FMA GEMV), 16
+    and 64 tokens (tl.dot tiles), the tiled kernel at 256 and 4096; group 128 symmetric (the
+    common checkpoint), group 32 with zeros (K steps spanning groups), per-channel with zeros,
+    act-order and bias, in bf16 and fp16."""
+    m = module
+    out: list[Scenario] = []
+
+    def case(label, M, N, K, dtype="bfloat16", group=128, zeros=False, perm=False, bias=False):
+        def launch():
+            groups = 1 if group == -1 else K // group
+            x, y = _empty((M, K), dtype), _empty((M, N), dtype)
+            qweight, scales = _empty((N, K // 8), "int32"), _empty((groups, N), dtype)
+            z = _empty((groups, N), "uint8") if zeros else None
+            p = _empty((K,), "int32") if perm else None
+            b = _empty((N,), dtype) if bias else None
+            m.launch_w4a16(x, qweight, scales, z, p, b, y, group, cfg=m.w4a16_config(M, N, K, group, dev.sms))
+
+        out.append(Scenario(label, launch))
+
+    for M in (1, 16, 64, 256):
+        case(f"Llama-3 8B QKV, bfloat16, group 128 uint4b8, {_tokens(M)}", M, 6144, _HIDDEN)
+    case("Llama-3 8B down, float16, group 128 uint4b8, 1 token", 1, _HIDDEN, _MLP, "float16")
+    case("Llama-3 8B down, float16, group 32 with zeros, 16 tokens", 16, _HIDDEN, _MLP, "float16", 32, zeros=True)
+    case("Llama-3 8B O, bfloat16, per channel with zeros, act-order, bias, 1 token", 1, _HIDDEN, _HIDDEN, group=-1, zeros=True,
+         perm=True, bias=True)  # fmt: skip
+    case("Llama-3 8B gate/up, float16, group 32 with zeros, act-order, bias, 4096 tokens", 4096, 2 * _MLP, _HIDDEN, "float16", 32,
+         zeros=True, perm=True, bias=True)  # fmt: skip
+    return out
+
+
 SCENARIOS: dict[str, Callable[[types.ModuleType, Device], list[Scenario]]] = {
     "rope-triton": _rope_triton_scenarios,
     "gated-mlp": _gated_mlp_scenarios,
+    "machete-w4a16": _machete_w4a16_scenarios,
 }
 
 

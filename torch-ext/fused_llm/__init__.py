@@ -24,10 +24,15 @@ _EXPORTS = {
     "get_kernel": "packages",
     "kernel_packages": "packages",
     "kernel_config": "transformers_config",
+    "load_w4a16": "w4a16",
+    "quantize_w4a16": "w4a16",
 }
-_SUBMODULES = ("decoder", "integration", "packages", "transformers_config")
+_SUBMODULES = ("decoder", "integration", "packages", "transformers_config", "w4a16")
 
-__all__ = ["LAYERS", "KernelizeReport", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize"]
+__all__ = [
+    "LAYERS", "KernelizeReport", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize",
+    "load_w4a16", "quantize_w4a16",
+]
 
 
 def __getattr__(name: str):

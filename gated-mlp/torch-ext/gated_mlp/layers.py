@@ -22,7 +22,8 @@ HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"
 class LlamaMLP(nn.Module):
     """``down_proj(act(gate_proj(x)) * up_proj(x))`` with the gate and up projections and the
     activation in one kernel (the [.., 2U] intermediate is never written). Activations the
-    kernel does not have, and fp32 models, keep transformers' expression. Inference only."""
+    kernel does not have, fp32 models, and gate / up projections that are not nn.Linear (machete-w4a16's
+    W4A16Linear) keep transformers' expression. Inference only."""
 
     has_backward = False
     can_torch_compile = True
@@ -31,7 +32,8 @@ class LlamaMLP(nn.Module):
         from . import gated_mlp
 
         activation = HIDDEN_ACTS.get(getattr(self.config, "hidden_act", None))
-        if activation is None or x.dtype not in (torch.float16, torch.bfloat16) or self.gate_proj.weight.dtype != x.dtype:
+        dense = isinstance(self.gate_proj, nn.Linear) and isinstance(self.up_proj, nn.Linear)  # not e.g. 4-bit layers
+        if activation is None or not dense or x.dtype not in (torch.float16, torch.bfloat16) or self.gate_proj.weight.dtype != x.dtype:
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
         h = gated_mlp(
             x,

@@ -1,0 +1,331 @@
+"""w4a16_gemm against an fp64 reference: ``x @ dequantize(qw).T (+ bias)`` on the same fp16 /
+bf16 inputs.
+
+On CUDA the Triton kernels run compiled; on CPU they run in Triton's interpreter (conftest sets
+TRITON_INTERPRET=1), or the plain-torch path when Triton is missing.
+
+Tolerance, per output element: one ulp of the output dtype at the reference's magnitude (the
+kernel rounds once, to nearest on a GPU; Triton's interpreter truncates, still within one ulp)
+plus 1e-4 of the output's scale for the fp32 summation order over K (K <= 16384 products of
+fp16 / bf16 values, each exact in fp32: the order changes the sum by a few fp32 ulps of the
+partial sums, ~1e-6 relative; 1e-4 leaves room for the split-K partials). The weights
+themselves are bit-identical to dequantize()'s (test_format.py checks dequantize; the
+kernels dequantize to the same bits, which a mismatch of one code or scale would break by
+far more than this tolerance).
+"""
+
+from __future__ import annotations
+
+import os
+
+import kernels
+import pytest
+import torch
+from machete_w4a16_testing import (
+    assert_fully_written,
+    assert_only_declared_outputs_mutate,
+    device,
+    opcheck,
+    poison_,
+)
+
+w4 = kernels.get_kernel("fused-llm/machete-w4a16", version=1)
+
+DEVICE = device()
+INTERPRETED = DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+TRITON = DEVICE == "cuda" or INTERPRETED
+ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def make(M, N, K, dtype, group_size=128, zero_point=False, seed=0, act_order=False, bias=False):
+    """x [M, K] unit variance, W [N, K] with std 1/sqrt(K) quantized (outputs of order one);
+    act_order: the columns permuted as a GPTQ act-order checkpoint would store them."""
+    g = gen(seed)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = (torch.randn(N, K, generator=g) / K**0.5).to(dtype)
+    qw = w4.quantize(w, group_size, zero_point)
+    if act_order:
+        perm = torch.randperm(K, generator=g).to(torch.int32)
+        # The same codes / scales with packed column k' standing for original column perm[k'].
+        qw = w4.QuantizedWeight(qw.qweight, qw.scales, qw.zeros, perm, qw.group_size)
+    b = (0.1 * torch.randn(N, generator=g)).to(dtype) if bias else None
+    return x.to(DEVICE), qw.to(DEVICE), None if b is None else b.to(DEVICE)
+
+
+def reference(x, qw, bias=None) -> torch.Tensor:
+    y = x.double() @ w4.dequantize(qw).double().T
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+def assert_gemm_close(got: torch.Tensor, ref: torch.Tensor, name: str, atol_frac: float = 1e-4) -> None:
+    assert got.shape == ref.shape, f"{name}: shape {tuple(got.shape)} vs {tuple(ref.shape)}"
+    assert_fully_written(got, name)
+    if not got.numel():
+        return
+    scale = ref.abs().max().item()
+    tol = ULP[got.dtype] * ref.abs() + atol_frac * scale + 1e-6
+    err = (got.double() - ref).abs()
+    worst = (err / tol).max().item()
+    if worst > 1:
+        i = int((err / tol).flatten().argmax())
+        raise AssertionError(f"{name}: error {err.flatten()[i].item():.3g} at flat index {i} ({got.flatten()[i].item():g} vs "
+                             f"{ref.flatten()[i].item():g}) is {worst:.2f}x the tolerance")  # fmt: skip
+
+
+def run_op(x, qw, bias=None) -> torch.Tensor:
+    """The registered op on a poisoned output."""
+    out = poison_(torch.empty(x.shape[0], qw.N, dtype=x.dtype, device=DEVICE))
+    w4.ops.w4a16_gemm(out, x, qw.qweight, qw.scales, qw.zeros, qw.perm, bias, qw.group_size)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------------------------
+
+if DEVICE == "cuda":  # Llama-3 8B projections (QKV, O, gate/up, down) and off-tile sizes
+    SIZES = [(1, 6144, 4096), (7, 4096, 4096), (16, 28672, 4096), (33, 4096, 14336), (64, 1000, 4096),
+             (65, 6144, 4096), (300, 4096, 4096), (1024, 14336, 4096), (129, 1000, 2048)]  # fmt: skip
+else:  # the interpreter runs numpy per program: small shapes, the same branches (M = 1 FMA, dot M tiles, tiled)
+    SIZES = [(1, 72, 256), (5, 40, 384), (33, 64, 256), (70, 48, 256)]
+QUANT = [(128, False), (32, True), (-1, False), (64, True)]
+
+
+@pytest.mark.parametrize("M, N, K", SIZES, ids=lambda v: str(v))
+@pytest.mark.parametrize("group_size, zero_point", QUANT, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_w4a16_gemm(M, N, K, group_size, zero_point, dtype):
+    x, qw, _ = make(M, N, K, dtype, group_size, zero_point, seed=M + N + K)
+    out = run_op(x, qw)
+    assert_gemm_close(out, reference(x, qw), f"{dtype} G{group_size} zp={zero_point}")
+    assert torch.equal(w4.w4a16_gemm(x, qw), out), "the public function and the op differ"
+
+
+@pytest.mark.kernels_ci
+def test_w4a16_gemm_ci():
+    test_w4a16_gemm(*SIZES[1], 128, False, torch.bfloat16)
+
+
+@pytest.mark.parametrize("M", [1, 9, 80])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bias_and_act_order(M, dtype):
+    """A bias in x's dtype or fp32, and an act-order permutation of the input columns."""
+    N, K = (4096, 4096) if DEVICE == "cuda" else (48, 256)
+    x, qw, b = make(M, N, K, dtype, 64, True, seed=3, act_order=True, bias=True)
+    assert_gemm_close(w4.w4a16_gemm(x, qw, b), reference(x, qw, b), "bias + act order")
+    b32 = b.float() * 3
+    assert_gemm_close(w4.w4a16_gemm(x, qw, b32), reference(x, qw, b32), "fp32 bias")
+
+
+def test_k_off_the_tile():
+    """K = 200 with one group per channel (K % 8 == 0, not a multiple of the 64 / 128 K steps):
+    the masked K tail in both kernels."""
+    for M in (1, 4, 100):
+        x, qw, _ = make(M, 24, 200, torch.float16, -1, True, seed=M)
+        assert_gemm_close(w4.w4a16_gemm(x, qw), reference(x, qw), f"K 200, M {M}")
+
+
+def test_leading_dims_non_contiguous_x_and_empty():
+    N, K = (1000, 4096) if DEVICE == "cuda" else (40, 256)
+    _, qw, _ = make(1, N, K, torch.bfloat16, 128, False, seed=4)
+    x = torch.randn(K, 2, 3, device=DEVICE).bfloat16().permute(1, 2, 0)  # [2, 3, K], K strided
+    got = w4.w4a16_gemm(x, qw)
+    assert got.shape == (2, 3, N)
+    assert_gemm_close(got.reshape(6, N), reference(x.reshape(6, K), qw), "non-contiguous x")
+    x_strided = torch.randn(5, 2 * K, device=DEVICE).bfloat16()[:, ::2]  # unit-free last stride, no copy
+    assert_gemm_close(w4.w4a16_gemm(x_strided, qw), reference(x_strided, qw), "strided x")
+    assert w4.w4a16_gemm(x[:, :0], qw).shape == (2, 0, N)
+    empty_n = w4.QuantizedWeight(qw.qweight[:0], qw.scales[:, :0].contiguous(), None, None, qw.group_size)
+    assert w4.w4a16_gemm(x, empty_n).shape == (2, 3, 0)
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton kernels' tile configurations")
+@pytest.mark.parametrize(
+    "cfg, group_size",
+    [({"kernel": "splitk", "BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1, "USE_DOT": False}, 128),
+     ({"kernel": "splitk", "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": 3, "USE_DOT": False}, 32),
+     ({"kernel": "splitk", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 5}, 64),
+     ({"kernel": "splitk", "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 2}, -1),
+     ({"kernel": "splitk", "BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": 4}, 32),
+     ({"kernel": "tiled", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2}, 128),
+     ({"kernel": "tiled", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4}, 32),
+     ({"kernel": "tiled", "BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 1}, -1)],
+    ids=lambda v: "-".join(f"{k.removeprefix('BLOCK_')}{v}" for k, v in v.items()) if isinstance(v, dict) else f"G{v}",
+)  # fmt: skip
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_tile_configs(cfg, group_size, zero_point):
+    """Every kernel, K split and group / K-step relation the launcher can pick (steps inside a
+    group, steps spanning several groups, per-channel; uneven splits; tiles past M and N; M = 1
+    FMA and tl.dot tiles), each called twice: the split-K counters must be left reset."""
+    kern = w4._triton_kernels()
+    M, N, K = (37, 300, 1024) if DEVICE == "cuda" else (19, 72, 384)
+    if cfg.get("BLOCK_M") == 1:
+        M = 1
+    x, qw, b = make(M, N, K, torch.bfloat16, group_size, zero_point, seed=5, act_order=group_size == 64, bias=True)
+    ref = reference(x, qw, b)
+    for _ in range(2):
+        out = poison_(torch.empty(M, N, dtype=x.dtype, device=DEVICE))
+        kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out, qw.group_size,
+                          cfg={**cfg, "num_warps": 4, "num_stages": 2})  # fmt: skip
+        assert_gemm_close(out, ref, str(cfg))
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
+def test_config_dispatch():
+    """The kernel by M (the split-K kernel up to SMALL_M_MAX rows, FMA at M = 1), BLOCK_K never
+    straddling a group of >= 64, and the K split bounded by the K steps."""
+    kern = w4._triton_kernels()
+    assert kern.w4a16_config(1, 4096, 4096, 128)["USE_DOT"] is False
+    assert kern.w4a16_config(kern.SMALL_M_MAX, 4096, 4096, 128)["kernel"] == "splitk"
+    assert kern.w4a16_config(kern.SMALL_M_MAX + 1, 4096, 4096, 128)["kernel"] == "tiled"
+    for G in (32, 64, 128, -1):
+        cfg = kern.w4a16_config(16, 4096, 4096, G)
+        Ge = 4096 if G == -1 else G
+        assert Ge % cfg["BLOCK_K"] == 0 or cfg["BLOCK_K"] % Ge == 0
+        assert 1 <= cfg["SPLIT_K"] <= 4096 // cfg["BLOCK_K"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: every error names the argument, what was expected and what came, before writing
+# ---------------------------------------------------------------------------------------------
+
+
+def _bad_cases():
+    x, qw, _ = make(4, 32, 64, torch.bfloat16, 32, True, seed=6)
+    return [
+        ("x dtype", lambda: w4.w4a16_gemm(x.float(), qw), TypeError, "x: expected dtype float16 or bfloat16, got torch.float32"),
+        ("x type", lambda: w4.w4a16_gemm(x.tolist(), qw), TypeError, "x: expected a torch.Tensor"),
+        ("x K", lambda: w4.w4a16_gemm(x[:, :32], qw), ValueError, r"x: expected shape \[..., 64\] \(K = qw.K\), got \(4, 32\)"),
+        ("x 0-d", lambda: w4.w4a16_gemm(x[0, 0], qw), ValueError, r"x: expected shape \[..., K\]"),
+        ("qw type", lambda: w4.w4a16_gemm(x, qw.qweight), TypeError, "qw: expected a QuantizedWeight"),
+        ("scales dtype", lambda: w4.w4a16_gemm(x.half(), qw), TypeError, r"qw.scales: expected dtype torch.float16 \(x's; convert with qw.to\(dtype=...\)\), got torch.bfloat16"),
+        ("bias shape", lambda: w4.w4a16_gemm(x, qw, torch.zeros(31, device=DEVICE).bfloat16()), ValueError, r"bias: expected shape \(32,\), got \(31,\)"),
+        ("bias dtype", lambda: w4.w4a16_gemm(x, qw, torch.zeros(32, device=DEVICE).half()), TypeError, "bias: expected dtype torch.bfloat16 .x's. or float32, got torch.float16"),
+        ("raw qweight", lambda: w4.w4a16_gemm_raw(x, qw.qweight.float(), qw.scales, None, None, None, 32), ValueError, r"qw.qweight: expected an int32 tensor \[N, K / 8\]"),
+        ("raw group", lambda: w4.w4a16_gemm_raw(x, qw.qweight, qw.scales, None, None, None, 48), ValueError, "qw.group_size: expected -1 or a power of two >= 16 dividing K = 64, got 48"),
+        ("raw scales", lambda: w4.w4a16_gemm_raw(x, qw.qweight, qw.scales[:1], None, None, None, 32), ValueError, r"qw.scales: expected a contiguous \[2, 32\] tensor"),
+        ("raw zeros", lambda: w4.w4a16_gemm_raw(x, qw.qweight, qw.scales, qw.zeros.int(), None, None, 32), ValueError, r"qw.zeros: expected a contiguous uint8 \[2, 32\] tensor"),
+        ("raw perm", lambda: w4.w4a16_gemm_raw(x, qw.qweight, qw.scales, None, qw.qweight[0], None, 32), ValueError, r"qw.perm: expected a contiguous int32 \[64\] tensor"),
+        ("layer K", lambda: w4.layers.W4A16Linear(60, 8), ValueError, "in_features: expected a positive multiple of 8, got 60"),
+        ("layer linear", lambda: w4.layers.W4A16Linear.from_linear(qw), TypeError, "linear: expected an nn.Linear"),
+    ]  # fmt: skip
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_input(case):
+    _, call, exc, match = case
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a second device type")
+def test_bad_device():
+    x, qw, _ = make(4, 32, 64, torch.bfloat16, 32, False, seed=7)
+    with pytest.raises(ValueError, match=r"qw.qweight: expected device cuda:0 \(x's\), got cpu"):
+        w4.w4a16_gemm(x, qw.to("cpu"))
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library contract, torch.compile, the layer, CUDA graphs and streams
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize("zero_point, act_order, bias", [(False, False, False), (True, True, True)])
+def test_opcheck(zero_point, act_order, bias):
+    x, qw, b = make(5, 48, 128, torch.bfloat16, 32, zero_point, seed=8, act_order=act_order, bias=bias)
+    out = torch.empty(5, 48, dtype=torch.bfloat16, device=DEVICE)
+    args = (out, x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, qw.group_size)
+    opcheck(w4.ops.w4a16_gemm, args)
+    poison_(out)
+    assert_only_declared_outputs_mutate(w4.ops.w4a16_gemm, args)
+    assert_gemm_close(out, reference(x, qw, b), "after opcheck")
+
+
+@pytest.mark.kernels_ci
+def test_torch_compile_fullgraph():
+    x, qw, b = make(6, 48, 128, torch.float16, 64, True, seed=9, bias=True)
+    layer = w4.layers.W4A16Linear.from_quantized(qw, b)
+
+    def block(x):
+        return w4.w4a16_gemm(x, qw) + 1, layer(x * 2)
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    for got, expected in zip(compiled(x), block(x)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_layer_from_linear(bias, zero_point):
+    """W4A16Linear.from_linear: the quantized nn.Linear; state_dict round trip into a layer built
+    by the constructor; extra_repr."""
+    N, K = (1024, 2048) if DEVICE == "cuda" else (40, 128)
+    torch.manual_seed(10)
+    lin = torch.nn.Linear(K, N, bias=bias).to(device=DEVICE, dtype=torch.bfloat16)
+    layer = w4.layers.W4A16Linear.from_linear(lin, group_size=64, zero_point=zero_point)
+    qw = layer.quantized_weight()
+    x = torch.randn(3, 5, K, device=DEVICE).bfloat16()
+    with torch.no_grad():
+        got = layer(x)
+    assert_gemm_close(got.reshape(15, N), reference(x.reshape(15, K), qw, lin.bias), "layer")
+    sd = layer.state_dict()
+    assert set(sd) == {"qweight", "scales"} | ({"zeros"} if zero_point else set()) | ({"bias"} if bias else set())
+    fresh = w4.layers.W4A16Linear(K, N, bias=bias, group_size=64, zero_point=zero_point, dtype=torch.bfloat16, device=DEVICE)
+    fresh.load_state_dict(sd)
+    assert torch.equal(fresh(x), got)
+    assert "group_size=64" in repr(layer) and ("uint4+zeros" if zero_point else "uint4b8") in repr(layer)
+    assert layer.quantized_weight().nbytes() < 0.3 * lin.weight.numel() * 2
+
+
+# CUDA graphs and a side stream: only on a GPU (the interpreter has neither).
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("M", [1, 16, 200])
+def test_cuda_graph_capture(M):
+    """Captured once, replayed on new inputs: the split-K partials / counters and launch plans
+    must be graph-safe (replays equal eager calls)."""
+    x, qw, b = make(M, 4096, 4096, torch.bfloat16, 128, True, seed=11, bias=True)
+    static_x = x.clone()
+    w4.w4a16_gemm(static_x, qw, b)  # warm-up: compiles, makes the plan
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = w4.w4a16_gemm(static_x, qw, b)
+    for seed in (12, 13):
+        new_x = torch.randn(M, 4096, generator=gen(seed)).bfloat16().to(DEVICE)
+        static_x.copy_(new_x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, w4.w4a16_gemm(new_x, qw, b))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
+def test_side_stream():
+    """The op runs on the current stream: on a side stream, ordered after the producer of x."""
+    x, qw, _ = make(8, 4096, 4096, torch.float16, 128, False, seed=14)
+    expected = w4.w4a16_gemm(x, qw)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = w4.w4a16_gemm(x, qw)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")
+def test_deterministic_split_k():
+    """The split-K reduction adds the partials in slice order: repeated calls are bitwise equal."""
+    x, qw, _ = make(4, 14336, 4096, torch.bfloat16, 128, False, seed=15)
+    first = w4.w4a16_gemm(x, qw)
+    for _ in range(5):
+        assert torch.equal(w4.w4a16_gemm(x, qw), first)

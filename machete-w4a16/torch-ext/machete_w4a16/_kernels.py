@@ -1,0 +1,416 @@
+"""Triton kernels of machete-w4a16 and their launcher (raw tensors in, nothing checked here: the
+public functions in ``__init__`` check arguments first).
+
+Imported lazily: only when a CUDA/ROCm tensor (or a CPU tensor under ``TRITON_INTERPRET=1``)
+reaches the op, so the CPU variant works without Triton installed.
+
+Both kernels compute ``out = x @ dequantize(qw)^T (+ bias)`` with fp32 accumulation, reading the
+package's one weight layout (``_format``): qweight int32 [N, K/8] (K contiguous, 8 codes per
+int32 in natural order), scales [K/G, N], zeros uint8 [K/G, N] or None (zero 8), perm [K] or
+None. A weight tile is dequantized in registers to exactly ``dequantize()``'s values (x's
+dtype) and multiplied by ``tl.dot`` (or FMAs):
+
+* ``_w4a16_splitk_kernel`` (small M, the weight stream is the whole cost): one program per
+  (BLOCK_N rows of W, K slice, BLOCK_M rows of x); the K slices of a tile store fp32 partials
+  and the last to arrive (an acq_rel counter) adds them in slice order (deterministic), adds
+  the bias and writes the tile: one launch. ``USE_DOT=False`` (BLOCK_M == 1, GEMV) multiplies
+  with FMAs into a [BLOCK_N, BLOCK_K] fp32 accumulator reduced once at the end; ``USE_DOT``
+  computes W x^T so W's rows fill the MMA's wide side and the few tokens its narrow one.
+* ``_w4a16_tiled_kernel`` (large M): one program per [BLOCK_M, BLOCK_N] output tile in grouped
+  order, the whole K loop, ``tl.dot(x, W^T)``.
+
+Dequantization (``_dequant``), compiled: the 4-bit code q is OR-ed into the mantissa of a
+16-bit float whose exponent makes it ``1024 + q`` (fp16, 0x6400) or ``128 + q`` (bf16, 0x4300),
+a bit cast instead of an int-to-float conversion; subtracting ``1024 + z`` (``128 + z``) is
+exact, and one multiply by the scale rounds once, like ``dequantize()``. Interpreter: the same
+values computed in fp32 and rounded explicitly (Triton 3.9's interpreter truncates fp32 ->
+bf16 and multiplies bf16 dot operands as raw bits), then an fp32 dot.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ._triton_launch import PlanTable, aligned16
+
+
+@triton.jit
+def _round_bf16_rne(v):
+    """fp32 v rounded to the nearest bf16 (ties to even), kept in fp32 (interpreter only)."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # 0xFFFF0000 as int32
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant(packed, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GT: tl.constexpr,
+             HAS_ZEROS: tl.constexpr, IS_BF16: tl.constexpr, COMPILED: tl.constexpr):  # fmt: skip
+    """packed int32 [BLOCK_N, BLOCK_K // 8] -> W tile [BLOCK_N, BLOCK_K] = (q - z) * s.
+
+    s [BLOCK_N, GT] (x's dtype) and z [BLOCK_N, GT] (uint8; unused without zeros): GT groups
+    of BLOCK_K // GT consecutive columns each (GT = 1: one group for the whole tile). Returns
+    x's dtype when COMPILED, else fp32 holding exactly those values."""
+    shifts = tl.arange(0, 8) * 4
+    q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BN, BK/8, 8]: column 8j + i
+    q = tl.reshape(q, (BLOCK_N, GT, BLOCK_K // GT))
+    if COMPILED:
+        if IS_BF16:
+            h = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q, exact
+            base = 128.0
+        else:
+            h = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q, exact
+            base = 1024.0
+        if HAS_ZEROS:
+            zz = (z.to(tl.float32) + base).to(h.dtype)  # base + z: exact in 16 bits
+        else:
+            zz = tl.full((BLOCK_N, GT), base + 8.0, h.dtype)
+        w = (h - zz[:, :, None]) * s[:, :, None]  # exact difference, one rounding
+        w = w.to(h.dtype)
+    else:
+        if HAS_ZEROS:
+            zf = z.to(tl.float32)
+        else:
+            zf = tl.full((BLOCK_N, GT), 8.0, tl.float32)
+        w = (q.to(tl.float32) - zf[:, :, None]) * s.to(tl.float32)[:, :, None]  # exact in fp32
+        if IS_BF16:
+            w = _round_bf16_rne(w)
+        else:
+            w = w.to(tl.float16).to(tl.float32)  # numpy's fp16 conversion rounds to nearest
+    return tl.reshape(w, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _load_step(
+    x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, rows_x, cols_w, k0, k_hi, N, K, s_xm, s_xk,
+    s_chan, z_chan, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, IS_BF16: tl.constexpr, EVEN_K: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """The x tile [len(rows_x), BLOCK_K] and the dequantized W tile [BLOCK_N, BLOCK_K] of the K
+    step starting at k0 (columns from k_hi on masked to zero). GROUP: the group size, 0 for one
+    group per channel (scales s_chan / zeros z_chan [BLOCK_N, 1], loaded once by the caller)."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    js = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    p_ptrs = qw_ptr + cols_w.to(tl.int64)[:, None] * (K // 8) + js[None, :]
+    if HAS_PERM:
+        if EVEN_K:
+            xk = tl.load(perm_ptr + ks)
+        else:
+            xk = tl.load(perm_ptr + ks, mask=ks < k_hi, other=0)
+    else:
+        xk = ks
+    x_ptrs = x_ptr + rows_x.to(tl.int64)[:, None] * s_xm + xk.to(tl.int64)[None, :] * s_xk
+    if EVEN_K:
+        packed = tl.load(p_ptrs)
+        x = tl.load(x_ptrs)
+    else:
+        packed = tl.load(p_ptrs, mask=(js < k_hi // 8)[None, :], other=0)
+        x = tl.load(x_ptrs, mask=(ks < k_hi)[None, :], other=0.0)
+    if GROUP == 0:
+        w = _dequant(packed, s_chan, z_chan, BLOCK_N, BLOCK_K, 1, HAS_ZEROS, IS_BF16, COMPILED)
+    elif GROUP >= BLOCK_K:  # the whole step lies in group k0 // GROUP (GROUP % BLOCK_K == 0)
+        g = k0 // GROUP
+        s = tl.load(s_ptr + g * N + cols_w)[:, None]
+        z = s
+        if HAS_ZEROS:
+            z = tl.load(z_ptr + g * N + cols_w)[:, None]
+        w = _dequant(packed, s, z, BLOCK_N, BLOCK_K, 1, HAS_ZEROS, IS_BF16, COMPILED)
+    else:  # BLOCK_K // GROUP groups in the step
+        gs = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        gmask = gs < (K // GROUP)
+        s = tl.load(s_ptr + gs[None, :] * N + cols_w[:, None], mask=gmask[None, :], other=0.0)
+        z = s
+        if HAS_ZEROS:
+            z = tl.load(z_ptr + gs[None, :] * N + cols_w[:, None], mask=gmask[None, :], other=0)
+        w = _dequant(packed, s, z, BLOCK_N, BLOCK_K, BLOCK_K // GROUP, HAS_ZEROS, IS_BF16, COMPILED)
+    if not COMPILED:
+        x = x.to(tl.float32)
+    return x, w
+
+
+@triton.jit
+def _channel_params(s_ptr, z_ptr, cols_w, HAS_ZEROS: tl.constexpr):
+    """Per-channel scales / zeros [BLOCK_N, 1] (group size -1: row 0 of [1, N])."""
+    s = tl.load(s_ptr + cols_w)[:, None]
+    z = s
+    if HAS_ZEROS:
+        z = tl.load(z_ptr + cols_w)[:, None]
+    return s, z
+
+
+@triton.jit
+def _store_out(acc, rows, cols, M, N, b_ptr, out_ptr, s_om, HAS_BIAS: tl.constexpr):
+    """acc [len(rows), len(cols)] fp32 (+ bias) -> out, rounded once, rows < M and cols < N."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    o = out_ptr + rows.to(tl.int64)[:, None] * s_om + cols[None, :]
+    tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+
+@triton.jit
+def _w4a16_splitk_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, K_SPLIT, s_xm, s_xk, s_om,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IS_BF16: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """out[m, n] = sum_k x[m, perm[k]] W[n, k] (+ bias[n]) for the program's BLOCK_N rows of W
+    and BLOCK_M rows of x, over K slice pid_k (K_SPLIT columns, a multiple of BLOCK_K).
+
+    x [M, K] (strides s_xm, s_xk), qw int32 [N, K / 8], scales / zeros [K / GROUP, N], perm
+    [K] int32, bias [N], out [M, N] (row stride s_om); part fp32 [tiles, SPLIT_K, BLOCK_M,
+    BLOCK_N] and count int32 [tiles] (zero on entry, left zero) when SPLIT_K > 1."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols_w = cols % N  # wrapped, never stored: no load masks
+    rows_x = rows % M
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    s_chan = tl.zeros((BLOCK_N, 1), dtype=tl.float32)
+    z_chan = s_chan
+    if GROUP == 0:
+        s_chan, z_chan = _channel_params(s_ptr, z_ptr, cols_w, HAS_ZEROS)
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # (x W^T)^T
+    else:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        x, w = _load_step(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, rows_x, cols_w, k0, k_hi, N, K, s_xm, s_xk,
+                          s_chan, z_chan, GROUP, BLOCK_N, BLOCK_K, HAS_ZEROS, HAS_PERM, IS_BF16, EVEN_K, COMPILED)  # fmt: skip
+        if USE_DOT:
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:  # BLOCK_M == 1: x is [1, BLOCK_K]
+            acc2 += w.to(tl.float32) * x.to(tl.float32)
+    if USE_DOT:
+        res = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    else:
+        res = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
+
+    if SPLIT_K > 1:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        plane = BLOCK_M * BLOCK_N
+        tile_part = part_ptr + tile.to(tl.int64) * (SPLIT_K * plane) + local
+        tl.store(tile_part + pid_k * plane, res)
+        tl.debug_barrier()  # every thread's partial stored before the counter releases them
+        counter = count_ptr + tile
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            res = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):  # in slice order: the result does not depend on arrival order
+                res += tl.load(tile_part + s * plane, cache_modifier=".cg")
+            tl.atomic_xchg(counter, 0)  # ready for the next call (the counters are cached)
+            _store_out(res, rows, cols, M, N, b_ptr, out_ptr, s_om, HAS_BIAS)
+    else:
+        _store_out(res, rows, cols, M, N, b_ptr, out_ptr, s_om, HAS_BIAS)
+
+
+@triton.jit
+def _w4a16_tiled_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, out_ptr,
+    M, N, K, s_xm, s_xk, s_om,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IS_BF16: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """out[BLOCK_M x BLOCK_N tile] = x W^T (+ bias), the whole K loop; tiles in grouped order
+    (GROUP_M row tiles share each column sweep, so W tiles are reused from L2). Shapes as in
+    ``_w4a16_splitk_kernel``."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_x = rows % M
+    cols_w = cols % N
+    s_chan = tl.zeros((BLOCK_N, 1), dtype=tl.float32)
+    z_chan = s_chan
+    if GROUP == 0:
+        s_chan, z_chan = _channel_params(s_ptr, z_ptr, cols_w, HAS_ZEROS)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x, w = _load_step(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, rows_x, cols_w, k0, K, N, K, s_xm, s_xk,
+                          s_chan, z_chan, GROUP, BLOCK_N, BLOCK_K, HAS_ZEROS, HAS_PERM, IS_BF16, EVEN_K, COMPILED)  # fmt: skip
+        acc = tl.dot(x, tl.trans(w), acc)
+    _store_out(acc, rows, cols, M, N, b_ptr, out_ptr, s_om, HAS_BIAS)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# Where the small-M split-K kernel stops and the tiled one starts. A structural default, not a
+# measurement: the tiled kernel's smallest M tile is 64 rows, so below that it reads all of W
+# for mostly-padding tiles. The crossover will be measured on the GPU (benchmarks/suite.py,
+# providers ours_splitk / ours_tiled) and this set from it.
+SMALL_M_MAX = 64
+
+
+def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132) -> dict:
+    """Kernel and tile choice (no autotuning: deterministic, and cheap in the interpreter).
+
+    None of these numbers was measured on a GPU yet: they are structural defaults to be tuned
+    with ``benchmarks/suite.py`` on the H100, and the comments say what each is derived from.
+
+    * M <= SMALL_M_MAX: the split-K kernel; BLOCK_M = 1 (FMA GEMV) at M = 1, else the
+      smallest tl.dot tile (16, 32, 64) that holds M; BLOCK_N 64 W rows; BLOCK_K = 128
+      (one g128 group per step, 64 contiguous bytes of each W row); the K split makes about
+      4 programs per SM in flight (the weight stream needs many loads in flight per SM), at
+      most one slice per K step.
+    * larger M: the tiled kernel, 128 x 128 tiles (64 x 128 at M <= 128), K steps of 64,
+      8 row tiles per column sweep.
+
+    BLOCK_K never exceeds the group size (K steps inside one group need one scale per
+    column) unless the group is smaller than 64 (then the step spans BLOCK_K / G groups)."""
+    G = K if group_size == -1 else group_size
+    if M <= SMALL_M_MAX:
+        block_m = 1 if M == 1 else max(16, triton.next_power_of_2(M))
+        block_k = 128
+        if G >= 64:
+            block_k = min(block_k, G)
+        block_n = 64
+        tiles = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
+        steps = triton.cdiv(K, block_k)
+        split = max(1, min(triton.cdiv(4 * sms, tiles), steps))
+        return {"kernel": "splitk", "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split,
+                "USE_DOT": block_m > 1, "num_warps": 4, "num_stages": 3}  # fmt: skip
+    block_m = 64 if M <= 128 else 128
+    block_k = 64
+    return {"kernel": "tiled", "BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": block_k, "GROUP_M": 8,
+            "num_warps": 8 if block_m == 128 else 4, "num_stages": 3}  # fmt: skip
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_SPLITK_PLANS = PlanTable(_w4a16_splitk_kernel)
+_TILED_PLANS = PlanTable(_w4a16_tiled_kernel)
+_SPLITK_VARYING = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "perm_ptr", "b_ptr", "out_ptr", "part_ptr", "count_ptr")
+_TILED_VARYING = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "perm_ptr", "b_ptr", "out_ptr")
+
+
+class _SplitPlan:
+    """A launch plan of the split-K kernel plus what a call allocates around it (the partials)."""
+
+    __slots__ = ("counters", "launch", "part_shape")
+
+    def __init__(self, launch, part_shape, counters):
+        self.launch, self.part_shape, self.counters = launch, part_shape, counters
+
+    def __call__(self, x, qweight, scales, zeros, perm, bias, out) -> None:
+        if self.part_shape is not None:
+            part, counters = torch.empty(self.part_shape, dtype=torch.float32, device=x.device), self.counters
+        else:
+            part = counters = out
+        self.launch(x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else scales,
+                    bias if bias is not None else out, out, part, counters)  # fmt: skip
+
+
+class _TiledPlan:
+    __slots__ = ("launch",)
+
+    def __init__(self, launch):
+        self.launch = launch
+
+    def __call__(self, x, qweight, scales, zeros, perm, bias, out) -> None:
+        self.launch(x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else scales,
+                    bias if bias is not None else out, out)  # fmt: skip
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The split-K arrival counters: zeroed once per device and left zeroed by the kernel (the
+    last program of a tile resets its counter), so a call costs no memset. Calls on concurrent
+    streams of one device would share them: one stream at a time."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
+def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cfg: dict | None = None) -> None:
+    """x [M, K] (any strides), qweight int32 [N, K/8], scales [K/G, N], zeros uint8 [K/G, N] or
+    None, perm int32 [K] or None, bias [N] or None, out [M, N] (unit last stride). ``cfg``:
+    `w4a16_config`'s form (tests, tuning); ``cfg["kernel"]`` picks the kernel."""
+    M, K = x.shape
+    N = qweight.shape[0]
+    if M == 0 or N == 0:
+        return
+    dev = x.device
+    key = None
+    if cfg is None and x.is_cuda:
+        # A launch plan per call signature (_triton_launch): every integer argument and each
+        # tensor's dtype and 16-byte alignment are functions of this key.
+        key = (x.get_device(), x.shape, x.stride(), N, group_size, out.stride(0), x.dtype, zeros is not None,
+               perm is not None, None if bias is None else bias.dtype,
+               aligned16(*[t for t in (x, qweight, scales, zeros, perm, bias, out) if t is not None]))  # fmt: skip
+        plan = _SPLITK_PLANS.get(key) or _TILED_PLANS.get(key)
+        if plan is not None:
+            plan(x, qweight, scales, zeros, perm, bias, out)
+            return
+    cfg = dict(cfg) if cfg is not None else w4a16_config(
+        M, N, K, group_size, torch.cuda.get_device_properties(dev).multi_processor_count if x.is_cuda else 132)
+    kernel = cfg.pop("kernel")
+    G = 0 if group_size == -1 else group_size
+    block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    if G and not (G % block_k == 0 or block_k % G == 0):
+        raise ValueError(f"cfg: BLOCK_K {block_k} and group size {G} must divide one another")
+    common = dict(GROUP=G, HAS_ZEROS=zeros is not None, HAS_PERM=perm is not None, HAS_BIAS=bias is not None,
+                  IS_BF16=x.dtype == torch.bfloat16, COMPILED=not _interpreting())  # fmt: skip
+    z, p, b = (zeros if zeros is not None else scales), (perm if perm is not None else scales), (bias if bias is not None else out)
+    if kernel == "splitk":
+        split = cfg.pop("SPLIT_K")
+        k_split = triton.cdiv(triton.cdiv(K, split), block_k) * block_k
+        split = triton.cdiv(K, k_split)  # no empty slices
+        num_n, num_m = triton.cdiv(N, block_n), triton.cdiv(M, block_m)
+        if split > 1:
+            part = torch.empty((num_n * num_m, split, block_m, block_n), dtype=torch.float32, device=dev)
+            counters = _split_counters(dev, num_n * num_m)
+        else:
+            part = counters = out  # not read
+        use_dot = cfg.pop("USE_DOT", block_m > 1)
+        if not use_dot and block_m != 1:
+            raise ValueError(f"cfg: USE_DOT=False needs BLOCK_M 1, got {block_m}")
+        args = (x, qweight, scales, z, p, b, out, part, counters, M, N, K, k_split, x.stride(0), x.stride(1), out.stride(0))
+        kwargs = dict(SPLIT_K=split, USE_DOT=use_dot, EVEN_K=K % block_k == 0, **common, **cfg)
+        grid = (num_n, split, num_m)
+        launch = _SPLITK_PLANS.launch_and_plan(key, grid, _SPLITK_VARYING, args, kwargs)
+        if launch is not None:
+            _SPLITK_PLANS.put(key, _SplitPlan(launch, part.shape if split > 1 else None, counters if split > 1 else None))
+    elif kernel == "tiled":
+        args = (x, qweight, scales, z, p, b, out, M, N, K, x.stride(0), x.stride(1), out.stride(0))
+        kwargs = dict(EVEN_K=K % block_k == 0, **common, **cfg)
+        grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
+        launch = _TILED_PLANS.launch_and_plan(key, grid, _TILED_VARYING, args, kwargs)
+        if launch is not None:
+            _TILED_PLANS.put(key, _TiledPlan(launch))
+    else:
+        raise ValueError(f"cfg: kernel must be 'splitk' or 'tiled', got {kernel!r}")

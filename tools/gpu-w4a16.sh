@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# machete-w4a16's first GPU run, in one call on the device machine (the environment of
+# tools/gpu-session.sh: the carried wheels in .whl/, installed into /tmp/site; logs to $OUT):
+#   bash tools/gpu-w4a16.sh
+# 1. builds machete-w4a16 alone (noarch: a copy, no compile) and runs its tests on CUDA plus the
+#    fused_llm integration tests that need no other package's build (--noconftest: the root
+#    conftest would build every package, minutes of nvcc); FULL=1 builds everything first and
+#    runs the kernelize composition test too;
+# 2. compute-sanitizer memcheck on the kernel tests of every kernel / tile path, racecheck on
+#    the split-K CI case (its partials and the arrival counter);
+# 3. the quick benchmark (`fused-llm bench machete-w4a16 --quick`: 8B QKV, 8B gate/up, 70B down
+#    at 1 / 16 / 64 / 256 / 4096 tokens against cuBLAS bf16, tinygemm, GemLite if installed).
+# Each stage has a time limit, so the whole stays under 8 minutes on an H100; a stage that hits
+# its limit says so in its log and the next one still runs.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/torch-ext:$PWD/tools PYTHONUNBUFFERED=1 FUSED_LLM_ROOT=$PWD MAX_JOBS=16
+export LOCAL_KERNELS="fused-llm/machete-w4a16=$PWD/machete-w4a16"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton, transformers, kernels; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, kernels.__version__)" | tee -a "$OUT/gpu.txt"
+git log --oneline -1 | tee -a "$OUT/gpu.txt"
+
+PYTEST=(python3 -X faulthandler -m pytest -p no:cacheprovider --import-mode=importlib -o addopts="")
+if [ "${FULL:-0}" = 1 ]; then
+  ( time python3 -m fused_llm_dev.cli build ) 2>&1 | tail -3
+  TEST_ARGS=(machete-w4a16/tests tests/test_w4a16_integration.py)
+else
+  python3 -m fused_llm_dev.cli build machete-w4a16 2>&1 | tail -1
+  TEST_ARGS=(--noconftest machete-w4a16/tests tests/test_w4a16_integration.py -k "not kernelize")
+fi
+
+echo "=== tests"
+timeout 200 "${PYTEST[@]}" -v "${TEST_ARGS[@]}" > "$OUT/test-w4a16.log" 2>&1
+echo "pytest exit: $? (124: hit the 200 s limit)" | tee -a "$OUT/test-w4a16.log"
+grep -E "(passed|failed|error)" "$OUT/test-w4a16.log" | tail -2
+grep -E "^(FAILED|ERROR)" "$OUT/test-w4a16.log" | head -20
+
+echo "=== compute-sanitizer"
+timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" -q --noconftest machete-w4a16/tests/test_w4a16.py \
+  -k "w4a16_gemm_ci or tile_configs or k_off or non_contiguous or bias_and_act_order or cuda_graph" > "$OUT/sanitize-memcheck.log" 2>&1
+echo "compute-sanitizer memcheck exit: $? (9: errors found, 124: hit the 150 s limit)" | tee -a "$OUT/sanitize-memcheck.log"
+tail -4 "$OUT/sanitize-memcheck.log"
+timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "${PYTEST[@]}" -q --noconftest machete-w4a16/tests/test_w4a16.py \
+  -k "w4a16_gemm_ci" > "$OUT/sanitize-racecheck.log" 2>&1
+echo "compute-sanitizer racecheck exit: $?" | tee -a "$OUT/sanitize-racecheck.log"
+tail -3 "$OUT/sanitize-racecheck.log"
+
+echo "=== benchmark (quick)"
+timeout 170 python3 -m fused_llm_dev.cli bench machete-w4a16 --quick --out "$OUT" > "$OUT/bench-quick.log" 2>&1
+echo "bench exit: $? (124: hit the 170 s limit)" | tee -a "$OUT/bench-quick.log"
+tail -40 "$OUT/bench-quick.log"
