@@ -17,6 +17,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/torch-ext:$PWD/tools PYTHONUNBUFFERED=1 FUSED_LLM_ROOT=$PWD MAX_JOBS=16
 export LOCAL_KERNELS="fused-llm/machete-w4a16=$PWD/machete-w4a16"
+# --noconftest below: the package conftest that puts tests/ on sys.path for its helpers does not run
+export PYTHONPATH=$PYTHONPATH:$PWD/machete-w4a16/tests
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers, kernels; print(torch.__version__, torch.version.cuda, triton.__version__, transformers.__version__, kernels.__version__)" | tee -a "$OUT/gpu.txt"
 git log --oneline -1 | tee -a "$OUT/gpu.txt"
