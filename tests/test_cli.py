@@ -109,6 +109,14 @@ def test_bench_lists_its_cases_without_a_gpu(capsys):
     assert "cases (3)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name", packages.kernel_packages())
+def test_every_package_suite_loads(capsys, name):
+    """Every package's benchmark suite imports and lists its cases (a stale import of the
+    harness fails here, not on the GPU)."""
+    assert cli.main(["bench", name, "--list", "--quick"]) == 0
+    assert "cases (" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a CUDA GPU")
 @pytest.mark.parametrize("target", ["rmsnorm-fp8", "e2e"])
 def test_bench_says_it_needs_a_cuda_gpu(capsys, target):

@@ -20,7 +20,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from fused_llm_dev.bench import Case, Fn, Provider, Suite, importable, load_sibling, package_loader, within_scale
+from fused_llm_dev.bench.suite import Case, Fn, Provider, Suite, importable, load_sibling, package_loader, within_scale
 
 ref = load_sibling(__file__)
 TOKENS = (1, 4, 16, 32, 64, 128, 256, 1024, 4096)
