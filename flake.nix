@@ -18,6 +18,7 @@
         "rope-triton"
         "gated-mlp"
         "machete-w4a16"
+        "skinny-gemm"
       ];
       perPackage = lib.genAttrs kernelPackages (
         name:

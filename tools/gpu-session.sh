@@ -16,7 +16,7 @@ for stage in "$@"; do
   echo "=== stage $stage"
   case $stage in
     test)
-      python3 -X faulthandler -m pytest -v -x -p no:cacheprovider --import-mode=importlib -o addopts="" ${TESTS:-rmsnorm-fp8/tests swiglu-fp8/tests rope-triton/tests gated-mlp/tests machete-w4a16/tests tests} > "$OUT/test.log" 2>&1
+      python3 -X faulthandler -m pytest -v -x -p no:cacheprovider --import-mode=importlib -o addopts="" ${TESTS:-rmsnorm-fp8/tests swiglu-fp8/tests rope-triton/tests gated-mlp/tests machete-w4a16/tests skinny-gemm/tests tests} > "$OUT/test.log" 2>&1
       echo "pytest exit: $?"
       grep -E "(PASSED|FAILED|ERROR|SKIPPED)" "$OUT/test.log" | tail -3
       grep -E "Fatal Python|File .*(tests|torch-ext|rmsnorm)" "$OUT/test.log" | head -20
@@ -24,7 +24,7 @@ for stage in "$@"; do
     sanitize)  # kernels only: the bad-input tests launch none
       for tool in memcheck racecheck; do
         FUSED_LLM_SKIP_BUILD=1 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib \
-          ${SANITIZE_TESTS:-rmsnorm-fp8/tests swiglu-fp8/tests rope-triton/tests gated-mlp/tests machete-w4a16/tests} -k "${SANITIZE_K:-(ci or non_contiguous or misaligned or leading or in_place or generic) and not raw_op and not bad_input}" 2>&1 | tee "$OUT/sanitize-$tool.log" | tail -6
+          ${SANITIZE_TESTS:-rmsnorm-fp8/tests swiglu-fp8/tests rope-triton/tests gated-mlp/tests machete-w4a16/tests skinny-gemm/tests} -k "${SANITIZE_K:-(ci or non_contiguous or misaligned or leading or in_place or generic) and not raw_op and not bad_input}" 2>&1 | tee "$OUT/sanitize-$tool.log" | tail -6
         echo "compute-sanitizer $tool exit: ${PIPESTATUS[0]}"
       done ;;
     demo) python3 -m fused_llm_dev.cli demo --no-build 2>&1 | tee "$OUT/demo.log" ;;

@@ -1,0 +1,206 @@
+"""skinny-gemm suites for the shared harness: ``fused-llm bench skinny-gemm``.
+
+``y = x @ w^T`` for the issue's shapes (Llama-405B TP8 QKV / gate-up / down, Llama-3 8B and
+70B projections) at 1-64 tokens, in bf16 (suite ``skinny-gemm``) and FP8 with per-token /
+per-channel scales and bf16 out (suite ``skinny-gemm-fp8``). Providers in one run:
+
+* ``ours``: ``gemm`` / ``gemm_fp8`` (the skinny kernel, default configuration, ordered split-K
+  reduction); ``ours_atomic``: the atomic reduction; ``linear``: the dispatching entry point
+  (with the committed tuning table: cuBLAS wherever the table has no entry);
+* ``cublas``: ``F.linear`` / ``torch._scaled_mm`` (the reference: the issue's targets are
+  ratios to it);
+* ``torch_compile``: ``torch.compile(mode="max-autotune-no-cudagraphs")`` of the same
+  expression (Inductor's Triton templates against cuBLAS, picked per shape);
+* ``read_floor``: a read-only reduction (``torch.amax``) over a buffer of the weight's bytes:
+  the measured read-bandwidth floor of the shape, not an implementation.
+
+Bytes: the weight plus x and the output (the weight dominates: 75 MB at 2304 x 16384 bf16
+against 1 MB of x at 32 tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from fused_llm_dev.bench.suite import (
+    Case,
+    Fn,
+    Provider,
+    Suite,
+    load_sibling,
+    package_loader,
+    within_scale,
+)
+
+ref = load_sibling(__file__)
+SHAPE_IDS = {name: i for i, name in enumerate(ref.SHAPES)}  # cases carry ints: shape by index
+QUICK_SHAPES = ("405B-tp8-qkv", "8B-qkv", "70B-down")
+QUICK_TOKENS = (1, 16, 64)
+
+_ours, _ours_unavailable = package_loader("skinny-gemm", "gemm")
+
+
+def _shape(case: Case) -> tuple[int, int, int]:
+    N, K = list(ref.SHAPES.values())[case["shape"]]
+    return case["tokens"], N, K
+
+
+def _bytes(elem: int):
+    def count(case: Case) -> int:
+        M, N, K = _shape(case)
+        return elem * N * K + elem * M * K + 2 * M * N
+
+    return count
+
+
+def _flops(case: Case) -> int:
+    M, N, K = _shape(case)
+    return 2 * M * N * K
+
+
+# ---------------------------------------------------------------------------------------------
+# bf16
+# ---------------------------------------------------------------------------------------------
+
+
+def _inputs(case: Case, seed: int):
+    M, N, K = _shape(case)
+    return ref.make_x(M, K, "cuda", seed), ref.make_weight(N, K, "cuda", seed)
+
+
+def _make_ours(which: str):
+    def make(case: Case, seed: int) -> Fn:
+        kernel = _ours()
+        x, w = _inputs(case, seed)
+        if which == "linear":
+            return lambda: kernel.linear(x, w)
+        out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device="cuda")
+        det = which == "ours"
+        return lambda: kernel.gemm(x, w, out=out, deterministic=det)
+
+    return make
+
+
+def make_cublas(case: Case, seed: int) -> Fn:
+    x, w = _inputs(case, seed)
+    return lambda: F.linear(x, w)
+
+
+@functools.cache
+def _max_autotune(fn):
+    config = torch._dynamo.config
+    for key, floor in (("recompile_limit", 256), ("accumulated_recompile_limit", 1024)):
+        if hasattr(config, key):  # 77 shapes x tokens: past dynamo's default of 8 recompiles
+            setattr(config, key, max(getattr(config, key), floor))
+    return torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False, fullgraph=True)
+
+
+def make_compile(case: Case, seed: int) -> Fn:
+    fn = _max_autotune(F.linear)
+    x, w = _inputs(case, seed)
+    return lambda: fn(x, w)
+
+
+def _make_floor(elem: int):
+    def make(case: Case, seed: int) -> Fn:
+        _, N, K = _shape(case)
+        buf = torch.full((N * K * elem // 2,), float(seed % 7 + 1), dtype=torch.bfloat16, device="cuda")
+        return lambda: torch.amax(buf)
+
+    return make
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8
+# ---------------------------------------------------------------------------------------------
+
+
+def _fp8_inputs(case: Case, seed: int):
+    M, N, K = _shape(case)
+    return ref.make_fp8(M, N, K, "cuda", seed)
+
+
+def _make_ours_fp8(which: str):
+    def make(case: Case, seed: int) -> Fn:
+        kernel = _ours()
+        xq, wq, xs, ws = _fp8_inputs(case, seed)
+        if which == "linear":
+            return lambda: kernel.linear_fp8(xq, wq, xs, ws)
+        det = which == "ours"
+        return lambda: kernel.gemm_fp8(xq, wq, xs, ws, deterministic=det)
+
+    return make
+
+
+def make_scaled_mm(case: Case, seed: int) -> Fn:
+    xq, wq, xs, ws = _fp8_inputs(case, seed)
+    wsT = ws.reshape(1, -1).contiguous()
+    return lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=wsT, out_dtype=torch.bfloat16)
+
+
+def _scaled(xq, wq, xs, wsT):
+    return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=wsT, out_dtype=torch.bfloat16)
+
+
+def make_compile_fp8(case: Case, seed: int) -> Fn:
+    fn = _max_autotune(_scaled)
+    xq, wq, xs, ws = _fp8_inputs(case, seed)
+    wsT = ws.reshape(1, -1).contiguous()
+    return lambda: fn(xq, wq, xs, wsT)
+
+
+def _no_check(out, expected) -> None:
+    """read_floor: not an implementation (its output is not the GEMM's)."""
+
+
+def _cases(shapes, tokens) -> list[Case]:
+    return [Case.of(shape=SHAPE_IDS[s], tokens=t) for s in shapes for t in tokens]
+
+
+def build_suites() -> list[Suite]:
+    shape_note = ", ".join(f"{i} = {n} {ref.SHAPES[n]}" for n, i in SHAPE_IDS.items())
+    common = dict(flops=_flops, verify_case=Case.of(shape=SHAPE_IDS["8B-qkv"], tokens=13), reference="cublas", ours="ours",
+                  x_param="tokens", group_param="shape")  # fmt: skip
+    floor = "torch.amax over the weight's bytes: the read-bandwidth floor (not an implementation)"
+    return [
+        Suite(
+            name="skinny-gemm",
+            description=f"x @ w^T, bf16, decode-sized M; shape index: {shape_note}",
+            cases=_cases(ref.SHAPES, ref.TOKENS),
+            quick_cases=_cases(QUICK_SHAPES, QUICK_TOKENS),
+            providers=[
+                Provider("ours", _make_ours("ours"), unavailable=_ours_unavailable, note="gemm, ordered split-K reduction"),
+                Provider("ours_atomic", _make_ours("ours_atomic"), unavailable=_ours_unavailable, note="gemm(deterministic=False)"),
+                Provider("linear", _make_ours("linear"), unavailable=_ours_unavailable, note="linear: the tuning table's choice"),
+                Provider("cublas", make_cublas, note="F.linear"),
+                Provider("torch_compile", make_compile, note="torch.compile(F.linear, mode='max-autotune-no-cudagraphs')"),
+                Provider("read_floor", _make_floor(2), bytes_moved=lambda c: 2 * _shape(c)[1] * _shape(c)[2], check=_no_check,
+                         note=floor),
+            ],
+            bytes_moved=_bytes(2),
+            # bf16 outputs of order one, cuBLAS's own summation order / split: 1% of the scale.
+            check=within_scale("skinny-gemm", 1e-2),
+            **common,
+        ),
+        Suite(
+            name="skinny-gemm-fp8",
+            description=f"(xq @ wq^T) * x_scale * w_scale, e4m3 per token / per channel, bf16 out; shape index: {shape_note}",
+            cases=_cases(ref.SHAPES, ref.TOKENS),
+            quick_cases=_cases(QUICK_SHAPES, QUICK_TOKENS),
+            providers=[
+                Provider("ours", _make_ours_fp8("ours"), unavailable=_ours_unavailable, note="gemm_fp8, ordered reduction"),
+                Provider("ours_atomic", _make_ours_fp8("ours_atomic"), unavailable=_ours_unavailable,
+                         note="gemm_fp8(deterministic=False)"),
+                Provider("linear", _make_ours_fp8("linear"), unavailable=_ours_unavailable, note="linear_fp8: the table's choice"),
+                Provider("cublas", make_scaled_mm, note="torch._scaled_mm, rowwise scales"),
+                Provider("torch_compile", make_compile_fp8, note="torch.compile(_scaled_mm, mode='max-autotune-no-cudagraphs')"),
+                Provider("read_floor", _make_floor(1), bytes_moved=lambda c: _shape(c)[1] * _shape(c)[2], check=_no_check,
+                         note=floor),
+            ],
+            bytes_moved=_bytes(1),
+            check=within_scale("skinny-gemm fp8", 2e-2),
+            **common,
+        ),
+    ]

@@ -1,0 +1,438 @@
+"""Skinny GEMM: ``y = x @ w^T (+ bias)`` for decode-sized batches (M = 1-64 tokens), where
+reading the weight is the whole cost. ``w`` is ``[N, K]`` (nn.Linear's layout).
+
+One Triton source serves CUDA (sm80, sm90) and ROCm (gfx942): a split-K kernel with the weight
+rows on the MMA's wide side (swap AB), a deterministic split-K reduction (or an atomic one with
+``deterministic=False``), the FP8 scales, bias and output rounding in an fp32 epilogue. On CPU
+the ops run a plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1``
+is set before the first call, in which case CPU tensors go through the Triton kernel in
+Triton's interpreter (how CI tests the kernel code without a GPU).
+
+* :func:`gemm` — fp16 / bf16, always the skinny kernel.
+* :func:`gemm_fp8` — FP8 (e4m3fn; e4m3fnuz on gfx942) with per-tensor / per-token x scales and
+  per-tensor / per-channel w scales, fp32 accumulation, bf16 / fp16 / fp32 out.
+* :func:`linear`, :func:`linear_fp8` — the dispatching entry points: the skinny kernel where
+  the committed tuning table (``_tuning.py``, written by ``benchmarks/tune.py`` on a GPU) says
+  it beat cuBLAS for this GPU, dtype, (N, K) and M bucket; cuBLAS (``F.linear`` /
+  ``torch._scaled_mm``) everywhere else. The table is empty until a GPU measures it.
+* ``layers.Linear`` — a kernelize hub layer: ``nn.Linear``'s forward through :func:`linear`.
+
+Inference only: the ops have no autograd formula (``gemm`` refuses inputs that need a
+gradient; ``linear`` hands them to ``F.linear``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+
+from . import _reference, _tuning, layers
+from ._config import SkinnyConfig, skinny_config
+from ._light_ops import define_op
+from ._ops import add_op_namespace_prefix, ops
+
+__all__ = [
+    "SkinnyConfig",
+    "dispatch_config",
+    "gemm",
+    "gemm_fp8",
+    "layers",
+    "linear",
+    "linear_fp8",
+    "skinny_config",
+    "triton_enabled_for",
+]
+
+_DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_enabled_for(t: torch.Tensor) -> bool:
+    """True when the ops on ``t`` run the Triton kernel: GPU tensors (CUDA or ROCm), and CPU
+    tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter); else the plain-torch path."""
+    if t.is_cuda:
+        return True
+    return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
+
+
+def _triton_kernels():
+    from . import _kernels
+
+    return _kernels
+
+
+def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:
+    """x [M, K], w [N, K], scales fp32 [M] / [1] and [N] / [1] or None, bias [N] or None;
+    writes out [M, N]. ``config``: SkinnyConfig.as_list() or empty (the default choice)."""
+    if x.shape[0] == 0 or out.shape[1] == 0:
+        return
+    if x.shape[1] == 0 or not triton_enabled_for(x):  # K = 0: out is the bias (or zeros)
+        _reference.skinny_gemm(x, w, bias, out, x_scale, w_scale)
+        return
+    cfg = SkinnyConfig(*config) if len(config) else None
+    _triton_kernels().launch_skinny(x, w, bias, out, x_scale, w_scale, deterministic, cfg)
+
+
+def _run_gemm(out, x, w, bias, deterministic=True, config=()) -> None:
+    _run(out, x, w, None, None, bias, deterministic, config)
+
+
+def _run_gemm_fp8(out, x, w, x_scale, w_scale, bias, deterministic=True, config=()) -> None:
+    _run(out, x, w, x_scale, w_scale, bias, deterministic, config)
+
+
+def _returns_nothing(*args) -> None:
+    """The fake implementation of ops that only write their declared output."""
+    return
+
+
+# Low-dispatch-cost ops (see _light_ops): an eager gemm call runs _run directly.
+define_op(
+    add_op_namespace_prefix("skinny_gemm"),
+    "(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, bool deterministic=True, int[] config=[]) -> ()",
+    _run_gemm, _returns_nothing,
+)
+define_op(
+    add_op_namespace_prefix("skinny_gemm_fp8"),
+    "(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, bool deterministic=True, "
+    "int[] config=[]) -> ()",
+    _run_gemm_fp8, _returns_nothing,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks: every error names the argument, what was expected and what came
+# ---------------------------------------------------------------------------------------------
+
+
+def _names(dtypes) -> str:
+    return " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def _check_x(x, dtypes) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"x: expected dtype {_names(dtypes)}, got {x.dtype}")
+    if x.dim() < 1:
+        raise ValueError(f"x: expected shape [..., K], got {tuple(x.shape)}")
+
+
+def _check_w(w, x: torch.Tensor) -> int:
+    """w [N, K] in x's dtype and device, K contiguous (any row stride). Returns N."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"w: expected a torch.Tensor, got {type(w).__name__}")
+    if w.dtype != x.dtype:
+        raise TypeError(f"w: expected dtype {x.dtype} (x's), got {w.dtype}")
+    K = x.shape[-1]
+    if w.dim() != 2 or w.shape[1] != K:
+        raise ValueError(f"w: expected shape [N, {K}] (nn.Linear layout, K = x.shape[-1]), got {tuple(w.shape)}")
+    if w.device != x.device:
+        raise ValueError(f"w: expected device {x.device} (x's), got {w.device}")
+    if K > 1 and w.shape[0] > 0 and w.stride(1) != 1:
+        raise ValueError(f"w: expected the K dimension contiguous (stride 1), got strides {w.stride()}")
+    return w.shape[0]
+
+
+def _check_bias(bias, x: torch.Tensor, N: int, dtypes) -> None:
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"bias: expected a torch.Tensor or None, got {type(bias).__name__}")
+    if bias.dtype not in dtypes:
+        raise TypeError(f"bias: expected dtype {_names(dtypes)}, got {bias.dtype}")
+    if bias.device != x.device:
+        raise ValueError(f"bias: expected device {x.device} (x's), got {bias.device}")
+    if tuple(bias.shape) != (N,):
+        raise ValueError(f"bias: expected shape ({N},), got {tuple(bias.shape)}")
+
+
+def _check_flags(deterministic, config) -> list[int]:
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
+    if config is None:
+        return []
+    if not isinstance(config, SkinnyConfig):
+        raise TypeError(f"config: expected a SkinnyConfig or None, got {type(config).__name__}")
+    return config.as_list()
+
+
+def _check_no_grad(*tensors) -> None:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            "x, w, bias: the skinny ops are inference only (no autograd formula) and got a tensor that requires a "
+            "gradient; call them under torch.no_grad() / torch.inference_mode(), or use linear(), which runs "
+            "F.linear when a gradient is needed"
+        )
+
+
+def _check_out(out, x: torch.Tensor, N: int, dtype: torch.dtype) -> None:
+    if out is None:
+        return
+    shape = (*x.shape[:-1], N)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"out: expected dtype {dtype}, got {out.dtype}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out: expected shape {shape}, got {tuple(out.shape)}")
+    if out.device != x.device:
+        raise ValueError(f"out: expected device {x.device} (x's), got {out.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous tensor, got strides {out.stride()}")
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as [M, K]: a view (the kernel reads any strides), a copy only when the leading
+    dimensions cannot be merged."""
+    M = 1
+    for d in x.shape[:-1]:
+        M *= d
+    return x.reshape(M, x.shape[-1])
+
+
+def gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    deterministic: bool = True,
+    config: SkinnyConfig | None = None,
+) -> torch.Tensor:
+    """``x @ w.T + bias`` with the skinny split-K kernel, fp32 accumulation, one rounding.
+
+    x ``[..., K]`` float16 / bfloat16, any strides; w ``[N, K]`` in x's dtype with K contiguous
+    (any row stride); bias ``[N]`` in x's dtype or float32, or None; out ``[..., N]`` (x's dtype,
+    contiguous) or None. ``deterministic=False`` takes the atomic split-K reduction (bitwise
+    results may vary between runs). ``config`` replaces the default :func:`skinny_config`.
+    Any M (0 included), N, K (odd sizes masked). Returns out ``[..., N]``."""
+    _check_x(x, _DTYPES)
+    N = _check_w(w, x)
+    _check_bias(bias, x, N, (x.dtype, torch.float32))
+    _check_out(out, x, N, x.dtype)
+    cfg = _check_flags(deterministic, config)
+    _check_no_grad(x, w, bias)
+    x2 = _rows(x)
+    out2 = torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device) if out is None else out.view(-1, N)
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    if torch.compiler.is_compiling():
+        ops.skinny_gemm(out2, x2, w, bias, deterministic, cfg)
+    else:
+        _run(out2, x2, w, None, None, bias, deterministic, cfg)
+    return out if out is not None else out2.view(*x.shape[:-1], N)
+
+
+# Per-GPU facts, queried once per device by an eager call. torch.compile does not trace the
+# device queries: a compiled call uses what an eager call cached, or does without (below).
+_FP8_FORMATS: dict[int, tuple] = {}
+_GPU_NAMES: dict[int, str] = {}
+
+
+def _fp8_format(device_type: str, index: int) -> tuple[torch.dtype | None, str]:
+    """(the FP8 format the GPU multiplies, or None for either; why, for messages). Raises where
+    the GPU has no FP8: Triton has no e4m3 below CUDA capability 8.9 (an A100 has no FP8 tensor
+    cores; torch._scaled_mm refuses it too). Under torch.compile, unchecked unless an eager
+    call on the device cached it."""
+    if device_type != "cuda":
+        return None, ""
+    if index in _FP8_FORMATS or torch.compiler.is_compiling():
+        return _FP8_FORMATS.get(index, (None, ""))
+    _FP8_FORMATS[index] = _query_fp8_format(index)
+    return _FP8_FORMATS[index]
+
+
+def _query_fp8_format(index: int) -> tuple[torch.dtype | None, str]:
+    if torch.version.hip is not None:
+        arch = torch.cuda.get_device_properties(index).gcnArchName
+        if "gfx94" in arch:
+            return torch.float8_e4m3fnuz, f"{arch} (MI300) multiplies e4m3fnuz"
+        return None, ""
+    cap = torch.cuda.get_device_capability(index)
+    if cap < (8, 9):
+        raise ValueError(
+            f"x: gemm_fp8 needs a GPU with FP8 (CUDA capability >= 8.9), got capability {cap[0]}.{cap[1]}; "
+            "run gemm on bfloat16 there"
+        )
+    return torch.float8_e4m3fn, "CUDA GPUs multiply e4m3fn"
+
+
+def _check_scale(s, name: str, x: torch.Tensor, rows: int, leading: tuple, what: str) -> torch.Tensor:
+    """An fp32 scale: one value ([1]), or one per row ([rows, 1], or ``leading`` + (1,)).
+    Returns it flat ([1] or [rows]) and contiguous."""
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"{name}: expected a float32 torch.Tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        raise TypeError(f"{name}: expected dtype float32, got {s.dtype}")
+    if s.device != x.device:
+        raise ValueError(f"{name}: expected device {x.device} (x's), got {s.device}")
+    shape = tuple(s.shape)
+    if not (s.numel() == 1 and s.dim() <= 1) and shape not in ((rows, 1), (*leading, 1), (rows,)):
+        raise ValueError(f"{name}: expected shape [1] (per tensor) or [{rows}, 1] ({what}), got {shape}")
+    return s.reshape(-1).contiguous()
+
+
+def gemm_fp8(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    deterministic: bool = True,
+    config: SkinnyConfig | None = None,
+) -> torch.Tensor:
+    """``(x @ w.T) * x_scale * w_scale + bias`` on FP8 operands with the skinny kernel: products
+    and sums in fp32, then the scales and the bias in fp32, one rounding to ``out_dtype``.
+
+    x ``[..., K]`` and w ``[N, K]`` in one FP8 format (e4m3fn on CUDA, capability >= 8.9;
+    e4m3fnuz on gfx942; either on CPU), w K-contiguous; ``x_scale`` fp32 ``[1]`` (per tensor) or
+    ``[M, 1]`` (per token; ``[..., 1]`` also works); ``w_scale`` fp32 ``[1]`` or ``[N, 1]`` (per
+    output channel); bias ``[N]`` bf16 / fp16 / fp32 or None; ``out_dtype`` bfloat16, float16 or
+    float32. ``deterministic`` and ``config`` as in :func:`gemm`. Returns ``[..., N]``."""
+    _check_x(x, FP8_DTYPES)
+    N = _check_w(w, x)
+    want, why = _fp8_format(x.device.type, x.device.index if x.device.index is not None else 0)
+    if want is not None and x.dtype != want:
+        raise TypeError(f"x: expected dtype {want} ({why}), got {x.dtype}")
+    x2 = _rows(x)
+    M = x2.shape[0]
+    xs = _check_scale(x_scale, "x_scale", x, M, tuple(x.shape[:-1]), "per token")
+    ws = _check_scale(w_scale, "w_scale", x, N, (N,), "per output channel")
+    _check_bias(bias, x, N, OUT_DTYPES)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected {_names(OUT_DTYPES)}, got {out_dtype}")
+    cfg = _check_flags(deterministic, config)
+    _check_no_grad(x, w, bias)
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    out = torch.empty((M, N), dtype=out_dtype, device=x.device)
+    if torch.compiler.is_compiling():
+        ops.skinny_gemm_fp8(out, x2, w, xs, ws, bias, deterministic, cfg)
+    else:
+        _run(out, x2, w, xs, ws, bias, deterministic, cfg)
+    return out.view(*x.shape[:-1], N)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch: the skinny kernel where the tuning table measured it faster, cuBLAS elsewhere
+# ---------------------------------------------------------------------------------------------
+
+
+def _gpu_name(index: int) -> str | None:
+    """torch.cuda.get_device_name, cached per device by eager calls; None when a compiled call
+    comes first (the dispatch then picks cuBLAS)."""
+    name = _GPU_NAMES.get(index)
+    if name is None and not torch.compiler.is_compiling():
+        name = _GPU_NAMES[index] = torch.cuda.get_device_name(index)
+    return name
+
+
+def dispatch_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | None:
+    """The configuration ``linear`` / ``linear_fp8`` run the skinny kernel with for x ``[..., K]``
+    and w ``[N, K]``, or None where they run cuBLAS: the tuning table's entry for this GPU
+    (``torch.cuda.get_device_name``; ``"cpu"`` for CPU tensors, which only tests use), x's
+    dtype, (N, K) and the first M bucket holding M. None when the table has no entry, and in a
+    compiled call on a GPU no eager call has used yet (the GPU's name is not queried there)."""
+    table = _tuning.TABLE
+    if not table:  # nothing measured yet: no device query (and nothing for torch.compile to trace)
+        return None
+    name = _gpu_name(x.device.index or 0) if x.is_cuda else x.device.type
+    if name is None:
+        return None
+    rows = table.get((name, str(x.dtype).removeprefix("torch."), w.shape[0], w.shape[1]))
+    if rows is None:
+        return None
+    M = x.numel() // max(1, x.shape[-1]) if x.shape[-1] else 0
+    for m_max, cfg in rows:
+        if M <= m_max:
+            return SkinnyConfig(*cfg) if cfg is not None else None
+    return None
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)``, run by the skinny kernel where the tuning table says it beats
+    cuBLAS for this GPU, dtype, (N, K) and M (:func:`dispatch_config`), by ``F.linear``
+    everywhere else: other dtypes, inputs that need a gradient, shapes the table does not list.
+    Where the skinny kernel runs, the arguments are checked as :func:`gemm` checks them."""
+    if (
+        not isinstance(x, torch.Tensor)
+        or not isinstance(w, torch.Tensor)
+        or x.dtype not in _DTYPES
+        or _needs_grad(x, w, bias)
+        or w.dim() != 2
+    ):
+        return F.linear(x, w, bias)
+    cfg = dispatch_config(x, w)
+    if cfg is None:
+        return F.linear(x, w, bias)
+    return gemm(x, w, bias, config=cfg)
+
+
+def _scaled_mm_fits(x2, w, xs, ws, bias, out_dtype) -> bool:
+    """torch._scaled_mm's preconditions (cuBLASLt / hipBLASLt FP8): a GPU tensor, x row-major and
+    w [N, K] contiguous (read as the column-major w^T), K and N multiples of 16, both scales per
+    tensor (any out dtype) or rowwise (bfloat16 out), a bias only in out's dtype."""
+    if not x2.is_cuda or x2.shape[1] % 16 or w.shape[0] % 16 or not (x2.is_contiguous() and w.is_contiguous()):
+        return False
+    if bias is not None and bias.dtype != out_dtype:
+        return False
+    rowwise = xs.numel() > 1 or ws.numel() > 1
+    return not rowwise or out_dtype == torch.bfloat16
+
+
+def linear_fp8(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """:func:`gemm_fp8`'s result, run by the skinny kernel where the tuning table says it beats
+    cuBLAS (:func:`dispatch_config`), by ``torch._scaled_mm`` where that takes the inputs, and by
+    :func:`gemm_fp8` otherwise (CPU, shapes or scale layouts _scaled_mm refuses). Arguments as
+    :func:`gemm_fp8` (checked by it first)."""
+    cfg = dispatch_config(x, w) if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and w.dim() == 2 else None
+    if cfg is not None or not (isinstance(x, torch.Tensor) and x.is_cuda):
+        return gemm_fp8(x, w, x_scale, w_scale, bias, out_dtype, config=cfg)
+    # Validate exactly as gemm_fp8 does before handing the inputs to cuBLAS.
+    _check_x(x, FP8_DTYPES)
+    N = _check_w(w, x)
+    want, why = _fp8_format(x.device.type, x.device.index if x.device.index is not None else 0)
+    if want is not None and x.dtype != want:
+        raise TypeError(f"x: expected dtype {want} ({why}), got {x.dtype}")
+    x2 = _rows(x)
+    M = x2.shape[0]
+    xs = _check_scale(x_scale, "x_scale", x, M, tuple(x.shape[:-1]), "per token")
+    ws = _check_scale(w_scale, "w_scale", x, N, (N,), "per output channel")
+    _check_bias(bias, x, N, OUT_DTYPES)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected {_names(OUT_DTYPES)}, got {out_dtype}")
+    if M == 0 or not _scaled_mm_fits(x2, w, xs, ws, bias, out_dtype):
+        return gemm_fp8(x, w, x_scale, w_scale, bias, out_dtype)
+    if xs.numel() > 1 or ws.numel() > 1:  # rowwise: [M, 1] and [1, N], the per-tensor one expanded
+        sa, sb = xs.expand(M).reshape(M, 1).contiguous(), ws.expand(N).reshape(1, N).contiguous()
+    else:
+        sa, sb = xs.reshape(()), ws.reshape(())
+    y = torch._scaled_mm(x2, w.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
+    return y.view(*x.shape[:-1], N)

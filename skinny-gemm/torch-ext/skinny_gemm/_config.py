@@ -1,0 +1,70 @@
+"""The launch configuration of the skinny kernel and its default choice (plain Python: no
+Triton needed, so the public functions can check a ``config`` argument on any variant)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._triton_launch import check_config
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """One launch of ``_skinny_gemm_kernel``: BLOCK_M tokens (1: the FMA GEMV; else >= 16, the
+    tl.dot tile's narrow side), BLOCK_N weight rows, BLOCK_K columns per step, SPLIT_K slices
+    (an upper bound: the launcher rounds the slice to whole steps and drops empty slices),
+    num_warps, num_stages."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    SPLIT_K: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        check_config(self, powers_of_two={"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 1},
+                     at_least={"SPLIT_K": 1, "num_stages": 1})  # fmt: skip
+        if self.BLOCK_M != 1 and self.BLOCK_M < 16:
+            raise ValueError(f"SkinnyConfig.BLOCK_M: expected 1 (GEMV) or a power of two >= 16 (tl.dot), got {self.BLOCK_M}")
+
+    def launch_kwargs(self) -> dict:
+        return {"BLOCK_M": self.BLOCK_M, "BLOCK_N": self.BLOCK_N, "BLOCK_K": self.BLOCK_K,
+                "num_warps": self.num_warps, "num_stages": self.num_stages}  # fmt: skip
+
+    def as_list(self) -> list[int]:
+        """The form the ops and the tuning table take (``int[] config``)."""
+        return [self.BLOCK_M, self.BLOCK_N, self.BLOCK_K, self.SPLIT_K, self.num_warps, self.num_stages]
+
+
+def skinny_config(M: int, N: int, K: int, elem_bytes: int, sms: int = 132, hip: bool = False) -> SkinnyConfig:
+    """The default configuration (no autotuning: deterministic, and cheap in the interpreter).
+
+    Not measured on a GPU yet: structural defaults, to be replaced per shape by the tuning
+    table (``benchmarks/tune.py``), each derived as follows.
+
+    * BLOCK_M: 1 at M = 1 (FMA GEMV, no padded MMA), else the smallest tl.dot tile (16, 32, 64)
+      holding M; above 64 tokens, 64-row tiles (the kernel is not meant for prefill, but any M
+      works).
+    * BLOCK_N = 64 weight rows: wgmma's M; with 16 tokens the fp32 accumulator is 8 registers
+      per thread at 4 warps.
+    * BLOCK_K: 256 bytes of each weight row per step (128 16-bit or 256 FP8 elements); on gfx942
+      128 bytes and 2 stages, so the 64-token tile (x and W, 2 buffers) fits 64 KiB of LDS.
+    * SPLIT_K: about 4 programs per SM in flight (the weight stream needs many loads in flight
+      per SM), at most one slice per K step.
+    """
+    block_m = 1 if M == 1 else min(64, max(16, _next_pow2(M)))
+    block_k = max(32, (128 if hip else 256) // elem_bytes)
+    block_n = 64
+    tiles = _cdiv(N, block_n) * _cdiv(M, block_m)
+    steps = _cdiv(K, block_k)
+    split = max(1, min(_cdiv(4 * sms, tiles), steps))
+    return SkinnyConfig(block_m, block_n, block_k, split, num_warps=4, num_stages=2 if hip else 3)

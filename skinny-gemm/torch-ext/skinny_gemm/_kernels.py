@@ -1,0 +1,257 @@
+"""Triton kernel of skinny-gemm and its launcher (raw tensors in, nothing checked here: the
+public functions in ``__init__`` check arguments first).
+
+Imported lazily: only when a CUDA/ROCm tensor (or a CPU tensor under ``TRITON_INTERPRET=1``)
+reaches an op, so the CPU variant works without Triton installed.
+
+``_skinny_gemm_kernel`` computes ``out = (x @ w^T) * x_scale * w_scale + bias`` for small M
+(decode: the weight stream is the whole cost; 2304 x 16384 bf16 is 75 MB against 32 x 16384
+x 2 = 1 MB of activations):
+
+* **Swap AB.** Each program owns BLOCK_N rows of W and BLOCK_M rows of x and computes
+  ``W_tile x_tile^T`` ([BLOCK_N, BLOCK_M]): W's rows sit on the MMA's wide side (64 on
+  wgmma's M), the few tokens on its narrow side (16 / 32 / 64, x padded by wrapping its row
+  index, never stored). At BLOCK_M = 1 there is no MMA: a [BLOCK_N, BLOCK_K] fp32 FMA
+  accumulator, reduced once after the K loop (a GEMV).
+* **Split K.** The grid is (N tiles, K slices, M tiles): with few tiles over N, slicing K keeps
+  every SM streaming weights. K slices are multiples of BLOCK_K.
+* **Reduction.** ``REDUCE`` 0: one slice, the program writes its tile. 1 (deterministic): each
+  slice stores its fp32 partial tile, and the last to arrive (an acq_rel counter per tile) adds
+  them in slice order, so the sum does not depend on arrival order. 2 (atomic, what
+  ``deterministic=False`` runs): each slice adds its tile into an fp32 workspace with atomics,
+  and the last to arrive reads it, zeroes it and writes the tile; less traffic (one tile read
+  instead of SPLIT_K), an order that varies from run to run. The counters and the atomic
+  workspace are cached per device and left zeroed by the kernel: no memset per call.
+* **Epilogue** (fp32): the FP8 scales (``acc * x_scale[m] * w_scale[n]``, stride 0 for a per
+  tensor scale), the bias, one rounding to out's dtype.
+
+Interpreter (CPU, TRITON_INTERPRET=1): the same code with fp32 ``tl.dot`` operands
+(Triton 3.9's interpreter multiplies 16-bit dot operands as raw bits); every 16-bit and FP8
+value is exact in fp32, so only the summation order differs from the compiled kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ._config import SkinnyConfig, skinny_config
+from ._triton_launch import PlanTable, aligned16
+
+REDUCE_NONE, REDUCE_ORDERED, REDUCE_ATOMIC = 0, 1, 2
+
+
+@triton.jit
+def _epilogue(res, rows, cols, M, N, xs_ptr, ws_ptr, s_xs, s_ws, b_ptr, out_ptr, s_om,
+              HAS_BIAS: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
+    """res [BLOCK_M, BLOCK_N] fp32 -> out rows x cols: ``res * x_scale * w_scale + bias`` in
+    fp32, one rounding; rows >= M and cols >= N are not stored."""
+    if SCALED:
+        xs = tl.load(xs_ptr + (rows % M) * s_xs)
+        ws = tl.load(ws_ptr + (cols % N) * s_ws)
+        res = res * xs[:, None]
+        res = res * ws[None, :]
+    if HAS_BIAS:
+        res += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    o = out_ptr + rows.to(tl.int64)[:, None] * s_om + cols[None, :]
+    tl.store(o, res.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, K_SPLIT, s_xm, s_xk, s_wn, s_om, s_xs, s_ws,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    REDUCE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SCALED: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """out[m, n] = sum_k x[m, k] w[n, k] (* x_scale[m] * w_scale[n]) (+ bias[n]) for the
+    program's BLOCK_N rows of w and BLOCK_M rows of x, over K slice pid_k (K_SPLIT columns, a
+    multiple of BLOCK_K).
+
+    x [M, K] (strides s_xm, s_xk), w [N, K] (row stride s_wn, K contiguous), both fp16 / bf16 or
+    both FP8; x_scale fp32 [M] or [1] (stride s_xs: 1 or 0) and w_scale fp32 [N] or [1] (s_ws)
+    when SCALED; bias [N]; out [M, N] (row stride s_om). REDUCE 1: part fp32 [tiles, SPLIT_K,
+    BLOCK_M, BLOCK_N]; REDUCE 2: part fp32 [tiles, BLOCK_M, BLOCK_N], zero on entry, left zero;
+    count int32 [tiles], zero on entry, left zero (REDUCE 1 and 2)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    # Wrapped indices, never stored: no load masks on M or N.
+    w_rows = w_ptr + (cols % N).to(tl.int64)[:, None] * s_wn
+    x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if BLOCK_M > 1:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # (x W^T)^T
+    else:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + ks
+        w_ptrs = w_rows + kk[None, :]
+        x_ptrs = x_rows + kk.to(tl.int64)[None, :] * s_xk  # s_xk == 1 is specialized away
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+            x = tl.load(x_ptrs)
+        else:
+            kmask = kk < k_hi
+            w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0)
+        if BLOCK_M > 1:
+            if COMPILED:
+                acc = tl.dot(w, tl.trans(x), acc)
+            else:
+                acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc)
+        else:  # BLOCK_M == 1: x is [1, BLOCK_K]
+            acc2 += w.to(tl.float32) * x.to(tl.float32)
+    if BLOCK_M > 1:
+        res = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    else:
+        res = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
+
+    if REDUCE == 0:
+        _epilogue(res, rows, cols, M, N, xs_ptr, ws_ptr, s_xs, s_ws, b_ptr, out_ptr, s_om, HAS_BIAS, SCALED)
+    else:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        plane = BLOCK_M * BLOCK_N
+        counter = count_ptr + tile
+        if REDUCE == 1:
+            tile_part = part_ptr + tile.to(tl.int64) * (SPLIT_K * plane) + local
+            tl.store(tile_part + pid_k * plane, res)
+        else:
+            tile_part = part_ptr + tile.to(tl.int64) * plane + local
+            tl.atomic_add(tile_part, res, sem="relaxed")
+        tl.debug_barrier()  # every thread's partial stored before the counter releases them
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            if REDUCE == 1:
+                res = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT_K):  # in slice order: the result does not depend on arrival order
+                    res += tl.load(tile_part + s * plane, cache_modifier=".cg")
+            else:
+                res = tl.load(tile_part, cache_modifier=".cg")
+                tl.store(tile_part, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))  # zero for the next call
+            tl.atomic_xchg(counter, 0)  # ready for the next call (the counters are cached)
+            _epilogue(res, rows, cols, M, N, xs_ptr, ws_ptr, s_xs, s_ws, b_ptr, out_ptr, s_om, HAS_BIAS, SCALED)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher
+# ---------------------------------------------------------------------------------------------
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_WORKSPACES: dict[torch.device, torch.Tensor] = {}
+# Buffers replaced by larger ones stay alive: a captured CUDA graph may still point at them.
+_RETIRED: list[torch.Tensor] = []
+_PLANS = PlanTable(_skinny_gemm_kernel)
+_VARYING = ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "b_ptr", "out_ptr", "part_ptr", "count_ptr")
+
+
+def _cached_zeros(cache: dict, device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed buffer of at least n elements per device, which the kernel leaves zeroed (the
+    last program of a tile resets what it used), so a call costs no memset. Calls on concurrent
+    streams of one device would share it: one stream at a time per device."""
+    buf = cache.get(device)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.zeros(max(n, 4096), dtype=dtype, device=device)
+        cache[device] = buf
+    return buf
+
+
+class _Plan:
+    """A launch plan of the kernel plus what a call allocates around it (the ordered partials)."""
+
+    __slots__ = ("counters", "launch", "part", "part_shape")
+
+    def __init__(self, launch, part_shape, part, counters):
+        self.launch, self.part_shape, self.part, self.counters = launch, part_shape, part, counters
+
+    def __call__(self, x, w, xs, ws, bias, out) -> None:
+        part = self.part
+        if self.part_shape is not None:
+            part = torch.empty(self.part_shape, dtype=torch.float32, device=x.device)
+        elif part is None:
+            part = out
+        counters = self.counters if self.counters is not None else out
+        self.launch(x, w, xs if xs is not None else out, ws if ws is not None else out,
+                    bias if bias is not None else out, out, part, counters)  # fmt: skip
+
+
+def _device_sms(x: torch.Tensor) -> int:
+    return torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+
+
+def launch_skinny(x, w, bias, out, x_scale=None, w_scale=None, deterministic: bool = True,
+                  cfg: SkinnyConfig | None = None) -> None:  # fmt: skip
+    """x [M, K] (any strides), w [N, K] (K contiguous, any row stride), bias [N] or None, out
+    [M, N] (unit last stride); FP8: x_scale fp32 [M] or [1], w_scale fp32 [N] or [1] (both
+    contiguous). ``deterministic``: the ordered split-K reduction, else the atomic one. ``cfg``
+    replaces :func:`skinny_config`'s choice (tests, tuning, the dispatch table)."""
+    M, K = x.shape
+    N = w.shape[0]
+    if M == 0 or N == 0:
+        return
+    dev = x.device
+    scaled = x_scale is not None
+    key = None
+    if cfg is None and x.is_cuda:
+        # A launch plan per call signature (_triton_launch): every integer argument and each
+        # tensor's dtype and 16-byte alignment are functions of this key.
+        key = (x.get_device(), x.shape, x.stride(), N, w.stride(0), out.stride(0), x.dtype, out.dtype,
+               None if bias is None else bias.dtype, None if not scaled else (x_scale.numel(), w_scale.numel()),
+               deterministic,
+               aligned16(*[t for t in (x, w, x_scale, w_scale, bias, out) if t is not None]))  # fmt: skip
+        plan = _PLANS.get(key)
+        if plan is not None:
+            plan(x, w, x_scale, w_scale, bias, out)
+            return
+    if cfg is None:
+        cfg = skinny_config(M, N, K, x.element_size(), _device_sms(x), hip=torch.version.hip is not None and x.is_cuda)
+    block_m, block_n, block_k = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    k_split = triton.cdiv(triton.cdiv(K, cfg.SPLIT_K), block_k) * block_k
+    split = triton.cdiv(K, k_split)  # no empty slices
+    num_n, num_m = triton.cdiv(N, block_n), triton.cdiv(M, block_m)
+    tiles = num_n * num_m
+    part_shape = None
+    if split == 1:
+        reduce, part, counters = REDUCE_NONE, out, out  # not read
+    elif deterministic:
+        reduce = REDUCE_ORDERED
+        part_shape = (tiles, split, block_m, block_n)
+        part = torch.empty(part_shape, dtype=torch.float32, device=dev)
+        counters = _cached_zeros(_COUNTERS, dev, tiles, torch.int32)
+    else:
+        reduce = REDUCE_ATOMIC
+        part = _cached_zeros(_WORKSPACES, dev, tiles * block_m * block_n, torch.float32)
+        counters = _cached_zeros(_COUNTERS, dev, tiles, torch.int32)
+    xs = x_scale if scaled else out
+    ws = w_scale if scaled else out
+    s_xs = (1 if x_scale.numel() > 1 else 0) if scaled else 0
+    s_ws = (1 if w_scale.numel() > 1 else 0) if scaled else 0
+    args = (x, w, xs, ws, bias if bias is not None else out, out, part, counters,
+            M, N, K, k_split, x.stride(0), x.stride(1), w.stride(0), out.stride(0), s_xs, s_ws)  # fmt: skip
+    kwargs = dict(SPLIT_K=split, REDUCE=reduce, HAS_BIAS=bias is not None, SCALED=scaled, EVEN_K=K % block_k == 0,
+                  COMPILED=not _interpreting(), **cfg.launch_kwargs())  # fmt: skip
+    launch = _PLANS.launch_and_plan(key, (num_n, split, num_m), _VARYING, args, kwargs)
+    if launch is not None:
+        keep = part if reduce == REDUCE_ATOMIC else None
+        _PLANS.put(key, _Plan(launch, part_shape, keep, counters if reduce != REDUCE_NONE else None))
