@@ -20,9 +20,6 @@ Triton kernels in Triton's interpreter (how CI tests the kernel code without a G
 
 from __future__ import annotations
 
-import functools
-import os
-from typing import Optional
 
 import torch
 
@@ -38,6 +35,7 @@ from ._format import (
     unpack_int4,
 )
 from ._light_ops import define_op
+from ._triton_launch import triton_enabled_for
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -58,21 +56,6 @@ __all__ = [
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
-@functools.cache
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def triton_enabled_for(t: torch.Tensor) -> bool:
-    """True when the op on ``t`` runs the Triton kernels: GPU tensors (CUDA or ROCm), and CPU
-    tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter); else the plain-torch path."""
-    if t.is_cuda:
-        return True
-    return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
 
 
 def _triton_kernels():

@@ -20,6 +20,7 @@ through the JIT path instead), and never under Triton's interpreter.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Hashable, Sequence
 
@@ -39,6 +40,26 @@ def _hooks_unset() -> bool:
     # Triton 3.6 keeps each hook as a HookChain (an empty list of calls when none is set);
     # earlier versions keep None.
     return all(h is None or (hasattr(h, "calls") and not h.calls) for h in hooks)
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_enabled_for(t: torch.Tensor) -> bool:
+    """True when an op on ``t`` runs the package's Triton kernels: GPU tensors (CUDA or ROCm),
+    and CPU tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter); else the plain-torch
+    path. Imports no Triton itself, so a package without Triton installed still answers."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"t: expected a torch.Tensor, got {type(t).__name__}")
+    if t.is_cuda:
+        return True
+    return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
 
 
 def plans_enabled() -> bool:

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-from typing import Optional
 
 import torch
 
 from . import _reference, layers
 from ._light_ops import define_op
-from ._triton_launch import SignatureTable
+from ._triton_launch import SignatureTable, triton_enabled_for
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -50,23 +48,6 @@ _LAYOUTS = ("bhsd", "bshd")
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def triton_enabled_for(t: torch.Tensor) -> bool:
-    """True when an op on ``t`` runs the Triton kernels: GPU tensors (CUDA or ROCm), and CPU
-    tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter); else the plain-torch path."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"t: expected a torch.Tensor, got {type(t).__name__}")
-    if t.is_cuda:
-        return True
-    return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
 
 
 def _triton_kernels():

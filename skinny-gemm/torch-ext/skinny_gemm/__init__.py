@@ -23,15 +23,13 @@ gradient; ``linear`` hands them to ``F.linear``).
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import torch.nn.functional as F
 
 from . import _reference, _tuning, layers
 from ._config import SkinnyConfig, skinny_config
 from ._light_ops import define_op
+from ._triton_launch import triton_enabled_for
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -51,21 +49,6 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-@functools.cache
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def triton_enabled_for(t: torch.Tensor) -> bool:
-    """True when the ops on ``t`` run the Triton kernel: GPU tensors (CUDA or ROCm), and CPU
-    tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter); else the plain-torch path."""
-    if t.is_cuda:
-        return True
-    return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
 
 
 def _triton_kernels():
