@@ -269,6 +269,24 @@ def _check_scale(s, name: str, x: torch.Tensor, rows: int, leading: tuple, what:
     return s.reshape(-1).contiguous()
 
 
+def _check_fp8_args(x, w, x_scale, w_scale, bias, out_dtype):
+    """gemm_fp8's argument checks (linear_fp8 runs them too before cuBLAS): returns x as rows
+    [M, K], M, N and the flattened fp32 scales."""
+    _check_x(x, FP8_DTYPES)
+    N = _check_w(w, x)
+    want, why = _fp8_format(x.device.type, x.device.index if x.device.index is not None else 0)
+    if want is not None and x.dtype != want:
+        raise TypeError(f"x: expected dtype {want} ({why}), got {x.dtype}")
+    x2 = _rows(x)
+    M = x2.shape[0]
+    xs = _check_scale(x_scale, "x_scale", x, M, tuple(x.shape[:-1]), "per token")
+    ws = _check_scale(w_scale, "w_scale", x, N, (N,), "per output channel")
+    _check_bias(bias, x, N, OUT_DTYPES)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected {_names(OUT_DTYPES)}, got {out_dtype}")
+    return x2, M, N, xs, ws
+
+
 def gemm_fp8(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -288,18 +306,7 @@ def gemm_fp8(
     ``[M, 1]`` (per token; ``[..., 1]`` also works); ``w_scale`` fp32 ``[1]`` or ``[N, 1]`` (per
     output channel); bias ``[N]`` bf16 / fp16 / fp32 or None; ``out_dtype`` bfloat16, float16 or
     float32. ``deterministic`` and ``config`` as in :func:`gemm`. Returns ``[..., N]``."""
-    _check_x(x, FP8_DTYPES)
-    N = _check_w(w, x)
-    want, why = _fp8_format(x.device.type, x.device.index if x.device.index is not None else 0)
-    if want is not None and x.dtype != want:
-        raise TypeError(f"x: expected dtype {want} ({why}), got {x.dtype}")
-    x2 = _rows(x)
-    M = x2.shape[0]
-    xs = _check_scale(x_scale, "x_scale", x, M, tuple(x.shape[:-1]), "per token")
-    ws = _check_scale(w_scale, "w_scale", x, N, (N,), "per output channel")
-    _check_bias(bias, x, N, OUT_DTYPES)
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype: expected {_names(OUT_DTYPES)}, got {out_dtype}")
+    x2, M, N, xs, ws = _check_fp8_args(x, w, x_scale, w_scale, bias, out_dtype)
     cfg = _check_flags(deterministic, config)
     _check_no_grad(x, w, bias)
     if bias is not None and not bias.is_contiguous():
@@ -398,19 +405,8 @@ def linear_fp8(
     cfg = dispatch_config(x, w) if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and w.dim() == 2 else None
     if cfg is not None or not (isinstance(x, torch.Tensor) and x.is_cuda):
         return gemm_fp8(x, w, x_scale, w_scale, bias, out_dtype, config=cfg)
-    # Validate exactly as gemm_fp8 does before handing the inputs to cuBLAS.
-    _check_x(x, FP8_DTYPES)
-    N = _check_w(w, x)
-    want, why = _fp8_format(x.device.type, x.device.index if x.device.index is not None else 0)
-    if want is not None and x.dtype != want:
-        raise TypeError(f"x: expected dtype {want} ({why}), got {x.dtype}")
-    x2 = _rows(x)
-    M = x2.shape[0]
-    xs = _check_scale(x_scale, "x_scale", x, M, tuple(x.shape[:-1]), "per token")
-    ws = _check_scale(w_scale, "w_scale", x, N, (N,), "per output channel")
-    _check_bias(bias, x, N, OUT_DTYPES)
-    if out_dtype not in OUT_DTYPES:
-        raise TypeError(f"out_dtype: expected {_names(OUT_DTYPES)}, got {out_dtype}")
+    # Validated exactly as gemm_fp8 validates before the inputs go to cuBLAS.
+    x2, M, N, xs, ws = _check_fp8_args(x, w, x_scale, w_scale, bias, out_dtype)
     if M == 0 or not _scaled_mm_fits(x2, w, xs, ws, bias, out_dtype):
         return gemm_fp8(x, w, x_scale, w_scale, bias, out_dtype)
     if xs.numel() > 1 or ws.numel() > 1:  # rowwise: [M, 1] and [1, N], the per-tensor one expanded
