@@ -467,7 +467,7 @@ def test_torch_compile_fullgraph(table):
         if i == 1 and TRITON:  # atomic reduction: the order may differ between calls
             assert_gemm_close(g, e.double(), "atomic under compile")
         else:
-            torch.testing.assert_close(g, e, rtol=0, atol=0)
+            torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m, i=i: f"output {i}: {m}")
 
 
 # CUDA graphs, a side stream and run-to-run determinism: only on a GPU (the interpreter runs

@@ -324,12 +324,20 @@ def gemm_fp8(
 # ---------------------------------------------------------------------------------------------
 
 
-def _gpu_name(index: int) -> str | None:
-    """torch.cuda.get_device_name, cached per device by eager calls; None when a compiled call
-    comes first (the dispatch then picks cuBLAS)."""
+@torch.compiler.assume_constant_result
+def _query_gpu_name(index: int) -> str:
+    """torch.cuda.get_device_name; under torch.compile a constant of the graph (queried once at
+    trace time), so a compiled ``linear`` dispatches exactly as an eager one."""
+    return torch.cuda.get_device_name(index)
+
+
+def _gpu_name(index: int) -> str:
+    """The GPU's name, cached per device."""
     name = _GPU_NAMES.get(index)
-    if name is None and not torch.compiler.is_compiling():
-        name = _GPU_NAMES[index] = torch.cuda.get_device_name(index)
+    if name is None:
+        name = _query_gpu_name(index)
+        if not torch.compiler.is_compiling():
+            _GPU_NAMES[index] = name
     return name
 
 
@@ -337,14 +345,11 @@ def dispatch_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | None:
     """The configuration ``linear`` / ``linear_fp8`` run the skinny kernel with for x ``[..., K]``
     and w ``[N, K]``, or None where they run cuBLAS: the tuning table's entry for this GPU
     (``torch.cuda.get_device_name``; ``"cpu"`` for CPU tensors, which only tests use), x's
-    dtype, (N, K) and the first M bucket holding M. None when the table has no entry, and in a
-    compiled call on a GPU no eager call has used yet (the GPU's name is not queried there)."""
+    dtype, (N, K) and the first M bucket holding M. None when the table has no entry."""
     table = _tuning.TABLE
     if not table:  # nothing measured yet: no device query (and nothing for torch.compile to trace)
         return None
     name = _gpu_name(x.device.index or 0) if x.is_cuda else x.device.type
-    if name is None:
-        return None
     rows = table.get((name, str(x.dtype).removeprefix("torch."), w.shape[0], w.shape[1]))
     if rows is None:
         return None

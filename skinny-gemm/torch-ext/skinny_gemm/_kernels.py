@@ -47,27 +47,27 @@ REDUCE_NONE, REDUCE_ORDERED, REDUCE_ATOMIC = 0, 1, 2
 @triton.jit
 def _epilogue(res, rows, cols, M, N, xs_ptr, ws_ptr, s_xs, s_ws, b_ptr, out_ptr, s_om,
               HAS_BIAS: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
-    """res [BLOCK_M, BLOCK_N] fp32 -> out rows x cols: ``res * x_scale * w_scale + bias`` in
-    fp32, one rounding; rows >= M and cols >= N are not stored."""
+    """res [BLOCK_N, BLOCK_M] fp32 (W rows down, tokens across: the MMA's orientation, kept to
+    the end so no layout conversion runs) -> out[rows, cols]: ``res * x_scale * w_scale + bias``
+    in fp32, one rounding; rows >= M and cols >= N are not stored."""
     if SCALED:
         xs = tl.load(xs_ptr + (rows % M) * s_xs)
         ws = tl.load(ws_ptr + (cols % N) * s_ws)
-        res = res * xs[:, None]
-        res = res * ws[None, :]
+        res = res * xs[None, :]
+        res = res * ws[:, None]
     if HAS_BIAS:
-        res += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    o = out_ptr + rows.to(tl.int64)[:, None] * s_om + cols[None, :]
-    tl.store(o, res.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & (cols < N)[None, :])
+        res += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[:, None]
+    o = out_ptr + rows.to(tl.int64)[None, :] * s_om + cols[:, None]
+    tl.store(o, res.to(out_ptr.dtype.element_ty), mask=(rows < M)[None, :] & (cols < N)[:, None])
 
 
 @triton.jit
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-    M, N, K, K_SPLIT, s_xm, s_xk, s_wn, s_om, s_xs, s_ws,
+    M, N, K, K_SPLIT, SPLIT_K, s_xm, s_xk, s_wn, s_om, s_xs, s_ws,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
     REDUCE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SCALED: tl.constexpr,
@@ -75,14 +75,19 @@ def _skinny_gemm_kernel(
     COMPILED: tl.constexpr,
 ):  # fmt: skip
     """out[m, n] = sum_k x[m, k] w[n, k] (* x_scale[m] * w_scale[n]) (+ bias[n]) for the
-    program's BLOCK_N rows of w and BLOCK_M rows of x, over K slice pid_k (K_SPLIT columns, a
-    multiple of BLOCK_K).
+    program's BLOCK_N rows of w and BLOCK_M rows of x, over K slice pid_k of SPLIT_K (K_SPLIT
+    columns, a multiple of BLOCK_K). SPLIT_K is a runtime argument: one compiled kernel serves
+    every split of a tile configuration (the tuner sweeps splits without recompiling).
 
     x [M, K] (strides s_xm, s_xk), w [N, K] (row stride s_wn, K contiguous), both fp16 / bf16 or
     both FP8; x_scale fp32 [M] or [1] (stride s_xs: 1 or 0) and w_scale fp32 [N] or [1] (s_ws)
     when SCALED; bias [N]; out [M, N] (row stride s_om). REDUCE 1: part fp32 [tiles, SPLIT_K,
-    BLOCK_M, BLOCK_N]; REDUCE 2: part fp32 [tiles, BLOCK_M, BLOCK_N], zero on entry, left zero;
-    count int32 [tiles], zero on entry, left zero (REDUCE 1 and 2)."""
+    BLOCK_N, BLOCK_M]; REDUCE 2: part fp32 [tiles, BLOCK_N, BLOCK_M], zero on entry, left zero;
+    count int32 [tiles], zero on entry, left zero (REDUCE 1 and 2). Partial tiles keep the
+    accumulator's [BLOCK_N, BLOCK_M] orientation: on an H100 with Triton 3.6 the atomic adds of
+    the transposed tile ([BLOCK_M, BLOCK_N], vectorized ``red.v2``) summed wrong values at M = 4
+    (error 0.16 on outputs of 0.01, tests of 2026-11-24); in this orientation each thread's
+    register pair is also a contiguous pair in memory."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -110,22 +115,28 @@ def _skinny_gemm_kernel(
             w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
             x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0)
         if BLOCK_M > 1:
-            if COMPILED:
+            if COMPILED and SCALED:
+                # FP8: promote the tensor core's partial sums to the fp32 accumulator after every
+                # 32 products (one wgmma). Triton's sm90 default (2^30: never) accumulates the
+                # whole K slice at the MMA's reduced precision: errors 2-6x an fp32 bound at K 4096
+                # -16384 (H100, 2026-11-24), where gemm_fp8 promises fp32 accumulation.
+                acc = tl.dot(w, tl.trans(x), acc, max_num_imprecise_acc=32)
+            elif COMPILED:
                 acc = tl.dot(w, tl.trans(x), acc)
             else:
                 acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc)
         else:  # BLOCK_M == 1: x is [1, BLOCK_K]
             acc2 += w.to(tl.float32) * x.to(tl.float32)
     if BLOCK_M > 1:
-        res = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+        res = acc  # [BLOCK_N, BLOCK_M]
     else:
-        res = tl.reshape(tl.sum(acc2, axis=1), (1, BLOCK_N))
+        res = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
 
     if REDUCE == 0:
         _epilogue(res, rows, cols, M, N, xs_ptr, ws_ptr, s_xs, s_ws, b_ptr, out_ptr, s_om, HAS_BIAS, SCALED)
     else:
         tile = pid_m * tl.num_programs(0) + pid_n
-        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        local = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
         plane = BLOCK_M * BLOCK_N
         counter = count_ptr + tile
         if REDUCE == 1:
@@ -138,12 +149,12 @@ def _skinny_gemm_kernel(
         arrived = tl.atomic_add(counter, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
             if REDUCE == 1:
-                res = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                res = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
                 for s in range(SPLIT_K):  # in slice order: the result does not depend on arrival order
                     res += tl.load(tile_part + s * plane, cache_modifier=".cg")
             else:
                 res = tl.load(tile_part, cache_modifier=".cg")
-                tl.store(tile_part, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))  # zero for the next call
+                tl.store(tile_part, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32))  # zero for the next call
             tl.atomic_xchg(counter, 0)  # ready for the next call (the counters are cached)
             _epilogue(res, rows, cols, M, N, xs_ptr, ws_ptr, s_xs, s_ws, b_ptr, out_ptr, s_om, HAS_BIAS, SCALED)
 
@@ -236,7 +247,7 @@ def launch_skinny(x, w, bias, out, x_scale=None, w_scale=None, deterministic: bo
         reduce, part, counters = REDUCE_NONE, out, out  # not read
     elif deterministic:
         reduce = REDUCE_ORDERED
-        part_shape = (tiles, split, block_m, block_n)
+        part_shape = (tiles, split, block_n, block_m)
         part = torch.empty(part_shape, dtype=torch.float32, device=dev)
         counters = _cached_zeros(_COUNTERS, dev, tiles, torch.int32)
     else:
@@ -248,8 +259,8 @@ def launch_skinny(x, w, bias, out, x_scale=None, w_scale=None, deterministic: bo
     s_xs = (1 if x_scale.numel() > 1 else 0) if scaled else 0
     s_ws = (1 if w_scale.numel() > 1 else 0) if scaled else 0
     args = (x, w, xs, ws, bias if bias is not None else out, out, part, counters,
-            M, N, K, k_split, x.stride(0), x.stride(1), w.stride(0), out.stride(0), s_xs, s_ws)  # fmt: skip
-    kwargs = dict(SPLIT_K=split, REDUCE=reduce, HAS_BIAS=bias is not None, SCALED=scaled, EVEN_K=K % block_k == 0,
+            M, N, K, k_split, split, x.stride(0), x.stride(1), w.stride(0), out.stride(0), s_xs, s_ws)  # fmt: skip
+    kwargs = dict(REDUCE=reduce, HAS_BIAS=bias is not None, SCALED=scaled, EVEN_K=K % block_k == 0,
                   COMPILED=not _interpreting(), **cfg.launch_kwargs())  # fmt: skip
     launch = _PLANS.launch_and_plan(key, (num_n, split, num_m), _VARYING, args, kwargs)
     if launch is not None:
