@@ -151,6 +151,8 @@ def test_leading_dims_non_contiguous_x_and_empty():
     "cfg, group_size",
     [({"kernel": "splitk", "BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1, "USE_DOT": False}, 128),
      ({"kernel": "splitk", "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": 3, "USE_DOT": False}, 32),
+     ({"kernel": "splitk", "BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 3, "USE_DOT": False}, 64),
+     ({"kernel": "splitk", "BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 2, "USE_DOT": False}, -1),
      ({"kernel": "splitk", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 5}, 64),
      ({"kernel": "splitk", "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 2}, -1),
      ({"kernel": "splitk", "BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": 4}, 32),

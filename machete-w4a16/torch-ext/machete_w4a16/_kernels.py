@@ -143,6 +143,68 @@ def _channel_params(s_ptr, z_ptr, cols_w, HAS_ZEROS: tl.constexpr):
 
 
 @triton.jit
+def _plane_scales(s_ptr, z_ptr, cols_w, jj, jmask, k0, N, s_chan, z_chan, GROUP: tl.constexpr,
+                  BLOCK_K: tl.constexpr, HAS_ZEROS: tl.constexpr, EVEN_K: tl.constexpr):  # fmt: skip
+    """Scales and zeros of the K step at k0 for the nibble planes: [BLOCK_N, 1] when the step
+    lies in one group (GROUP 0: per channel, or GROUP >= BLOCK_K), else [BLOCK_N, BLOCK_K / 8]
+    (packed column jj holds inputs 8 jj .. 8 jj + 7, all in group 8 jj // GROUP: GROUP >= 8)."""
+    if GROUP == 0:
+        s = s_chan
+        z = z_chan
+    elif GROUP >= BLOCK_K:
+        g = k0 // GROUP
+        s = tl.load(s_ptr + g * N + cols_w)[:, None]
+        z = s
+        if HAS_ZEROS:
+            z = tl.load(z_ptr + g * N + cols_w)[:, None]
+    else:
+        gs = (8 * jj) // GROUP
+        if EVEN_K:
+            s = tl.load(s_ptr + gs[None, :] * N + cols_w[:, None])
+        else:  # columns past the slice (jmask False) may lie past K's last group
+            s = tl.load(s_ptr + gs[None, :] * N + cols_w[:, None], mask=jmask[None, :], other=0.0)
+        z = s
+        if HAS_ZEROS:
+            if EVEN_K:
+                z = tl.load(z_ptr + gs[None, :] * N + cols_w[:, None])
+            else:
+                z = tl.load(z_ptr + gs[None, :] * N + cols_w[:, None], mask=jmask[None, :], other=0)
+    return s, z
+
+
+@triton.jit
+def _dequant_plane(packed, i: tl.constexpr, s, z, HAS_ZEROS: tl.constexpr, IS_BF16: tl.constexpr,
+                   COMPILED: tl.constexpr):  # fmt: skip
+    """Nibble i of every packed int32 ([BLOCK_N, J], the inputs 8 j + i) dequantized to
+    ``(q - z) * s``, rounded once: x's dtype when COMPILED, else fp32 holding those values.
+    No reshape: each plane is the packed tile's own shape, so no layout conversion runs."""
+    q = (packed >> (4 * i)) & 0xF
+    if COMPILED:
+        if IS_BF16:
+            h = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q, exact
+            base = 128.0
+        else:
+            h = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q, exact
+            base = 1024.0
+        if HAS_ZEROS:
+            zz = (z.to(tl.float32) + base).to(h.dtype)  # base + z: exact in 16 bits
+        else:
+            zz = base + 8.0
+        w = ((h - zz) * s).to(h.dtype)  # exact difference, one rounding
+    else:
+        if HAS_ZEROS:
+            zf = z.to(tl.float32)
+        else:
+            zf = 8.0
+        w = (q.to(tl.float32) - zf) * s.to(tl.float32)  # exact in fp32
+        if IS_BF16:
+            w = _round_bf16_rne(w)
+        else:
+            w = w.to(tl.float16).to(tl.float32)
+    return w
+
+
+@triton.jit
 def _store_out(acc, rows, cols, M, N, b_ptr, out_ptr, s_om, HAS_BIAS: tl.constexpr):
     """acc [len(rows), len(cols)] fp32 (+ bias) -> out, rounded once, rows < M and cols < N."""
     if HAS_BIAS:
@@ -188,16 +250,46 @@ def _w4a16_splitk_kernel(
     if GROUP == 0:
         s_chan, z_chan = _channel_params(s_ptr, z_ptr, cols_w, HAS_ZEROS)
     if USE_DOT:
+        # tl.dot on the unpacked [BLOCK_N, BLOCK_K] tile (H100, 8B QKV, M = 16: 18.9 us; the
+        # nibble-plane order below took 21.5 us at its best configuration, 2026-11-24).
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # (x W^T)^T
-    else:
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        x, w = _load_step(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, rows_x, cols_w, k0, k_hi, N, K, s_xm, s_xk,
-                          s_chan, z_chan, GROUP, BLOCK_N, BLOCK_K, HAS_ZEROS, HAS_PERM, IS_BF16, EVEN_K, COMPILED)  # fmt: skip
-        if USE_DOT:
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            x, w = _load_step(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, rows_x, cols_w, k0, k_hi, N, K, s_xm, s_xk,
+                              s_chan, z_chan, GROUP, BLOCK_N, BLOCK_K, HAS_ZEROS, HAS_PERM, IS_BF16, EVEN_K, COMPILED)  # fmt: skip
             acc = tl.dot(w, tl.trans(x), acc)
-        else:  # BLOCK_M == 1: x is [1, BLOCK_K]
-            acc2 += w.to(tl.float32) * x.to(tl.float32)
+    else:
+        # BLOCK_M == 1 (GEMV), nibble planes: packed column j holds inputs 8j .. 8j+7, nibble i
+        # input 8j + i. Unpacking a [BLOCK_N, BLOCK_K] tile is a reshape that Triton lowers to a
+        # layout conversion through shared memory (21.5 us at 8B QKV, M = 1, H100); each plane
+        # [BLOCK_N, BLOCK_K / 8] times the matching x entries 8j + i (a strided load of the one x
+        # row) keeps the packed tile's layout: 15.9 us at its best configuration (2026-11-24).
+        # The same products, summed in another order.
+        J: tl.constexpr = BLOCK_K // 8
+        js = tl.arange(0, J)
+        p_rows = qw_ptr + cols_w.to(tl.int64)[:, None] * (K // 8)
+        x_rows = x_ptr + rows_x.to(tl.int64)[:, None] * s_xm
+        acc2 = tl.zeros((BLOCK_N, J), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            jj = k0 // 8 + js
+            jmask = jj < k_hi // 8
+            if EVEN_K:
+                packed = tl.load(p_rows + jj[None, :])
+            else:
+                packed = tl.load(p_rows + jj[None, :], mask=jmask[None, :], other=0)
+            s, z = _plane_scales(s_ptr, z_ptr, cols_w, jj, jmask, k0, N, s_chan, z_chan, GROUP, BLOCK_K, HAS_ZEROS, EVEN_K)
+            for i in tl.static_range(8):
+                kk = 8 * jj + i
+                if HAS_PERM:
+                    if EVEN_K:
+                        kk = tl.load(perm_ptr + kk)
+                    else:
+                        kk = tl.load(perm_ptr + kk, mask=jmask, other=0)
+                if EVEN_K:
+                    x = tl.load(x_rows + kk.to(tl.int64)[None, :] * s_xk)
+                else:
+                    x = tl.load(x_rows + kk.to(tl.int64)[None, :] * s_xk, mask=jmask[None, :], other=0.0)
+                w = _dequant_plane(packed, i, s, z, HAS_ZEROS, IS_BF16, COMPILED)
+                acc2 += w.to(tl.float32) * x.to(tl.float32)
     if USE_DOT:
         res = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     else:
@@ -279,31 +371,35 @@ SMALL_M_MAX = 64
 def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132) -> dict:
     """Kernel and tile choice (no autotuning: deterministic, and cheap in the interpreter).
 
-    None of these numbers was measured on a GPU yet: they are structural defaults to be tuned
-    with ``benchmarks/suite.py`` on the H100, and the comments say what each is derived from.
+    Only the GEMV's BLOCK_N and stages were chosen by measurement (H100, 2026-11-24, below);
+    the rest are structural defaults to be tuned on the GPU, derived as each comment says.
 
     * M <= SMALL_M_MAX: the split-K kernel; BLOCK_M = 1 (FMA GEMV) at M = 1, else the
-      smallest tl.dot tile (16, 32, 64) that holds M; BLOCK_N 64 W rows; BLOCK_K = 128
-      (one g128 group per step, 64 contiguous bytes of each W row); the K split makes about
+      smallest tl.dot tile (16, 32, 64) that holds M; BLOCK_N 128 W rows for the GEMV, 64 for
+      tl.dot; BLOCK_K = 128
+      (64 contiguous bytes of each W row; for tl.dot one g128 group per step, the GEMV's nibble
+      planes take a scale per packed column when a step spans groups); the K split makes about
       4 programs per SM in flight (the weight stream needs many loads in flight per SM), at
       most one slice per K step.
     * larger M: the tiled kernel, 128 x 128 tiles (64 x 128 at M <= 128), K steps of 64,
       8 row tiles per column sweep.
 
-    BLOCK_K never exceeds the group size (K steps inside one group need one scale per
-    column) unless the group is smaller than 64 (then the step spans BLOCK_K / G groups)."""
+    With tl.dot, BLOCK_K never exceeds the group size (K steps inside one group need one scale
+    per column) unless the group is smaller than 64 (then the step spans BLOCK_K / G groups)."""
     G = K if group_size == -1 else group_size
     if M <= SMALL_M_MAX:
         block_m = 1 if M == 1 else max(16, triton.next_power_of_2(M))
         block_k = 128
-        if G >= 64:
+        if G >= 64 and block_m > 1:
             block_k = min(block_k, G)
-        block_n = 64
+        # GEMV: 128 W rows, 4 stages (best of 48 configurations at 8B QKV and down, H100,
+        # 2026-11-24: 15.9 / 30.7 us against 16.5 / 32.0 with 64 rows, 3 stages).
+        block_n = 128 if block_m == 1 else 64
         tiles = triton.cdiv(N, block_n) * triton.cdiv(M, block_m)
         steps = triton.cdiv(K, block_k)
         split = max(1, min(triton.cdiv(4 * sms, tiles), steps))
         return {"kernel": "splitk", "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split,
-                "USE_DOT": block_m > 1, "num_warps": 4, "num_stages": 3}  # fmt: skip
+                "USE_DOT": block_m > 1, "num_warps": 4, "num_stages": 4 if block_m == 1 else 3}  # fmt: skip
     block_m = 64 if M <= 128 else 128
     block_k = 64
     return {"kernel": "tiled", "BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": block_k, "GROUP_M": 8,
