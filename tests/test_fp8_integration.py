@@ -471,3 +471,34 @@ def test_load_fp8_missing_scale(tmp_path):
         fused_llm.load_fp8(tmp_path)
     with pytest.raises(FileNotFoundError, match="checkpoint_dir: expected"):
         fused_llm.load_fp8(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("scheme, blockwise_ok", [("per-token", None), ("block", False)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gpu_gemm_path_on_cpu(monkeypatch, scheme, blockwise_ok, bias):
+    """The GPU GEMM path called on CPU tensors: torch._scaled_mm row-wise (torch's CPU build has
+    it) with the scales as the path lays them out, and the block scheme's fallback where
+    _scaled_mm has no block-wise scaling (forced here: the CPU build has none), both against the
+    fp32 reference."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(37, 256, generator=g).to(torch.bfloat16)
+    w = torch.randn(384, 256, generator=g).to(torch.bfloat16)
+    b = torch.randn(384, generator=g).to(torch.bfloat16) if bias else None
+    xq, xs = fp8.quantize_activation(x, scheme)
+    wq, ws = fp8.quantize_weight(w, scheme)
+    monkeypatch.setitem(fp8._BLOCKWISE_OK, None, blockwise_ok)
+    y = fp8._scaled_mm_gemm(xq, xs, wq, ws, scheme, torch.bfloat16, b)
+    ref = fp8.fp8_matmul(xq, xs, wq, ws, scheme, torch.float32, b)
+    assert y.dtype == torch.bfloat16 and y.shape == (37, 384)
+    torch.testing.assert_close(y.float(), ref, rtol=2**-7, atol=2e-2 * ref.abs().max().item())
+    y16 = fp8._scaled_mm_gemm(xq, xs, wq, ws, scheme, torch.float16, b)  # another dtype: a cast after the bf16 GEMM
+    assert y16.dtype == torch.float16
+    torch.testing.assert_close(y16.float(), ref, rtol=2**-7, atol=2e-2 * ref.abs().max().item())
+
+
+def test_blockwise_probe_refuses_where_scaled_mm_cannot(monkeypatch):
+    """The probe answers False (and the block GEMM falls back) where _scaled_mm refuses
+    block-wise scales: torch's CPU build stands in for a GPU without them."""
+    monkeypatch.setattr(fp8, "_BLOCKWISE_OK", {})
+    assert fp8._probe_blockwise(torch.device("cpu", 0)) is False
+    assert fp8._BLOCKWISE_OK == {0: False}

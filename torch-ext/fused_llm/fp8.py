@@ -160,20 +160,28 @@ BACKEND_NAMES = {
 
 @torch.compiler.disable
 def _probe_blockwise(device: torch.device) -> bool:
+    """Whether block-wise torch._scaled_mm runs on ``device`` *and* reads the scales as this
+    module lays them out: a 16 x 256 x 256 product with distinct scales per group and block,
+    checked against the reference (a layout read wrongly shows as a wrong result)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _BLOCKWISE_OK:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(16, 2 * BLOCK, generator=g)
+        w = torch.randn(2 * BLOCK, 2 * BLOCK, generator=g) * torch.tensor([1.0, 8.0]).repeat_interleave(BLOCK)[None, :]
+        xq, xs = quantize_activation(x.to(device), "block")
+        wq, ws = quantize_weight(w.to(device), "block")
         try:
-            a = torch.zeros(16, BLOCK, dtype=FP8_DTYPE, device=device)
-            b = torch.zeros(BLOCK, BLOCK, dtype=FP8_DTYPE, device=device)
-            sa = torch.ones(1, 16, dtype=torch.float32, device=device).t()  # [16, 1], stride (1, 16)
-            sb = torch.ones(1, 1, dtype=torch.float32, device=device)
-            torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)
-            torch.cuda.synchronize(device)
-            _BLOCKWISE_OK[index] = True
-        except (RuntimeError, NotImplementedError) as err:
+            y = torch._scaled_mm(xq, wq.t(), scale_a=_col_major(xs), scale_b=ws.t(), out_dtype=torch.bfloat16).float()
+            ref = dequantize_activation(xq, xs) @ dequantize_weight(wq, ws, "block").T
+            ok = bool(((y - ref).abs().max() <= 2e-2 * ref.abs().max()).item())
+            if not ok:
+                log.warning("block-wise torch._scaled_mm on %s gave a wrong result (scale layout?): the block scheme's "
+                            "GEMMs run as bf16 matmuls of the dequantized operands", device)  # fmt: skip
+        except (RuntimeError, NotImplementedError, ValueError, TypeError) as err:
             log.warning("torch._scaled_mm has no block-wise FP8 scaling on %s (%s): the block scheme's GEMMs "
                         "run as bf16 matmuls of the dequantized operands", device, str(err).splitlines()[0])
-            _BLOCKWISE_OK[index] = False
+            ok = False
+        _BLOCKWISE_OK[index] = ok
     return _BLOCKWISE_OK[index]
 
 
@@ -209,6 +217,12 @@ def fp8_matmul(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scal
         if bias is not None:
             y = y + bias.float()
         return y.to(out_dtype)
+    return _scaled_mm_gemm(xq, x_scale, wq, w_scale, scheme, out_dtype, bias)
+
+
+def _scaled_mm_gemm(xq, x_scale, wq, w_scale, scheme, out_dtype, bias):
+    """fp8_matmul's GPU path (CPU tensors work too for the row-wise call, which torch's CPU
+    _scaled_mm has: how the tests check the scales' shapes and layouts without a GPU)."""
     # _scaled_mm writes bf16 with row-wise / block-wise scales; another dtype is one cast more.
     mm_dtype = torch.bfloat16
     mm_bias = None if bias is None or out_dtype != torch.bfloat16 else bias
@@ -216,7 +230,9 @@ def fp8_matmul(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scal
         if not torch.compiler.is_compiling():
             BACKENDS_USED.add("rowwise")
         y = torch._scaled_mm(xq, wq.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), bias=mm_bias, out_dtype=mm_dtype)
-    elif _probe_blockwise(xq.device):
+    elif _BLOCKWISE_OK.get(xq.device.index) or (xq.device.index not in _BLOCKWISE_OK and _probe_blockwise(xq.device)):
+        # (the cached answer is read directly: under torch.compile the probe, compiler-disabled,
+        # would break the graph; quantize_fp8 / load_fp8 probe before any compile)
         if not torch.compiler.is_compiling():
             BACKENDS_USED.add("blockwise")
         y = torch._scaled_mm(xq, wq.t(), scale_a=_col_major(x_scale), scale_b=w_scale.t(), bias=mm_bias,
