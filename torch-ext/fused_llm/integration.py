@@ -182,7 +182,10 @@ def kernelize(
     ``rocm`` or ``cpu``). Only our mapping is active inside the call. With
     ``fuse_decoder_layers`` (default), Llama / Mistral / Qwen2 / Qwen3 decoder layers in
     float16 / bfloat16 get `fused_llm.decoder`'s forward (fused residual add + RMSNorm, one QKV
-    GEMM, rope-triton, gated-mlp); the others keep theirs with the module-level swaps.
+    GEMM, rope-triton, gated-mlp); layers whose seven projections are ``fused_llm.fp8.FP8Linear``
+    of one scheme (``quantize_fp8`` / ``load_fp8``) get `fused_llm.decoder_fp8`'s forward (fused
+    norm + dynamic FP8 quantization, FP8 GEMMs, swiglu-fp8); the others keep theirs with the
+    module-level swaps.
     Kernelize after loading the weights and moving the model: the fused layer makes the q / k
     / v weights views of one fused tensor at this point."""
     from kernels import Mode, use_kernel_mapping
