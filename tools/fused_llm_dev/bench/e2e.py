@@ -434,15 +434,7 @@ def print_summary(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import sys
-
-    if any(a == "--fp8" or a.startswith("--fp8=") for a in (sys.argv[1:] if argv is None else argv)):
-        from . import e2e_fp8  # an FP8 model against its peers: its own stages and options
-
-        return e2e_fp8.main(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="fused-llm bench e2e", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fp8", choices=["per-token", "block"],
-                        help="an FP8 model (fused_llm.quantize_fp8) instead: 'bench e2e --fp8 block --help' lists its options")
     parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
