@@ -434,7 +434,16 @@ def print_summary(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if "--w4a16" in argv:  # its own options and report: e2e_w4a16.py
+        from . import e2e_w4a16
+
+        return e2e_w4a16.main(argv)
     parser = argparse.ArgumentParser(prog="fused-llm bench e2e", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--w4a16", action="store_true", help="a 4-bit copy next to the bf16 model instead "
+                        "(fused-llm bench e2e --w4a16 --help)")  # fmt: skip
     parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
