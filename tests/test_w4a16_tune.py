@@ -35,6 +35,7 @@ def test_defaults_are_every_shape_and_bucket():
     [(["--tokens", "3"], "--tokens: expected buckets"), (["--tokens", "1,x"], "comma-separated integers"),
      (["--shapes", "8B-nope"], "--shapes: expected names"), (["--dtypes", "float32"], "--dtypes"),
      (["--group-size", "48"], "--group-size"), (["--group-size", "8"], "--group-size"),
+     (["--group-size", "-1"], "--group-size"),
      (["--margin", "1.5"], "--margin")],
 )  # fmt: skip
 def test_bad_options_exit_with_the_reason(capsys, argv, message):

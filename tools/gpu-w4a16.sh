@@ -19,7 +19,9 @@
 #                           (copy them back and commit); TUNE_ARGS overrides the options;
 #   STAGE=e2e-prefill | e2e-decode-dynamic | e2e-decode-static
 #                           fused-llm bench e2e --w4a16 --quick --only <stage> (8-layer Llama-3-8B
-#                           shape, bf16 eager / kernelized vs 4-bit eager / kernelized); E2E_ARGS adds options.
+#                           shape, bf16 eager / kernelized vs 4-bit eager / kernelized); E2E_ARGS adds options
+#                           (static-cache decode compiles 4 models x 2 batches: if it hits the limit,
+#                           E2E_ARGS="--batches 1", then "--batches 8").
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

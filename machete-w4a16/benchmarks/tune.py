@@ -153,7 +153,8 @@ def neighbours(entry: list, group: int) -> list[list]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, checked (a SystemExit naming the bad value): shapes of benchmark.SHAPES,
-    tokens of the table's buckets, dtypes bfloat16 / float16, a group size dividing every K."""
+    tokens of the table's buckets, dtypes bfloat16 / float16, a group size dividing every K
+    (benchmark.make_weight makes grouped weights only: no per-channel -1)."""
     ref = _ref()
     buckets = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)  # _config.BUCKETS
     parser = argparse.ArgumentParser(prog="tune.py", description=__doc__.split("\n\n")[0])
@@ -184,8 +185,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if bad := [t for t in args.tokens if t not in buckets]:
         parser.error(f"--tokens: expected buckets of {buckets}, got {bad}")
     G = args.group_size
-    if G != -1 and (G < 16 or G & (G - 1) or any(ref.SHAPES[s][1] % G for s in args.shapes)):
-        parser.error(f"--group-size: expected -1 or a power of two >= 16 dividing every K, got {G}")
+    if G < 16 or G & (G - 1) or any(ref.SHAPES[s][1] % G for s in args.shapes):
+        parser.error(f"--group-size: expected a power of two >= 16 dividing every K, got {G}")
     if not 0 < args.margin <= 1:
         parser.error(f"--margin: expected a fraction in (0, 1], got {args.margin}")
     args.tokens = sorted(set(args.tokens))

@@ -276,7 +276,7 @@ def run(args) -> dict:
     for stage in ("decode-dynamic", "decode-static"):
         if stage not in stages:
             continue
-        for batch in DECODE_BATCHES:
+        for batch in args.batches:
             console.print(f"{stage} batch {batch}")
             prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(device)
             caches = {name: None for name in models}
@@ -426,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="fewer decode steps, repetitions and rounds")
     parser.add_argument("--only", choices=["prefill", "decode", "decode-dynamic", "decode-static"],
                         help="one stage (split a full run over several 10-minute GPU calls)")
+    parser.add_argument("--batches", default=",".join(map(str, DECODE_BATCHES)),
+                        help="decode batch sizes (default: %(default)s; static-cache decode compiles per model and batch)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer hidden-256 model and short sequences; runs on a "
                         "CPU too (a smoke test of the command, not a measurement)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
@@ -433,7 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
     if not torch.cuda.is_available() and not args.tiny:
         print("fused-llm bench e2e --w4a16 times models on a CUDA GPU; none is visible to torch here "
               "(--tiny runs a small model on the CPU).")  # fmt: skip
