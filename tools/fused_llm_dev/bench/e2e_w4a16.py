@@ -135,9 +135,11 @@ def _hub_functions(model: nn.Module) -> list[nn.Module]:
 
 
 def _kernelize_alone(name: str, model: nn.Module):
-    """``integration.kernelize(model)``, with the hub functions it swaps process-wide (the rotary
-    function, for layers the fused decoder declines: the 4-bit ones) given back to every other
-    model and set for this one only while it runs (bench.e2e's _GLOBALS)."""
+    """``integration.kernelize(model)``, with the hub functions whose forward it swaps in place
+    (the rotary function, for layers the fused decoder declines: the 4-bit ones) given back and
+    set for this model only while it runs (bench.e2e's _GLOBALS). The swap is process-wide for
+    every model sharing the function object; the deep copies made here hold their own copy,
+    and this keeps it so whatever order the models are built in."""
     fns = _hub_functions(model)
     before = {fn: fn.__dict__.get("forward") for fn in fns}
     report = integration.kernelize(model)
