@@ -12,6 +12,16 @@
 #    at 1 / 16 / 64 / 256 / 4096 tokens against cuBLAS bf16, tinygemm, GemLite if installed).
 # Each stage has a time limit, so the whole stays under 8 minutes on an H100; a stage that hits
 # its limit says so in its log and the next one still runs.
+# STAGE picks what runs (one 10-minute device call each; none of the last four has run yet):
+#   STAGE=tests (default)   1-3 above;
+#   STAGE=tune              benchmarks/tune.py, bf16, every shape and bucket (phase 2 paced to
+#                           --budget-min 8), writes _tuning.py and benchmarks/results/tune_* to $OUT
+#                           (copy them back and commit); TUNE_ARGS overrides the options;
+#   STAGE=e2e-prefill | e2e-decode-dynamic | e2e-decode-static
+#                           fused-llm bench e2e --w4a16 --quick --only <stage> (8-layer Llama-3-8B
+#                           shape, bf16 eager / kernelized vs 4-bit eager / kernelized); E2E_ARGS adds options
+#                           (static-cache decode compiles 4 models x 2 batches: if it hits the limit,
+#                           E2E_ARGS="--batches 1", then "--batches 8").
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -26,11 +36,36 @@ git log --oneline -1 | tee -a "$OUT/gpu.txt"
 PYTEST=(python3 -X faulthandler -m pytest -p no:cacheprovider --import-mode=importlib -o addopts="")
 if [ "${FULL:-0}" = 1 ]; then
   ( time python3 -m fused_llm_dev.cli build ) 2>&1 | tail -3
-  TEST_ARGS=(machete-w4a16/tests tests/test_w4a16_integration.py)
+  TEST_ARGS=(machete-w4a16/tests tests/test_w4a16_integration.py tests/test_w4a16_tune.py)
 else
   python3 -m fused_llm_dev.cli build machete-w4a16 2>&1 | tail -1
-  TEST_ARGS=(--noconftest machete-w4a16/tests tests/test_w4a16_integration.py -k "not kernelize")
+  TEST_ARGS=(--noconftest machete-w4a16/tests tests/test_w4a16_integration.py tests/test_w4a16_tune.py -k "not kernelize")
 fi
+
+STAGE=${STAGE:-tests}
+case "$STAGE" in
+tune)
+  echo "=== tune.py ${TUNE_ARGS:-}"
+  LEFT=$((585 - SECONDS))  # what is left of the 10-minute call after the install and the build
+  timeout $LEFT python3 machete-w4a16/benchmarks/tune.py ${TUNE_ARGS:---budget-min 8} > "$OUT/tune.log" 2>&1
+  echo "tune exit: $? (124: hit the $LEFT s limit; nothing written then)" | tee -a "$OUT/tune.log"
+  tail -30 "$OUT/tune.log"
+  cp machete-w4a16/torch-ext/machete_w4a16/_tuning.py "$OUT/" 2>/dev/null
+  cp machete-w4a16/benchmarks/results/tune_* "$OUT/" 2>/dev/null
+  exit 0 ;;
+e2e-prefill|e2e-decode-dynamic|e2e-decode-static)
+  echo "=== bench e2e --w4a16 --quick --only ${STAGE#e2e-} ${E2E_ARGS:-}"
+  ( time python3 -m fused_llm_dev.cli build ) 2>&1 | tail -3
+  LEFT=$((585 - SECONDS))  # the build of every package takes minutes on a fresh machine (nvcc)
+  timeout $LEFT python3 -m fused_llm_dev.cli bench e2e --w4a16 --quick --only "${STAGE#e2e-}" ${E2E_ARGS:-} --out "$OUT" \
+    > "$OUT/e2e-w4a16-$STAGE.log" 2>&1
+  echo "e2e exit: $? (124: hit the $LEFT s limit; run the stage again on the warm machine, the build is kept)" \
+    | tee -a "$OUT/e2e-w4a16-$STAGE.log"
+  tail -40 "$OUT/e2e-w4a16-$STAGE.log"
+  exit 0 ;;
+tests) ;;
+*) echo "STAGE: expected tests, tune, e2e-prefill, e2e-decode-dynamic or e2e-decode-static, got $STAGE"; exit 2 ;;
+esac
 
 echo "=== tests"
 timeout 200 "${PYTEST[@]}" -v "${TEST_ARGS[@]}" > "$OUT/test-w4a16.log" 2>&1

@@ -195,6 +195,92 @@ def test_config_dispatch():
 
 
 # ---------------------------------------------------------------------------------------------
+# The tuning table (_tuning.py, written by benchmarks/tune.py on a GPU) and its lookup
+# ---------------------------------------------------------------------------------------------
+
+
+def _submodule(name: str):
+    from importlib import import_module
+
+    return import_module(f"{w4.__name__}.{name}")
+
+
+def test_tuning_table_is_well_formed():
+    """Every committed entry: a (gpu, dtype, N, K, group_size) key, increasing M buckets of the
+    tuned set, each entry a valid launch or None."""
+    cfg_mod, tuning = _submodule("_config"), _submodule("_tuning")
+    cfg_mod.check_table(tuning.TABLE)
+    assert (tuning.MADE_BY is None) == (not tuning.TABLE), "MADE_BY records the command that wrote the table"
+
+
+def test_tuning_entries_round_trip_and_bad_entries():
+    c = _submodule("_config")
+    for entry in (["splitk", 1, 64, 128, 6, 4, 3], ["splitk", 16, 32, 256, 1, 4, 2], ["tiled", 128, 128, 64, 8, 8, 3]):
+        cfg = c.config_of(entry)
+        assert c.entry_of(cfg) == entry
+        assert cfg.get("USE_DOT", True) is (entry[1] > 1 or entry[0] == "tiled")
+    bad = [["splitk", 8, 64, 128, 2, 4, 3], ["tiled", 1, 64, 64, 8, 4, 3], ["tiled", 64, 48, 64, 8, 4, 3],
+           ["splitk", 1, 64, 128, 0, 4, 3], ["gemv", 1, 64, 128, 2, 4, 3], ["splitk", 1, 64, 128, 2, 4],
+           ["splitk", 1, 64, 128.0, 2, 4, 3], None]  # fmt: skip
+    for entry in bad:
+        with pytest.raises((ValueError, TypeError), match="tuning entry"):
+            c.config_of(entry)
+    with pytest.raises(ValueError, match="buckets"):
+        c.check_table({("X", "bfloat16", 64, 256, 128): [(8, None), (4, None)]})
+    with pytest.raises(ValueError, match="tuning key"):
+        c.check_table({("X", "float32", 64, 256, 128): []})
+
+
+def test_tuned_config_lookup():
+    """The first bucket with M <= m_max; None (the structural default) past the last bucket, for
+    a None entry, and for any other GPU, dtype, shape or group size."""
+    c = _submodule("_config")
+    gemv, dot, tiled = ["splitk", 1, 32, 128, 8, 4, 3], ["splitk", 16, 64, 128, 4, 4, 3], ["tiled", 64, 128, 64, 8, 4, 3]
+    table = {("GPU X", "bfloat16", 6144, 4096, 128): [(1, gemv), (8, dot), (16, None), (128, tiled)]}
+    look = lambda M, **kw: c.tuned_config(table, *{"gpu": "GPU X", "dtype": "bfloat16", "N": 6144, "K": 4096,  # noqa: E731
+                                                    "group_size": 128, **kw}.values(), M)  # fmt: skip
+    assert look(1) == c.config_of(gemv)
+    assert look(2) == look(8) == c.config_of(dot)
+    assert look(9) is None and look(16) is None
+    assert look(17) == look(128) == c.config_of(tiled)
+    assert look(129) is None and look(4096) is None
+    assert look(1, gpu="GPU Y") is None and look(1, dtype="float16") is None
+    assert look(1, N=4096) is None and look(1, group_size=32) is None
+    assert c.tuned_config({}, "GPU X", "bfloat16", 6144, 4096, 128, 1) is None
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
+def test_gemm_takes_the_table_entry(monkeypatch):
+    """w4a16_gemm launches the table's entry for its key and M bucket (keyed by the GPU's name,
+    "cpu" in the interpreter), the structural default elsewhere; the result is the same GEMM."""
+    kern = w4._triton_kernels()
+    tuning = _submodule("_tuning")
+    M, N, K = 5, 88, 512  # a shape no other test launches (CUDA caches a launch plan per shape)
+    key = (torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu", "bfloat16", N, K, 128)
+    entry = ["splitk", 16, 32, 64, 3, 4, 2]
+    monkeypatch.setattr(tuning, "TABLE", {key: [(1, None), (8, entry)]})
+    chosen = []
+    select = kern.select_config
+
+    def spy(*args):
+        cfg = select(*args)
+        chosen.append(dict(cfg))  # the launcher pops from the dict it gets
+        return cfg
+
+    monkeypatch.setattr(kern, "select_config", spy)
+    x, qw, b = make(M, N, K, torch.bfloat16, 128, False, seed=30, bias=True)
+    assert_gemm_close(w4.w4a16_gemm(x, qw, b), reference(x, qw, b), "tuned entry")
+    assert chosen == [_submodule("_config").config_of(entry)]
+    assert select(1, N, K, 128, x[:1]) == kern.w4a16_config(1, N, K, 128, kern_sms()), "a None entry: the default"
+    assert select(9, N, K, 128, x) == kern.w4a16_config(9, N, K, 128, kern_sms()), "past the last bucket: the default"
+    assert select(M, N, K, 128, x.half()) == kern.w4a16_config(M, N, K, 128, kern_sms()), "another dtype: the default"
+
+
+def kern_sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132
+
+
+# ---------------------------------------------------------------------------------------------
 # Bad input: every error names the argument, what was expected and what came, before writing
 # ---------------------------------------------------------------------------------------------
 

@@ -110,6 +110,10 @@ def _bench_options(argv: list[str], package: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["bench", "e2e"] and "--w4a16" in argv[2:]:
+        from .bench import e2e_w4a16  # the 4-bit comparison: its own options and report
+
+        return e2e_w4a16.main(argv[2:])
     if argv[:2] == ["bench", "e2e"]:  # its own options (and --help), parsed by bench.e2e
         from .bench import e2e
 

@@ -7,7 +7,10 @@ compressed-tensors checkpoints. ``dequantize(qw)`` defines the semantics: ``w = 
 rounded once to x's dtype.
 
 One Triton source serves CUDA (sm80, sm90) and ROCm (gfx942): a split-K kernel for small M
-(decode: the weight stream is the whole cost) and a tiled kernel for large M, picked by M. On
+(decode: the weight stream is the whole cost) and a tiled kernel for large M, and their tiles:
+the committed tuning table's entry for the GPU, dtype, shape and M bucket (``_tuning.py``,
+written by ``benchmarks/tune.py``; empty until a GPU measures it), else a structural default
+picked by M. On
 CPU the op runs a plain-torch implementation with the same semantics, unless
 ``TRITON_INTERPRET=1`` is set before the first call, in which case CPU tensors go through the
 Triton kernels in Triton's interpreter (how CI tests the kernel code without a GPU).

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _config, _tuning
 from ._triton_launch import PlanTable, aligned16
 
 
@@ -364,15 +365,17 @@ def _interpreting() -> bool:
 # Where the small-M split-K kernel stops and the tiled one starts. A structural default, not a
 # measurement: the tiled kernel's smallest M tile is 64 rows, so below that it reads all of W
 # for mostly-padding tiles. The crossover will be measured on the GPU (benchmarks/suite.py,
-# providers ours_splitk / ours_tiled) and this set from it.
+# providers ours_splitk / ours_tiled; benchmarks/tune.py picks the kernel per M bucket for the
+# shapes it tunes, through _tuning.py) and this set from it.
 SMALL_M_MAX = 64
 
 
 def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132) -> dict:
     """Kernel and tile choice (no autotuning: deterministic, and cheap in the interpreter).
 
-    Only the GEMV's BLOCK_N and stages were chosen by measurement (H100, 2026-11-24, below);
-    the rest are structural defaults to be tuned on the GPU, derived as each comment says.
+    The fallback of :func:`select_config` for shapes the tuning table (``benchmarks/tune.py``)
+    does not list. Only the GEMV's BLOCK_N and stages were chosen by measurement (H100,
+    2026-11-24, below); the rest are structural defaults, derived as each comment says.
 
     * M <= SMALL_M_MAX: the split-K kernel; BLOCK_M = 1 (FMA GEMV) at M = 1, else the
       smallest tl.dot tile (16, 32, 64) that holds M; BLOCK_N 128 W rows for the GEMV, 64 for
@@ -404,6 +407,35 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132) -> dic
     block_k = 64
     return {"kernel": "tiled", "BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": block_k, "GROUP_M": 8,
             "num_warps": 8 if block_m == 128 else 4, "num_stages": 3}  # fmt: skip
+
+
+_GPU_NAMES: dict[int, str] = {}
+
+
+def _device_name(device: torch.device) -> str:
+    """The tuning table's GPU key: torch.cuda.get_device_name, cached per device ("cpu" for
+    CPU tensors, which only the interpreter tests use)."""
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    name = _GPU_NAMES.get(index)
+    if name is None:
+        name = _GPU_NAMES[index] = torch.cuda.get_device_name(index)
+    return name
+
+
+def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> dict:
+    """The launch ``w4a16_gemm`` uses: the tuning table's entry for this GPU, x's dtype, (N, K),
+    group size and M bucket (``_tuning.py``, written by ``benchmarks/tune.py``), else the
+    structural default :func:`w4a16_config`. No device query while the table is empty."""
+    table = _tuning.TABLE
+    if table:
+        dtype = str(x.dtype).removeprefix("torch.")
+        cfg = _config.tuned_config(table, _device_name(x.device), dtype, N, K, group_size, M)
+        if cfg is not None:
+            return cfg
+    return w4a16_config(M, N, K, group_size, torch.cuda.get_device_properties(x.device).multi_processor_count
+                        if x.is_cuda else 132)  # fmt: skip
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -455,7 +487,8 @@ def _split_counters(device: torch.device, n: int) -> torch.Tensor:
 def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cfg: dict | None = None) -> None:
     """x [M, K] (any strides), qweight int32 [N, K/8], scales [K/G, N], zeros uint8 [K/G, N] or
     None, perm int32 [K] or None, bias [N] or None, out [M, N] (unit last stride). ``cfg``:
-    `w4a16_config`'s form (tests, tuning); ``cfg["kernel"]`` picks the kernel."""
+    `w4a16_config`'s form (tests, tuning); ``cfg["kernel"]`` picks the kernel. None:
+    :func:`select_config` (the tuning table, else the structural default)."""
     M, K = x.shape
     N = qweight.shape[0]
     if M == 0 or N == 0:
@@ -472,8 +505,7 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         if plan is not None:
             plan(x, qweight, scales, zeros, perm, bias, out)
             return
-    cfg = dict(cfg) if cfg is not None else w4a16_config(
-        M, N, K, group_size, torch.cuda.get_device_properties(dev).multi_processor_count if x.is_cuda else 132)
+    cfg = dict(cfg) if cfg is not None else select_config(M, N, K, group_size, x)
     kernel = cfg.pop("kernel")
     G = 0 if group_size == -1 else group_size
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]

@@ -1,0 +1,446 @@
+"""Measure machete-w4a16's launch configurations on a GPU and write the dispatch table that
+``w4a16_gemm`` consults first (``torch-ext/machete_w4a16/_tuning.py``):
+
+    python machete-w4a16/benchmarks/tune.py [--dtypes bfloat16] [--shapes 8B-qkv,70B-down]
+        [--tokens 1,16,256] [--group-size 128] [--quick] [--margin 0.98] [--no-write] [--dry-run]
+
+For every (dtype, shape, M bucket), weights of group 128 (``--group-size``) without zero point
+(uint4b8, what GPTQ checkpoints hold), it times in CUDA-graph replay with L2 rotation (the
+harness's ``time_us``):
+
+* cuBLAS bf16 / fp16: ``F.linear`` on the dequantized weight (the reference of the issue's
+  targets, >= 3.3x at M <= 16 and >= 0.95x at M >= 256);
+* tinygemm: ``torch.ops.aten._weight_int4pack_mm`` on the same codes and scales (bf16 only; a
+  shape or torch it refuses is reported, not tuned against);
+* our structural default (``_kernels.w4a16_config``), then a sweep in two phases, each
+  configuration's result checked against cuBLAS first (1% of the output's scale):
+  1. tiles and split: the split-K kernel for M <= 128 (BLOCK_N 32 / 64 / 128 rows, the K split
+     from 1 / 2 / 4 / 8 / 16 that puts 2-8 programs on each SM) and the tiled kernel for
+     M >= 32 (BLOCK_M 64 / 128 up to M, BLOCK_N 64 / 128 / 256, BLOCK_K 64 / 128, within a
+     rough shared-memory bound);
+  2. around phase 1's fastest: BLOCK_K halved and doubled, the other warp count (4 / 8), and
+     2 and 4 stages instead of 3.
+
+The split values come from a fixed set, not from the SM count, so a configuration compiles
+once for every shape (Triton compiles per constexpr set and per specialization of M: 1, a
+multiple of 16, other). ``--dry-run`` prints the sweep and an estimate of phase 1's time
+without a GPU (about 6.5 minutes per dtype for every shape and bucket, assuming 1.5 s per
+compile and 0.25 s per timing); phase 2 runs at a point only while the projected total stays
+under ``--budget-min`` (default 8) per dtype. A bucket gets the fastest configuration when it took at most ``margin`` (default 0.98) of
+the default's time, else None (the default). The GPU's previous entries for the tuned keys are
+replaced; other GPUs' entries are kept. The command line goes into the table's ``MADE_BY``;
+every timing goes to ``benchmarks/results/tune_<gpu>_<dtype>.json`` and ``.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import pprint
+import shlex
+import sys
+import time
+from importlib import import_module
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TABLE_PATH = HERE.parent / "torch-ext" / "machete_w4a16" / "_tuning.py"
+RESULTS = HERE / "results"
+SPLITS = (1, 2, 4, 8, 16)
+# What --dry-run's estimate assumes (not measured here): a Triton compile of one configuration
+# on an H100 host, and one time_us point (warm-up, capture, ~0.2 s of replays) of a candidate
+# and of a peer (cuBLAS / tinygemm: their inputs are built per point).
+COMPILE_S, TIMING_S, PEER_S = 1.5, 0.25, 0.5
+# About this much shared memory per program (bytes) is allowed to a tiled candidate: the x
+# tile and the packed W tile per stage plus the dequantized W tile; H100 has 227 KiB per block,
+# A100 163 KiB (a candidate that does not fit fails at launch and is skipped anyway).
+SMEM_BOUND = 160 * 1024
+
+
+def _ref():
+    from fused_llm_dev.bench.suite import load_sibling
+
+    return load_sibling(__file__)
+
+
+def _smem(entry: list) -> int:
+    _, bm, bn, bk, _, _, stages = entry
+    return stages * (bm * bk * 2 + bn * bk // 2) + bn * bk * 2
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _spec(M: int) -> str:
+    """Triton's specialization of the M argument: what makes one configuration compile again."""
+    return "1" if M == 1 else "16k" if M % 16 == 0 else "other"
+
+
+def splitk_candidates(M: int, N: int, K: int, group: int, sms: int, quick: bool) -> list[list]:
+    """Phase 1 of the split-K kernel: BLOCK_M fixed by M (the GEMV at 1, else the smallest tl.dot
+    tile holding M, at most 64), BLOCK_N rows, and the splits of SPLITS giving 2-8 programs per
+    SM (the one nearest 4 where none does)."""
+    bm = 1 if M == 1 else min(64, max(16, _pow2_at_least(M)))
+    bk = min(128, group) if group >= 64 else 128  # as w4a16_config: a K step never straddles a group >= 64
+    fitting = [s for s in SPLITS if s <= -(-K // bk)]
+    out = []
+    for bn in (64, 128) if quick else (32, 64, 128):
+        tiles = -(-N // bn) * -(-M // bm)
+        near = min(fitting, key=lambda s: abs(tiles * s - 4 * sms))
+        splits = [near] if quick else [s for s in fitting if 2 * sms <= tiles * s <= 8 * sms] or [near]
+        out += [["splitk", bm, bn, bk, s, 8 if bn == 128 else 4, 3] for s in splits]
+    return out
+
+
+def tiled_candidates(M: int, quick: bool) -> list[list]:
+    """Phase 1 of the tiled kernel, (BLOCK_M, BLOCK_N, BLOCK_K) by M: 64-row tiles up to 512 rows
+    (at M = 512 on N = 4096, 128 x 128 tiles are under one wave of 132 SMs), 128-row tiles from
+    256; BLOCK_N 64 / 128 / 256 with BLOCK_K 64, and 128 x 128 tiles with BLOCK_K 128; GROUP_M
+    8, 8 warps for tiles of 128 x 128 or more, 3 stages; within a rough shared-memory bound."""
+    tiles = []
+    for bm in (64, 128):
+        if (bm == 64 and M > 512) or (bm == 128 and M < 256):
+            continue
+        bns = (128, 256) if quick else (64, 128, 256)
+        tiles += [(bm, bn, 64) for bn in bns] + ([] if quick else [(bm, 128, 128)])
+    out = []
+    for bm, bn, bk in tiles:
+        entry = ["tiled", bm, bn, bk, 8, 8 if bm * bn >= 128 * 128 else 4, 3]
+        if _smem(entry) <= SMEM_BOUND:
+            out.append(entry)
+    return out
+
+
+def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool) -> tuple[list, list[list]]:
+    """(the structural default's entry, the phase-1 candidates without it)."""
+    cfg = import_module(kern.__name__.rpartition(".")[0] + "._config")
+    default = cfg.entry_of(kern.w4a16_config(M, N, K, group, sms))
+    cands = []
+    if M <= 64:
+        cands += splitk_candidates(M, N, K, group, sms, quick)
+    elif M == 128:  # the crossover: the split-K kernel's 64-row tiles, nearest 4 programs per SM
+        cands += splitk_candidates(M, N, K, group, sms, True)
+    if M >= 32:
+        cands += tiled_candidates(M, quick)
+    seen, out = {tuple(default)}, []
+    for c in cands:
+        if tuple(c) not in seen:
+            seen.add(tuple(c))
+            out.append(c)
+    return default, out
+
+
+def neighbours(entry: list, group: int) -> list[list]:
+    """Phase 2 around ``entry``: BLOCK_K halved and doubled (16..256, dividing or divided by the
+    group), the other warp count, 2 and 4 stages."""
+    kernel, bm, bn, bk, p4, warps, stages = entry
+    out = []
+    for k2 in (bk // 2, bk * 2):
+        if 32 <= k2 <= 256 and (group == -1 or group % k2 == 0 or k2 % group == 0):
+            out.append([kernel, bm, bn, k2, p4, warps, stages])
+    out.append([kernel, bm, bn, bk, p4, 8 if warps == 4 else 4, stages])
+    out += [[kernel, bm, bn, bk, p4, warps, s] for s in (2, 4) if s != stages]
+    return [e for e in out if kernel == "splitk" or _smem(e) <= SMEM_BOUND]
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked (a SystemExit naming the bad value): shapes of benchmark.SHAPES,
+    tokens of the table's buckets, dtypes bfloat16 / float16, a group size dividing every K
+    (benchmark.make_weight makes grouped weights only: no per-channel -1)."""
+    ref = _ref()
+    buckets = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)  # _config.BUCKETS
+    parser = argparse.ArgumentParser(prog="tune.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", default="bfloat16", help="bfloat16 and / or float16 (default: %(default)s)")
+    parser.add_argument("--shapes", default=",".join(ref.SHAPES), help=f"of {', '.join(ref.SHAPES)} (default: all)")
+    parser.add_argument("--tokens", default=",".join(map(str, buckets)), help="M buckets to tune (default: all)")
+    parser.add_argument("--group-size", type=int, default=128, help="weights' group size (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="a small sweep (fewer tiles, no phase 2)")
+    parser.add_argument("--budget-min", type=float, default=8.0, help="phase 2 runs at a point only while the "
+                        "projected total stays under this many minutes per dtype (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--margin", type=float, default=0.98, help="a tuned entry must take at most this fraction of "
+                        "the default's time (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--sms", type=int, default=None, help="SM count for --dry-run without a GPU (default: the GPU's, else 132)")
+    parser.add_argument("--no-write", action="store_true", help="measure and print, do not write _tuning.py")
+    parser.add_argument("--dry-run", action="store_true", help="print the sweep and its estimated time; measure "
+                        "nothing (no GPU needed)")  # fmt: skip
+    args = parser.parse_args(argv)
+    args.dtypes = args.dtypes.split(",")
+    args.shapes = args.shapes.split(",")
+    try:
+        args.tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--tokens: expected comma-separated integers, got {args.tokens!r}")
+    if bad := [d for d in args.dtypes if d not in ("bfloat16", "float16")]:
+        parser.error(f"--dtypes: expected bfloat16 and / or float16, got {bad}")
+    if bad := [s for s in args.shapes if s not in ref.SHAPES]:
+        parser.error(f"--shapes: expected names of {', '.join(ref.SHAPES)}, got {bad}")
+    if bad := [t for t in args.tokens if t not in buckets]:
+        parser.error(f"--tokens: expected buckets of {buckets}, got {bad}")
+    G = args.group_size
+    if G < 16 or G & (G - 1) or any(ref.SHAPES[s][1] % G for s in args.shapes):
+        parser.error(f"--group-size: expected a power of two >= 16 dividing every K, got {G}")
+    if not 0 < args.margin <= 1:
+        parser.error(f"--margin: expected a fraction in (0, 1], got {args.margin}")
+    args.tokens = sorted(set(args.tokens))
+    return args
+
+
+def dry_run(args, kern, sms: int, out=print) -> dict:
+    """Print every point's phase-1 candidates and the estimated time; return the counts."""
+    ref = _ref()
+    compiled: set = set()
+    timings = points = 0
+    for dtype in args.dtypes:
+        for shape in args.shapes:
+            N, K = ref.SHAPES[shape]
+            for M in args.tokens:
+                default, cands = phase1(kern, M, N, K, args.group_size, sms, args.quick)
+                points += 1
+                timings += 1 + len(cands)
+                compiled |= {(dtype, tuple(e), _spec(M)) for e in [default, *cands]}
+                out(f"{dtype} {shape} [N={N}, K={K}] M={M}: default {default}, {len(cands)} candidates: "
+                    + " ".join(f"{e[0]}{e[1:]}" for e in cands))  # fmt: skip
+    estimate = len(compiled) * COMPILE_S + timings * TIMING_S + points * 2 * PEER_S
+    counts = dict(points=points, phase1_timings=timings, phase1_compiles=len(compiled), estimate_s=round(estimate))
+    phase2 = "no phase 2 (--quick)" if args.quick else (
+        f"phase 2 (up to 5 timings per point) only while the projected total stays under {args.budget_min:g} min per dtype")
+    out(f"{points} points, {timings} phase-1 timings of {len(compiled)} distinct compiles: about "
+        f"{estimate / 60:.1f} min (assuming {COMPILE_S} s per compile, {TIMING_S} s per timing, {PEER_S} s per peer "
+        f"timing; not measured); {phase2}")  # fmt: skip
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring (GPU)
+# ---------------------------------------------------------------------------------------------
+
+
+class Point:
+    """One (dtype, shape, M): input sets built once and shared by every provider."""
+
+    def __init__(self, kernel, dtype, N: int, K: int, M: int, group: int):
+        self.kernel, self.dtype, self.N, self.K, self.M, self.G = kernel, dtype, N, K, M, group
+        self._sets: dict[int, tuple] = {}
+        self._dense: dict[int, object] = {}
+
+    def inputs(self, seed: int):
+        if seed not in self._sets:
+            ref = _ref()
+            qw = ref.make_weight(self.kernel, self.N, self.K, "cuda", seed, self.G, self.dtype)
+            self._sets[seed] = (ref.make_x(self.M, self.K, "cuda", seed, self.dtype), qw)
+        return self._sets[seed]
+
+    def dense(self, seed: int):
+        if seed not in self._dense:
+            self._dense[seed] = self.kernel.dequantize(self.inputs(seed)[1])
+        return self._dense[seed]
+
+    def int4_bytes(self) -> int:
+        groups = 1 if self.G == -1 else self.K // self.G
+        return self.N * self.K // 2 + 2 * self.N * groups + 2 * self.M * self.K + 2 * self.M * self.N
+
+    def bf16_bytes(self) -> int:
+        return 2 * self.N * self.K + 2 * self.M * self.K + 2 * self.M * self.N
+
+
+def _cublas(point: Point):
+    import torch.nn.functional as F
+
+    def make(seed):
+        x, w = point.inputs(seed)[0], point.dense(seed)
+        return lambda: F.linear(x, w)
+
+    return make
+
+
+def _tinygemm(point: Point):
+    """aten._weight_int4pack_mm on the same codes and scales (as suite.py's tinygemm peer)."""
+    import torch
+
+    def make(seed):
+        x, qw = point.inputs(seed)
+        q = point.kernel.unpack_int4(qw.qweight)
+        w = torch.ops.aten._convert_weight_to_int4pack(((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8), 8)
+        sz = torch.stack([qw.scales, torch.zeros_like(qw.scales)], dim=-1).contiguous()
+        return lambda: torch.ops.aten._weight_int4pack_mm(x, w, point.G, sz)
+
+    return make
+
+
+def _ours(point: Point, kern, cfg_mod, entry: list):
+    import torch
+
+    def make(seed):
+        x, qw = point.inputs(seed)
+        out = torch.empty(point.M, point.N, dtype=x.dtype, device="cuda")
+
+        def call():
+            kern.launch_w4a16(x, qw.qweight, qw.scales, None, None, None, out, point.G, cfg=cfg_mod.config_of(entry))
+            return out
+
+        return call
+
+    return make
+
+
+def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float, log, phase2=lambda: True) -> dict:
+    """Time the peers, the default and the sweep at one point (phase 2 unless ``quick`` or
+    ``phase2()`` says no: the time budget); the row of the results file."""
+    import torch
+
+    from fused_llm_dev.bench.settings import Method
+    from fused_llm_dev.bench.timing import release_memory, time_us
+
+    method = Method(replays=10, repeats=3, budget_s=0.2)
+    expected = _cublas(point)(0)().float()
+    scale = expected.abs().max().item()
+    row = dict(N=point.N, K=point.K, M=point.M, group=point.G)
+    row["cublas_us"] = time_us(_cublas(point), point.bf16_bytes(), method).median_us
+    point._dense.clear()  # the dense weights: 2 N K bytes per set, not needed any more
+    release_memory()
+    row["tinygemm_us"] = None
+    if point.dtype == torch.bfloat16 and point.G in (32, 64, 128, 256):
+        try:
+            got = _tinygemm(point)(0)().float()
+            if (got - expected).abs().max().item() <= 1e-2 * scale:
+                row["tinygemm_us"] = time_us(_tinygemm(point), point.int4_bytes(), method).median_us
+            else:
+                log("  tinygemm: wrong result, not timed")
+        except Exception as exc:  # noqa: BLE001 - a peer that refuses the shape is reported and skipped
+            log(f"  tinygemm: {type(exc).__name__}: {str(exc)[:120]}")
+    times: dict[tuple, float] = {}
+
+    def measure(entry: list) -> float:
+        key = tuple(entry)
+        if key not in times:
+            times[key] = float("inf")
+            try:
+                got = _ours(point, kern, cfg_mod, entry)(0)().float()
+                err = (got - expected).abs().max().item()
+                if not err <= 1e-2 * scale:
+                    log(f"  {entry}: wrong result (max |error| {err:.3g}), skipped")
+                else:
+                    times[key] = time_us(_ours(point, kern, cfg_mod, entry), point.int4_bytes(), method).median_us
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not launch (resources) is skipped
+                log(f"  {entry}: {type(exc).__name__}: {str(exc)[:120]}")
+        return times[key]
+
+    default, cands = phase1(kern, point.M, point.N, point.K, point.G, sms, quick)
+    t_default = measure(default)
+    for entry in cands:
+        measure(entry)
+    best = min(times, key=times.get)
+    row["phase2"] = not quick and phase2()
+    if row["phase2"]:
+        for entry in neighbours(list(best), point.G):
+            measure(entry)
+        best = min(times, key=times.get)
+    t_best = times[best]
+    chosen = list(best) if best != tuple(default) and t_best <= margin * t_default else None
+    release_memory()
+    row.update(default=default, default_us=t_default, best=list(best), best_us=t_best, chosen=chosen,
+               candidates=len(times), failed=sum(t == float("inf") for t in times.values()))  # fmt: skip
+    return row
+
+
+def write_table(table: dict, made_by: str) -> None:
+    text = TABLE_PATH.read_text()
+    head = text[: text.index("MADE_BY = ")]
+    body = (f"MADE_BY = {made_by!r}\n\n"
+            "TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = "
+            + pprint.pformat(table, width=110, sort_dicts=True) + "\n")  # fmt: skip
+    TABLE_PATH.write_text(head + body)
+
+
+def write_results(rows: list[dict], gpu: str, dtype: str, argv: list[str]) -> Path:
+    import torch
+    import triton
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"tune_{gpu.replace(' ', '-')}_{dtype}"
+    meta = dict(gpu=gpu, dtype=dtype, date=datetime.date.today().isoformat(), command=shlex.join(argv),
+                versions=dict(torch=torch.__version__, triton=triton.__version__))  # fmt: skip
+    stem.with_suffix(".json").write_text(json.dumps(dict(**meta, rows=rows), indent=1))
+    with stem.with_suffix(".csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return stem
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    import torch
+
+    from fused_llm.packages import get_kernel
+
+    kernel = get_kernel("machete-w4a16")
+    kern = kernel._triton_kernels()
+    cfg_mod = import_module(kernel.__name__ + "._config")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    sms = args.sms or (torch.cuda.get_device_properties(0).multi_processor_count if gpu else 132)
+    if args.dry_run:
+        dry_run(args, kern, sms)
+        return 0
+    if gpu is None:
+        raise SystemExit("tune.py measures on a GPU; none is visible (--dry-run prints the sweep without one)")
+    ref = _ref()
+    table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
+    t0 = time.time()
+    points = len(args.shapes) * len(args.tokens)
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        rows = []
+        t_dtype, phase1_s = time.time(), []
+
+        def within_budget() -> bool:
+            """Phase 2 here (about as long again as phase 1 took) still leaves the remaining points'
+            phase 1 (at the mean so far) inside --budget-min."""
+            mean = sum(phase1_s) / len(phase1_s)
+            left = points - len(phase1_s)
+            return time.time() - t_dtype + phase1_s[-1] + left * mean <= 60 * args.budget_min
+
+        for shape in args.shapes:
+            N, K = ref.SHAPES[shape]
+            key = cfg_mod.table_key(gpu, dtype_name, N, K, args.group_size)
+            buckets = dict(table.get(key, []))
+            for M in args.tokens:
+                t_point = time.time()
+
+                def phase2(t_point=t_point) -> bool:
+                    phase1_s.append(time.time() - t_point)
+                    return within_budget()
+
+                row = tune_point(Point(kernel, dtype, N, K, M, args.group_size), kern, cfg_mod, sms, args.quick,
+                                 args.margin, print, phase2)  # fmt: skip
+                rows.append(dict(shape=shape, dtype=dtype_name, **row))
+                buckets[M] = row["chosen"]
+                tg = f", tinygemm {row['tinygemm_us']:.1f} us" if row["tinygemm_us"] else ""
+                print(f"{gpu} {dtype_name} {shape} M={M}: cuBLAS {row['cublas_us']:.1f} us{tg}, default "
+                      f"{row['default_us']:.1f} us, best {row['best_us']:.1f} us {row['best']} "
+                      f"({row['cublas_us'] / row['best_us']:.2f}x cuBLAS{'' if row['phase2'] else ', phase 1 only'}) -> "
+                      f"{'tuned' if row['chosen'] else 'default'} "
+                      f"[{time.time() - t0:.0f} s]", flush=True)  # fmt: skip
+            table[key] = sorted(buckets.items())
+        print(f"wrote {write_results(rows, gpu, dtype_name, ['machete-w4a16/benchmarks/tune.py', *argv])}.json / .csv")
+    print(f"tuned in {time.time() - t0:.0f} s")
+    cfg_mod.check_table(table)
+    if args.no_write:
+        pprint.pprint(table, width=110)
+        return 0
+    write_table(table, "python machete-w4a16/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}")
+    print(f"wrote {TABLE_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

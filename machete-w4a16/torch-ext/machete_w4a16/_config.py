@@ -1,0 +1,100 @@
+"""The tuning table's entries and their lookup (plain Python: no Triton needed, so the table can
+be checked and looked up on any variant).
+
+A table entry names one launch of one of the two kernels, as a list (the form ``_tuning.py``
+stores, written by ``benchmarks/tune.py``):
+
+* ``["splitk", BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages]``: the split-K
+  kernel; BLOCK_M 1 is the FMA GEMV (``USE_DOT=False``), else a power of two >= 16 (tl.dot);
+  SPLIT_K an upper bound (the launcher rounds the slice to whole K steps, no empty slices);
+* ``["tiled", BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages]``: the tiled kernel.
+
+:func:`config_of` turns an entry into the dict ``_kernels.launch_w4a16`` takes (``cfg``), and
+:func:`entry_of` back; :func:`tuned_config` looks an M up in the table.
+"""
+
+from __future__ import annotations
+
+# M buckets the table is tuned for: a call with M rows takes the first bucket with M <= m_max;
+# M beyond the last bucket (and any key the table lacks) takes the structural default.
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+DTYPES = ("bfloat16", "float16")
+_FIELDS = {
+    "splitk": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"),
+    "tiled": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
+}
+
+
+def _pow2(v) -> bool:
+    return type(v) is int and v >= 1 and not v & (v - 1)
+
+
+def check_entry(entry) -> None:
+    """Raises ValueError / TypeError naming what is wrong with a table entry (module docstring)."""
+    if not isinstance(entry, (list, tuple)) or not entry or entry[0] not in _FIELDS:
+        raise ValueError(f"tuning entry: expected ['splitk' | 'tiled', 6 ints], got {entry!r}")
+    kernel, values = entry[0], list(entry[1:])
+    fields = _FIELDS[kernel]
+    if len(values) != len(fields):
+        raise ValueError(f"tuning entry {entry!r}: expected {len(fields)} values {fields}")
+    cfg = dict(zip(fields, values))
+    for name, v in cfg.items():
+        if type(v) is not int or v < 1:
+            raise TypeError(f"tuning entry {entry!r}: {name} must be an int >= 1, got {v!r}")
+    for name in ("BLOCK_N", "BLOCK_K", "num_warps"):
+        if not _pow2(cfg[name]) or cfg[name] < {"BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 1}[name]:
+            raise ValueError(f"tuning entry {entry!r}: {name} must be a power of two >= 16 (warps >= 1), got {cfg[name]}")
+    bm = cfg["BLOCK_M"]
+    if not _pow2(bm) or (bm != 1 and bm < 16) or (kernel == "tiled" and bm < 16):
+        raise ValueError(f"tuning entry {entry!r}: BLOCK_M must be a power of two >= 16 (or 1: the split-K GEMV), got {bm}")
+
+
+def config_of(entry) -> dict:
+    """The ``cfg`` dict of ``_kernels.launch_w4a16`` for a (checked) table entry."""
+    check_entry(entry)
+    kernel = entry[0]
+    cfg = {"kernel": kernel, **dict(zip(_FIELDS[kernel], entry[1:]))}
+    if kernel == "splitk":
+        cfg["USE_DOT"] = cfg["BLOCK_M"] > 1
+    return cfg
+
+
+def entry_of(cfg: dict) -> list:
+    """The table entry of a ``cfg`` dict (``w4a16_config``'s form); the inverse of :func:`config_of`."""
+    kernel = cfg["kernel"]
+    if kernel not in _FIELDS:
+        raise ValueError(f"cfg: kernel must be 'splitk' or 'tiled', got {kernel!r}")
+    return [kernel, *(int(cfg[f]) for f in _FIELDS[kernel])]
+
+
+def table_key(gpu: str, dtype: str, N: int, K: int, group_size: int) -> tuple[str, str, int, int, int]:
+    """``(gpu_name, dtype, N, K, group_size)``: what the table is keyed by. gpu_name is
+    ``torch.cuda.get_device_name()`` (``"cpu"`` for CPU tensors, which only tests use)."""
+    return (gpu, dtype, int(N), int(K), int(group_size))
+
+
+def tuned_config(table: dict, gpu: str, dtype: str, N: int, K: int, group_size: int, M: int) -> dict | None:
+    """The table's launch for M rows of this key (the first bucket with M <= m_max), as a ``cfg``
+    dict; None where the table has no key, M lies past the last bucket, or the bucket holds None
+    (the structural default measured as fast as any candidate)."""
+    rows = table.get(table_key(gpu, dtype, N, K, group_size)) if table else None
+    if not rows:
+        return None
+    for m_max, entry in rows:
+        if M <= m_max:
+            return None if entry is None else config_of(entry)
+    return None
+
+
+def check_table(table: dict) -> None:
+    """Every key and bucket row well formed (what tests/test_w4a16.py asserts of _tuning.TABLE)."""
+    for key, rows in table.items():
+        if not (isinstance(key, tuple) and len(key) == 5 and isinstance(key[0], str) and key[1] in DTYPES
+                and all(type(v) is int for v in key[2:]) and key[2] > 0 and key[3] > 0):  # fmt: skip
+            raise ValueError(f"tuning key: expected (gpu, dtype of {DTYPES}, N, K, group_size), got {key!r}")
+        buckets = [m for m, _ in rows]
+        if buckets != sorted(set(buckets)) or not set(buckets) <= set(BUCKETS):
+            raise ValueError(f"tuning rows of {key!r}: buckets must be increasing, of {BUCKETS}, got {buckets}")
+        for _, entry in rows:
+            if entry is not None:
+                check_entry(entry)

@@ -1,0 +1,458 @@
+"""fused-llm bench e2e --w4a16: a 4-bit model next to the bf16 model it was quantized from.
+
+One run, one process, the methods of ``bench.e2e``: a model with random weights built in code
+(the Llama-3-8B-shaped preset, fewer layers), copied four ways:
+
+* ``bf16 eager``: not kernelized; ``bf16 kernelized``: ``fused_llm.kernelize``;
+* ``w4 eager``: ``fused_llm.quantize_w4a16(group_size=128, zero_point=False)`` (machete-w4a16's
+  ``W4A16Linear`` in place of q/k/v/o/gate/up/down; embeddings, norms and lm_head stay 16-bit,
+  unless ``--lm-head`` quantizes lm_head too);
+* ``w4 kernelized``: the same, then ``fused_llm.kernelize`` (its decoder layers keep
+  transformers' forward with the module-level swaps: ``fused_llm.w4a16``'s docstring).
+
+Measured, the models taking turns round after round in alternating order, each figure the
+median over rounds (as ``bench.e2e``):
+
+* prefill ms at (1, 512) and (4, 2048): ``model(ids, use_cache=False, logits_to_keep=1)``, eager;
+* decode ms/step at batch 1 and 8 after a 512-token prompt, ``generate`` with the dynamic cache
+  and with a static cache (transformers compiles the forward on a GPU, CUDA graphs included);
+  a step = (time of N2 new tokens - time of N1) / (N2 - N1);
+* speed ratios 4-bit vs bf16 (> 1: the 4-bit model is faster), eager and kernelized;
+* weight bytes: every Linear weight of the bf16 model against the 4-bit model's (the packed
+  codes, scales and zeros of the quantized ones plus the Linear weights left 16-bit), the
+  quantized projections alone (the issue's target: <= 0.27x), what is and is not quantized;
+* top-1 agreement of each model's logits with the bf16 eager model on random tokens, with the
+  binomial standard error (bf16 kernelized: the noise floor of kernel rounding).
+
+``--tiny`` takes a 2-layer hidden-256 model and short sequences and may run on the CPU (the
+4-bit layers then run machete-w4a16's plain-torch path): a smoke test of the whole command, not
+a measurement. Writes JSON, CSV and a PNG with the device, date and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import datetime
+import gc
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fused_llm import integration, packages
+from fused_llm import w4a16 as fw
+
+from ..models import MODEL_PRESETS, build_model
+from . import e2e
+
+MODELS = ("bf16 eager", "bf16 kernelized", "w4 eager", "w4 kernelized")
+# The issue's shapes (a subset of bench.e2e's), and bench.e2e's prompt and agreement batch.
+PREFILL = [(1, 512), (4, 2048)]
+DECODE_BATCHES = [1, 8]
+TARGET_BYTES_RATIO = 0.27
+# --tiny: sizes that run in seconds on a CPU; every K a multiple of the group size (128).
+TINY_SIZES = dict(hidden_size=256, intermediate_size=768, num_attention_heads=8, num_key_value_heads=4,
+                  vocab_size=512, max_position_embeddings=512, head_dim=32, rms_norm_eps=1e-5)  # fmt: skip
+TINY = dict(prefill=[(1, 32), (4, 64)], prompt=16, steps=(1, 3), agreement=(2, 64), reps=2, rounds=2)
+# Decoder layers of the real models the presets are shaped like (Llama 3 8B, Mistral 7B, Qwen2
+# 7B, Qwen3 8B): the weight-bytes ratio extrapolated to the full depth (the lm_head's share
+# shrinks with depth).
+FULL_DEPTH = {"llama": 32, "mistral": 32, "qwen2": 28, "qwen3": 36}
+
+
+class Clock:
+    """CUDA-event timing on a GPU (as bench.e2e), the host clock on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def median_ms(self, fn, warmup: int, reps: int) -> float:
+        if self.cuda:
+            return e2e._median_ms(fn, warmup, reps)
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def _generate_ms(clock: Clock, model, prompt, new_tokens: int, cache=None) -> float:
+    """Wall time of one ``generate`` (bench.e2e's, on either device)."""
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    if cache is not None:
+        kwargs["past_key_values"] = cache
+    with torch.inference_mode():
+        if cache is not None:
+            cache.reset()
+        clock.sync()
+        t0 = time.perf_counter()
+        model.generate(prompt, **kwargs)
+        clock.sync()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _step_ms(clock: Clock, model, prompt, n1: int, n2: int, cache=None) -> float:
+    return (_generate_ms(clock, model, prompt, n2, cache) - _generate_ms(clock, model, prompt, n1, cache)) / (n2 - n1)
+
+
+def _rounds(models: dict, rounds: int, measure) -> dict[str, list[float]]:
+    """``measure(name, model)`` for every model, round after round, in alternating order, each
+    under its module globals (bench.e2e's _running)."""
+    out: dict[str, list[float]] = {name: [] for name in models}
+    for i in range(rounds):
+        for name in list(models)[:: 1 if i % 2 == 0 else -1]:
+            with e2e._running(name):
+                out[name].append(measure(name, models[name]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The four models
+# ---------------------------------------------------------------------------------------------
+
+
+def _hub_functions(model: nn.Module) -> list[nn.Module]:
+    """The process-wide hub function modules (e.g. apply_rotary_pos_emb) the model's modules use."""
+    found: dict[int, nn.Module] = {}
+    for module in model.modules():
+        for fn in getattr(module, "_kernel_funcs", {}).values():
+            if isinstance(fn, nn.Module):
+                found[id(fn)] = fn
+    return list(found.values())
+
+
+def _kernelize_alone(name: str, model: nn.Module):
+    """``integration.kernelize(model)``, with the hub functions whose forward it swaps in place
+    (the rotary function, for layers the fused decoder declines: the 4-bit ones) given back and
+    set for this model only while it runs (bench.e2e's _GLOBALS). The swap is process-wide for
+    every model sharing the function object; the deep copies made here hold their own copy,
+    and this keeps it so whatever order the models are built in."""
+    fns = _hub_functions(model)
+    before = {fn: fn.__dict__.get("forward") for fn in fns}
+    report = integration.kernelize(model)
+    swapped = {}
+    for fn, old in before.items():
+        new = fn.__dict__.get("forward")
+        if new is not old:
+            swapped[fn] = {"forward": new}
+            if old is None:
+                del fn.__dict__["forward"]
+            else:
+                fn.__dict__["forward"] = old
+    if swapped:
+        e2e._GLOBALS[name] = swapped
+    return report
+
+
+def build_models(args, device: torch.device, dtype: torch.dtype) -> tuple[dict, dict]:
+    """The four models (MODELS) and the reports of kernelize / quantize_w4a16."""
+    if args.tiny:
+        extra = {"sliding_window": 16} if args.model == "mistral" else {}
+        eager = build_model(args.model, 2, device, dtype, 0, **TINY_SIZES, **extra)
+    else:
+        eager = build_model(args.model, args.layers, device, dtype)
+    models = {"bf16 eager": eager}
+    reports = {}
+    models["bf16 kernelized"] = copy.deepcopy(eager)
+    reports["bf16 kernelize"] = str(_kernelize_alone("bf16 kernelized", models["bf16 kernelized"]))
+    w4 = copy.deepcopy(eager)
+    reports["quantize_w4a16"] = str(fw.quantize_w4a16(w4, group_size=args.group_size, zero_point=args.zero_point))
+    head = w4.get_output_embeddings()
+    if args.lm_head and isinstance(head, nn.Linear) and head.weight is not w4.get_input_embeddings().weight:
+        layer = packages.get_kernel("machete-w4a16").layers.W4A16Linear
+        w4.lm_head = layer.from_linear(head, group_size=args.group_size, zero_point=args.zero_point)
+        reports["quantize_w4a16"] += "; lm_head -> W4A16Linear (--lm-head)"
+    models["w4 eager"] = w4
+    models["w4 kernelized"] = copy.deepcopy(w4)
+    reports["w4 kernelize"] = str(_kernelize_alone("w4 kernelized", models["w4 kernelized"]))
+    return models, reports
+
+
+def weight_bytes(dense: nn.Module, quantized: nn.Module, full_depth: int | None = None) -> dict:
+    """Weight bytes of the bf16 model and of its 4-bit copy: every Linear weight (a quantized
+    one counts its packed codes, scales, zeros and permutation), the quantized projections
+    alone, and the rest (embeddings: the same in both); what was and was not quantized.
+    ``full_depth``: the Linear ratio extrapolated to that many decoder layers (the quantized
+    projections scaled by full_depth / the model's layers, the rest as is)."""
+    W4A16Linear = packages.get_kernel("machete-w4a16").layers.W4A16Linear
+
+    def size(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
+
+    dense_linear = {n: size(m.weight) for n, m in dense.named_modules() if isinstance(m, nn.Linear)}
+    q_packed, q_dense, kept = {}, 0, {}
+    for name, m in quantized.named_modules():
+        if isinstance(m, W4A16Linear):
+            q_packed[name] = m.quantized_weight().nbytes()
+            q_dense += dense_linear[name]
+        elif isinstance(m, nn.Linear):
+            kept[name] = size(m.weight)
+    embeddings = {n: size(m.weight) for n, m in dense.named_modules() if isinstance(m, nn.Embedding)}
+    tied = any(m.weight is e.weight for m in dense.modules() if isinstance(m, nn.Linear)
+               for e in dense.modules() if isinstance(e, nn.Embedding))  # fmt: skip
+    bf16_linear = sum(dense_linear.values())
+    w4_linear = sum(q_packed.values()) + sum(kept.values())
+    kinds: dict[str, int] = {}
+    for name in q_packed:
+        kinds[name.rsplit(".", 1)[-1]] = kinds.get(name.rsplit(".", 1)[-1], 0) + 1
+    emb = sum(embeddings.values()) if not tied else 0  # a tied lm_head is counted once, as a Linear
+    out = dict(
+        bf16_linear_bytes=bf16_linear, w4_linear_bytes=w4_linear, linear_ratio=round(w4_linear / bf16_linear, 4),
+        quantized_bf16_bytes=q_dense, quantized_w4_bytes=sum(q_packed.values()),
+        quantized_ratio=round(sum(q_packed.values()) / q_dense, 4),
+        embedding_bytes=emb, total_ratio=round((w4_linear + emb) / (bf16_linear + emb), 4),
+        target=TARGET_BYTES_RATIO, quantized=kinds,
+        not_quantized={**{n: f"nn.Linear, {b / 2**20:.1f} MiB, 16-bit" for n, b in kept.items()},
+                       **{n: f"nn.Embedding, {b / 2**20:.1f} MiB, 16-bit" + (" (tied to lm_head)" if tied else "")
+                          for n, b in embeddings.items()},
+                       "norms": "16-bit"},
+    )  # fmt: skip
+    layers = getattr(dense.config, "num_hidden_layers", None)
+    if full_depth and layers:
+        f = full_depth / layers
+        kept_b = sum(kept.values())
+        out["full_depth_layers"] = full_depth
+        out["linear_ratio_full_depth"] = round((f * out["quantized_w4_bytes"] + kept_b) / (f * q_dense + kept_b), 4)
+    out["meets_target_quantized"] = out["quantized_ratio"] <= TARGET_BYTES_RATIO
+    out["meets_target_all_linear"] = out["linear_ratio"] <= TARGET_BYTES_RATIO
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+def run(args) -> dict:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    clock = Clock(device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    for name in packages.kernel_packages():
+        packages.use_local_build(name)
+    models, reports = build_models(args, device, dtype)
+    cfg = models["bf16 eager"].config
+    if args.tiny:
+        prefill, prompt_len, (n1, n2), (agree_b, agree_t) = TINY["prefill"], TINY["prompt"], TINY["steps"], TINY["agreement"]
+    else:
+        prefill, prompt_len, (n1, n2) = PREFILL, e2e.PROMPT, ((8, 24) if args.quick else (16, 64))
+        agree_b, agree_t = e2e.AGREEMENT_BATCH, 512
+    reps = TINY["reps"] if args.tiny else 5 if args.quick else 10
+    rounds = TINY["rounds"] if args.tiny else 3 if args.quick else 5
+    stages = {"prefill": ["prefill"], "decode": ["decode-dynamic", "decode-static"]}.get(args.only, [args.only]) if args.only \
+        else ["prefill", "decode-dynamic", "decode-static"]  # fmt: skip
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rows: list[dict] = []
+
+    def add(stage, setting, batch, tokens, times):
+        for name, v in times.items():
+            ms = statistics.median(v)
+            rows.append(dict(stage=stage, setting=setting, model=name, batch=batch, tokens=tokens, ms=ms, ms_min=min(v),
+                             ms_max=max(v), tokens_per_s=batch * (tokens if stage == "prefill" else 1) / ms * 1e3))  # fmt: skip
+
+    if "prefill" in stages:
+        for batch, seq in prefill:
+            console.print(f"prefill {batch} x {seq}")
+            ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+            for name, m in models.items():  # warm-up
+                with e2e._running(name):
+                    clock.median_ms(lambda m=m: e2e._prefill(m, ids), 2, 1)
+            add("prefill", "eager", batch, seq,
+                _rounds(models, rounds, lambda name, m: clock.median_ms(lambda: e2e._prefill(m, ids), 1, reps)))
+    for stage in ("decode-dynamic", "decode-static"):
+        if stage not in stages:
+            continue
+        for batch in args.batches:
+            console.print(f"{stage} batch {batch}")
+            prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(device)
+            caches = {name: None for name in models}
+            if stage == "decode-static":
+                from transformers import StaticCache
+
+                caches = {name: StaticCache(config=m.config, max_cache_len=prompt_len + n2 + 1) for name, m in models.items()}
+            for name, m in models.items():  # warm-ups (static: the first compiles on a GPU)
+                with e2e._running(name):
+                    for _ in range(2 if stage == "decode-static" else 1):
+                        _step_ms(clock, m, prompt, n1, n2, caches[name])
+            times = _rounds(models, rounds, lambda name, m: _step_ms(clock, m, prompt, n1, n2, caches[name]))
+            add("decode", "static-cache generate" if stage == "decode-static" else "dynamic-cache generate", batch, 1, times)
+        if stage == "decode-static":
+            for m in models.values():
+                if hasattr(m, "_compiled_call"):
+                    del m._compiled_call
+            torch._dynamo.reset()
+            gc.collect()
+    ids = torch.randint(0, cfg.vocab_size, (agree_b, agree_t), generator=gen).to(device)
+    tops = {}
+    for name, m in models.items():
+        with e2e._running(name):
+            tops[name] = e2e.top1(m, ids)
+    agree = {name: e2e.agreement(t, tops["bf16 eager"]) for name, t in tops.items() if name != "bf16 eager"}
+    agree["w4 kernelized vs w4 eager"] = e2e.agreement(tops["w4 kernelized"], tops["w4 eager"])
+    weights = weight_bytes(models["bf16 eager"], models["w4 eager"], None if args.tiny else FULL_DEPTH.get(args.model))
+    import kernels
+    import transformers
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return dict(
+        gpu=torch.cuda.get_device_name() if clock.cuda else "CPU", date=datetime.date.today().isoformat(),
+        versions=dict(torch=torch.__version__, triton=triton_version, transformers=transformers.__version__,
+                      kernels=kernels.__version__, python=platform.python_version()),
+        model=args.model, layers=2 if args.tiny else args.layers, tiny=args.tiny, dtype=args.dtype, quick=args.quick,
+        only=args.only, group_size=args.group_size, zero_point=args.zero_point, lm_head_quantized=args.lm_head,
+        prompt=prompt_len, steps=[n1, n2],
+        reports=reports, rows=rows, weights=weights, top1_agreement_with_bf16_eager=agree,
+    )  # fmt: skip
+
+
+def ratios(result: dict) -> list[dict]:
+    """Per (stage, setting, batch, tokens): each model's ms and the speed ratios of the 4-bit
+    models against the bf16 ones (> 1: 4-bit faster), eager against eager and kernelized
+    against kernelized, and the 4-bit kernelized model against the bf16 kernelized one."""
+    by: dict[tuple, dict] = {}
+    for r in result["rows"]:
+        by.setdefault((r["stage"], r["setting"], r["batch"], r["tokens"]), {})[r["model"]] = r["ms"]
+    out = []
+    for (stage, setting, batch, tokens), ms in by.items():
+        row = dict(stage=stage, setting=setting, batch=batch, tokens=tokens)
+        row.update({f"{name} ms": round(v, 3) for name, v in ms.items()})
+        for label, bf16, w4 in (("w4/bf16 eager", "bf16 eager", "w4 eager"),
+                                ("w4/bf16 kernelized", "bf16 kernelized", "w4 kernelized")):  # fmt: skip
+            if bf16 in ms and w4 in ms:
+                row[label] = round(ms[bf16] / ms[w4], 3)
+        out.append(row)
+    return out
+
+
+def write(result: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = result["gpu"].replace(" ", "-")
+    part = f"_{result['only']}" if result.get("only") else ""
+    size = "tiny" if result["tiny"] else f"{result['layers']}L"
+    quant = f"g{result['group_size']}{'z' if result['zero_point'] else ''}{'-head' if result['lm_head_quantized'] else ''}"
+    stem = out_dir / f"e2e_w4a16_{result['model']}{size}_{result['dtype']}_{quant}{'_quick' if result['quick'] else ''}{part}_{gpu}"
+    result["ratios"] = ratios(result)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    with stem.with_suffix(".csv").open("w", newline="") as f:
+        keys = sorted({k for r in result["rows"] for k in r})
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(result["rows"])
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rats = result["ratios"]
+        labels = [f"{r['stage']} {r['setting']}\nB={r['batch']} T={r['tokens']}" for r in rats]
+        fig, ax = plt.subplots(figsize=(max(8, len(rats) * 0.8), 5))
+        xs = range(len(rats))
+        ax.bar([x - 0.2 for x in xs], [r.get("w4/bf16 eager", 0) for r in rats], 0.4, label="4-bit vs bf16, eager")
+        ax.bar([x + 0.2 for x in xs], [r.get("w4/bf16 kernelized", 0) for r in rats], 0.4, label="4-bit vs bf16, kernelized")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(list(xs), labels, rotation=70, fontsize=7)
+        ax.set_ylabel("speed ratio (> 1: 4-bit faster)")
+        wt = result["weights"]
+        ax.set_title(f"{result['model']} {size} {result['dtype']} {quant}, {result['gpu']}, {result['date']}; weight bytes "
+                     f"{wt['linear_ratio']:.3f}x (Linear), {wt['quantized_ratio']:.3f}x (quantized)", fontsize=9)  # fmt: skip
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(stem.with_suffix(".png"), dpi=110)
+        plt.close(fig)
+    except ImportError:
+        pass
+    return stem
+
+
+def print_summary(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for name, report in result["reports"].items():
+        console.print(f"{name}: {report}" if "\n" not in report else f"{name}:\n{report}")
+    table = Table(title=f"e2e --w4a16 {result['model']} {'tiny' if result['tiny'] else str(result['layers']) + 'L'} "
+                        f"{result['dtype']} g{result['group_size']} on {result['gpu']}")  # fmt: skip
+    cols = (*(f"{m} ms" for m in MODELS), "w4/bf16 eager", "w4/bf16 kernelized")
+    heads = ("stage", "cache", "B", "T", "bf16 ms", "bf16 kern. ms", "w4 ms", "w4 kern. ms", "w4/bf16", "w4/bf16 kern.")
+    for col in heads:
+        table.add_column(col)
+    for r in ratios(result):
+        setting = r["setting"].split("-")[0] if r["stage"] == "decode" else r["setting"]
+        table.add_row(r["stage"], setting, str(r["batch"]), str(r["tokens"]), *(f"{r.get(c, float('nan')):.3f}" for c in cols))
+    console.print("w4/bf16: speed ratio, bf16 ms / 4-bit ms (> 1: the 4-bit model is faster)")
+    console.print(table)
+    w = result["weights"]
+    console.print(f"weight bytes: all Linear weights {w['bf16_linear_bytes'] / 2**20:.1f} -> {w['w4_linear_bytes'] / 2**20:.1f} "
+                  f"MiB ({w['linear_ratio']:.3f}x; target <= {w['target']}x: {'met' if w['meets_target_all_linear'] else 'not met'}), "
+                  f"the quantized projections {w['quantized_ratio']:.3f}x ({'met' if w['meets_target_quantized'] else 'not met'}); "
+                  f"with embeddings {w['total_ratio']:.3f}x")  # fmt: skip
+    if "linear_ratio_full_depth" in w:
+        console.print(f"all Linear weights at the full depth ({w['full_depth_layers']} layers): {w['linear_ratio_full_depth']:.3f}x")
+    console.print("quantized:", w["quantized"], "not quantized:", w["not_quantized"])
+    console.print("top-1 agreement with bf16 eager:", result["top1_agreement_with_bf16_eager"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fused-llm bench e2e --w4a16", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--w4a16", action="store_true", help="this comparison (how bench e2e routes here)")
+    parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128, -1], help="default: %(default)s")
+    parser.add_argument("--zero-point", action="store_true", help="asymmetric 4-bit (default: symmetric, uint4b8)")
+    parser.add_argument("--lm-head", action="store_true", help="quantize lm_head too (quantize_w4a16 leaves it 16-bit; "
+                        "the weight-bytes target counts it)")  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="fewer decode steps, repetitions and rounds")
+    parser.add_argument("--only", choices=["prefill", "decode", "decode-dynamic", "decode-static"],
+                        help="one stage (split a full run over several 10-minute GPU calls)")
+    parser.add_argument("--batches", default=",".join(map(str, DECODE_BATCHES)),
+                        help="decode batch sizes (default: %(default)s; static-cache decode compiles per model and batch)")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer hidden-256 model and short sequences; runs on a "
+                        "CPU too (a smoke test of the command, not a measurement)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
+    if not torch.cuda.is_available() and not args.tiny:
+        print("fused-llm bench e2e --w4a16 times models on a CUDA GPU; none is visible to torch here "
+              "(--tiny runs a small model on the CPU).")  # fmt: skip
+        return 2
+    try:
+        result = run(args)
+    finally:
+        for name in MODELS:  # the swapped hub functions of this run's models
+            e2e._GLOBALS.pop(name, None)
+    stem = write(result, args.out or packages.repo_root() / "benchmarks" / "results")
+    print_summary(result)
+    print(f"wrote {stem}.json / .csv / .png")
+    return 0
