@@ -240,7 +240,7 @@ def test_default_config():
     """GEMV at M = 1, the smallest dot tile holding M (64 at most), the K split within the K
     steps; gfx942's smaller K steps and 2 stages."""
     c = sg.skinny_config(1, 2304, 16384, 2)
-    assert (c.BLOCK_M, c.BLOCK_K) == (1, 128) and 1 < c.SPLIT_K <= 16384 // 128
+    assert (c.BLOCK_M, c.BLOCK_K) == (16, 128) and 1 < c.SPLIT_K <= 16384 // 128
     assert sg.skinny_config(5, 2304, 16384, 2).BLOCK_M == 16
     assert sg.skinny_config(33, 2304, 16384, 2).BLOCK_M == 64
     assert sg.skinny_config(500, 2304, 16384, 2).BLOCK_M == 64

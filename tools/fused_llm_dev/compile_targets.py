@@ -471,8 +471,8 @@ def _machete_w4a16_scenarios(module, dev: Device) -> list[Scenario]:
 def _skinny_gemm_scenarios(module, dev: Device) -> list[Scenario]:
     """skinny-gemm: ``gemm`` / ``gemm_fp8`` through ``launch_skinny`` with ``skinny_config``'s
     choice for the target's SM count (and gfx942's K steps): the issue's Llama-405B TP8 QKV
-    (2304 x 16384) at 1 token (FMA GEMV), 8 (atomic reduction) and 16 (dot tile, ordered
-    reduction), Llama-3-8B QKV with a bias at 4, 8B down in fp16 at 64, 70B gate/up at 64 (no
+    (2304 x 16384) at 1 token (dot tile, and the FMA GEMV), 8 (atomic reduction) and 16 (dot
+    tile, ordered reduction), Llama-3-8B QKV with a bias at 4, 8B down in fp16 at 64, 70B gate/up at 64 (no
     split: one slice) and at 128 (two M tiles); FP8 (the target's format) per token / per
     channel at 1 token, per tensor with an fp32 bias at 16, atomic with fp16 out at 64. No FP8
     on sm80: Triton has no e4m3 below sm89 and the package refuses FP8 there up front."""
@@ -480,7 +480,7 @@ def _skinny_gemm_scenarios(module, dev: Device) -> list[Scenario]:
     out: list[Scenario] = []
     hip = dev.backend == "hip"
 
-    def case(label, M, N, K, dtype="bfloat16", deterministic=True, bias=False, scales=None, out_dtype=None):
+    def case(label, M, N, K, dtype="bfloat16", deterministic=True, bias=False, scales=None, out_dtype=None, gemv=False):
         def launch():
             x, w = _empty((M, K), dtype), _empty((N, K), dtype)
             y = _empty((M, N), out_dtype or dtype)
@@ -490,6 +490,8 @@ def _skinny_gemm_scenarios(module, dev: Device) -> list[Scenario]:
                 ws = _empty((N if scales == "token" else 1,), "float32")
             b = _empty((N,), "float32" if scales is not None else dtype) if bias else None
             cfg = m.skinny_config(M, N, K, x.element_size(), dev.sms, hip=hip)
+            if gemv:  # the FMA GEMV: a config option (the tuning table's), not skinny_config's choice
+                cfg = m.SkinnyConfig(1, cfg.BLOCK_N, cfg.BLOCK_K, cfg.SPLIT_K, cfg.num_warps, cfg.num_stages)
             m.launch_skinny(x, w, b, y, xs, ws, deterministic, cfg)
 
         out.append(Scenario(label, launch))
@@ -497,6 +499,7 @@ def _skinny_gemm_scenarios(module, dev: Device) -> list[Scenario]:
     for M, det in ((1, True), (8, False), (16, True)):
         case(f"Llama-405B TP8 QKV, bfloat16, {'ordered' if det else 'atomic'} split K, {_tokens(M)}", M, 2304, 16384,
              deterministic=det)  # fmt: skip
+    case("Llama-405B TP8 QKV, bfloat16, FMA GEMV, 1 token", 1, 2304, 16384, gemv=True)
     case("Llama-3 8B QKV, bfloat16, bias, 4 tokens", 4, 6144, _HIDDEN, bias=True)
     case("Llama-3 8B down, float16, 64 tokens", 64, _HIDDEN, _MLP, "float16")
     case("Llama-3 70B gate/up, bfloat16, 64 tokens (one K slice)", 64, 2 * _MLP_70B, _HIDDEN_70B)

@@ -48,23 +48,25 @@ class SkinnyConfig:
 def skinny_config(M: int, N: int, K: int, elem_bytes: int, sms: int = 132, hip: bool = False) -> SkinnyConfig:
     """The default configuration (no autotuning: deterministic, and cheap in the interpreter).
 
-    Not measured on a GPU yet: structural defaults, to be replaced per shape by the tuning
-    table (``benchmarks/tune.py``), each derived as follows.
+    Defaults for shapes the tuning table (``benchmarks/tune.py``) does not list, from the H100
+    sweeps at 2304 x 16384 (2026-11-24), each derived as follows.
 
-    * BLOCK_M: 1 at M = 1 (FMA GEMV, no padded MMA), else the smallest tl.dot tile (16, 32, 64)
-      holding M; above 64 tokens, 64-row tiles (the kernel is not meant for prefill, but any M
-      works).
+    * BLOCK_M: the smallest tl.dot tile (16, 32, 64) holding M, also at M = 1: the dot tile's
+      pipelined loads beat the FMA GEMV (BLOCK_M = 1, a config option) there, bf16 30.9 vs
+      32.8 us, FP8 18.9 vs 21.6; above 64 tokens, 64-row tiles (the kernel is not meant for
+      prefill, but any M works).
     * BLOCK_N = 64 weight rows: wgmma's M; with 16 tokens the fp32 accumulator is 8 registers
       per thread at 4 warps.
     * BLOCK_K: 256 bytes of each weight row per step (128 16-bit or 256 FP8 elements); on gfx942
       128 bytes and 2 stages, so the 64-token tile (x and W, 2 buffers) fits 64 KiB of LDS.
-    * SPLIT_K: about 4 programs per SM in flight (the weight stream needs many loads in flight
-      per SM), at most one slice per K step.
+    * SPLIT_K: about 2 programs per SM with 4 stages (the sweeps' winners had 0.8-2 per SM;
+      more slices cost partial-tile traffic: 4 per SM was 2-10% slower), at most one slice
+      per K step.
     """
-    block_m = 1 if M == 1 else min(64, max(16, _next_pow2(M)))
+    block_m = min(64, max(16, _next_pow2(M)))
     block_k = max(32, (128 if hip else 256) // elem_bytes)
     block_n = 64
     tiles = _cdiv(N, block_n) * _cdiv(M, block_m)
     steps = _cdiv(K, block_k)
-    split = max(1, min(_cdiv(4 * sms, tiles), steps))
-    return SkinnyConfig(block_m, block_n, block_k, split, num_warps=4, num_stages=2 if hip else 3)
+    split = max(1, min(_cdiv(2 * sms, tiles), steps))
+    return SkinnyConfig(block_m, block_n, block_k, split, num_warps=4, num_stages=2 if hip else 4)
