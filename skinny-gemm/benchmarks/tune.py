@@ -143,6 +143,7 @@ def main() -> None:
     from importlib import import_module
 
     table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
+    tuned: set = set()
     t0 = time.time()
     for dtype in args.dtypes.split(","):
         name = fp8_name if dtype == "fp8" else dtype
@@ -155,11 +156,16 @@ def main() -> None:
                 print(f"{gpu} {name} {shape} M={M}: cuBLAS {t_cublas:.1f} us, best skinny {t_best:.1f} us "
                       f"({t_cublas / t_best:.3f}x) {best} -> {'skinny' if chosen else 'cuBLAS'}", flush=True)  # fmt: skip
             table[(gpu, name, N, K)] = sorted(rows.items())
+            tuned.add((gpu, name, N, K))
     print(f"tuned in {time.time() - t0:.0f} s")
     if args.dry_run:
         pprint.pprint(table, width=110)
         return
-    write_table(table, "python skinny-gemm/benchmarks/tune.py " + shlex.join(sys.argv[1:]) + f"  # {gpu}")
+    made_by = "python skinny-gemm/benchmarks/tune.py " + shlex.join(sys.argv[1:]) + f"  # {gpu}"
+    previous = import_module(kernel.__name__ + "._tuning").MADE_BY
+    if previous and table.keys() - tuned:  # entries of earlier runs are kept: so are their commands
+        made_by = f"{previous}; {made_by}"
+    write_table(table, made_by)
     print(f"wrote {TABLE_PATH}")
 
 

@@ -2,8 +2,9 @@
 than cuBLAS (``F.linear`` / ``torch._scaled_mm``), and with which configuration.
 
 Written by ``benchmarks/tune.py`` on a GPU (the command that made it goes into ``MADE_BY``);
-nothing else edits it. **Empty: no GPU has measured it yet**, so ``linear`` and ``linear_fp8``
-run cuBLAS everywhere until it is filled.
+nothing else edits it. Measured on an H100 (2026-11-24) for the Llama-405B TP8 QKV / down and
+Llama-3-8B QKV / O / down shapes at M buckets 1, 4, 16, 64; every other GPU, shape and dtype
+runs cuBLAS.
 
 ``TABLE[(gpu_name, dtype, N, K)]`` is a list of ``(m_max, config)`` M buckets in increasing
 order (M <= 1, 2, 4, 8, 16, 32, 64): a call with M tokens takes the first bucket with
@@ -15,6 +16,43 @@ for the skinny kernel, or None where cuBLAS won. ``gpu_name`` is
 
 from __future__ import annotations
 
-MADE_BY = None
+MADE_BY = ('python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; '
+           'python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3')
 
-TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {}
+TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 2304, 16384): [(1, None),
+                                                      (4, [16, 64, 128, 4, 4, 4]),
+                                                      (16, None),
+                                                      (64, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096): [(1, None),
+                                                     (4, [16, 32, 128, 2, 4, 4]),
+                                                     (16, [16, 32, 128, 2, 4, 4]),
+                                                     (64, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 14336): [(1, None), (4, None), (16, None), (64, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 6144, 4096): [(1, None),
+                                                     (4, None),
+                                                     (16, [16, 32, 128, 1, 4, 4]),
+                                                     (64, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 16384, 6656): [(1, None),
+                                                      (4, [16, 64, 128, 1, 4, 4]),
+                                                      (16, [16, 64, 128, 1, 4, 4]),
+                                                      (64, None)],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 2304, 16384): [(1, [16, 64, 256, 4, 4, 4]),
+                                                           (4, [16, 64, 256, 4, 4, 4]),
+                                                           (16, [16, 64, 256, 4, 4, 4]),
+                                                           (64, [64, 32, 256, 8, 4, 4])],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 4096, 4096): [(1, [16, 64, 256, 5, 4, 4]),
+                                                          (4, [16, 32, 256, 2, 4, 4]),
+                                                          (16, [16, 32, 256, 2, 4, 4]),
+                                                          (64, [64, 32, 256, 2, 4, 4])],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 4096, 14336): [(1, [16, 64, 256, 3, 4, 4]),
+                                                           (4, [16, 32, 256, 2, 4, 4]),
+                                                           (16, [16, 32, 256, 2, 4, 4]),
+                                                           (64, [64, 32, 256, 3, 4, 4])],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 6144, 4096): [(1, [16, 64, 256, 2, 4, 4]),
+                                                          (4, [16, 32, 256, 1, 4, 4]),
+                                                          (16, [16, 32, 256, 1, 4, 4]),
+                                                          (64, None)],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 16384, 6656): [(1, [16, 64, 256, 1, 4, 4]),
+                                                           (4, [16, 64, 256, 1, 4, 4]),
+                                                           (16, [16, 64, 256, 1, 4, 4]),
+                                                           (64, None)]}
