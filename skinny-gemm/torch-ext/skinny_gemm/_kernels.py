@@ -85,9 +85,9 @@ def _skinny_gemm_kernel(
     BLOCK_N, BLOCK_M]; REDUCE 2: part fp32 [tiles, BLOCK_N, BLOCK_M], zero on entry, left zero;
     count int32 [tiles], zero on entry, left zero (REDUCE 1 and 2). Partial tiles keep the
     accumulator's [BLOCK_N, BLOCK_M] orientation: on an H100 with Triton 3.6 the atomic adds of
-    the transposed tile ([BLOCK_M, BLOCK_N], vectorized ``red.v2``) summed wrong values at M = 4
-    (error 0.16 on outputs of 0.01, tests of 2026-11-24); in this orientation each thread's
-    register pair is also a contiguous pair in memory."""
+    the transposed tile ([BLOCK_M, BLOCK_N]) summed wrong values at M = 4 (error 0.16 on outputs
+    of 0.01, tests of 2026-11-24; the cause inside Triton's lowering was not isolated); in this
+    orientation the tests pass and no layout conversion runs before the adds."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
