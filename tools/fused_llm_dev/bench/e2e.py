@@ -374,12 +374,11 @@ def ratios(result: dict) -> list[dict]:
     return out
 
 
-def write(result: dict, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    gpu = result["gpu"].replace(" ", "-")
-    part = f"_{result['only']}" if result.get("only") else ""
-    stem = out_dir / f"e2e_{result['model']}{result['layers']}L_{result['dtype']}{'_quick' if result['quick'] else ''}{part}_{gpu}"
-    result["ratios"] = ratios(result)
+def write_files(stem: Path, result: dict, bars: tuple[tuple[str, str], tuple[str, str]], ylabel: str,
+                title: str, width_per_bar: float = 0.7) -> Path:  # fmt: skip
+    """``stem``.json (the whole result), .csv (its rows) and .png: two bars per entry of
+    ``result["ratios"]``, each ``(ratio key, legend label)`` of ``bars``. Shared by every e2e
+    bench (bf16, --w4a16)."""
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     with stem.with_suffix(".csv").open("w", newline="") as f:
         keys = sorted({k for r in result["rows"] for k in r})
@@ -394,20 +393,32 @@ def write(result: dict, out_dir: Path) -> Path:
 
         rats = result["ratios"]
         labels = [f"{r['stage']} {r['setting']}\nB={r['batch']} T={r['tokens']}" for r in rats]
-        fig, ax = plt.subplots(figsize=(max(8, len(rats) * 0.7), 5))
+        fig, ax = plt.subplots(figsize=(max(8, len(rats) * width_per_bar), 5))
         xs = range(len(rats))
-        ax.bar([x - 0.2 for x in xs], [r.get("vs_eager", 0) for r in rats], 0.4, label="vs not kernelized")
-        ax.bar([x + 0.2 for x in xs], [r.get("vs_liger", 0) for r in rats], 0.4, label="vs Liger")
+        for offset, (key, label) in zip((-0.2, 0.2), bars):
+            ax.bar([x + offset for x in xs], [r.get(key, 0) for r in rats], 0.4, label=label)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(list(xs), labels, rotation=70, fontsize=7)
-        ax.set_ylabel("speed ratio (> 1: kernelized faster)")
-        ax.set_title(f"{result['model']} {result['layers']} layers {result['dtype']}, {result['gpu']}, {result['date']}")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
         ax.legend()
         fig.tight_layout()
         fig.savefig(stem.with_suffix(".png"), dpi=110)
+        plt.close(fig)
     except ImportError:
         pass
     return stem
+
+
+def write(result: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = result["gpu"].replace(" ", "-")
+    part = f"_{result['only']}" if result.get("only") else ""
+    stem = out_dir / f"e2e_{result['model']}{result['layers']}L_{result['dtype']}{'_quick' if result['quick'] else ''}{part}_{gpu}"
+    result["ratios"] = ratios(result)
+    return write_files(stem, result, (("vs_eager", "vs not kernelized"), ("vs_liger", "vs Liger")),
+                       "speed ratio (> 1: kernelized faster)",
+                       f"{result['model']} {result['layers']} layers {result['dtype']}, {result['gpu']}, {result['date']}")  # fmt: skip
 
 
 def print_summary(result: dict) -> None:

@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import datetime
 import gc
-import json
 import platform
 import statistics
 import time
@@ -353,37 +351,12 @@ def write(result: dict, out_dir: Path) -> Path:
     quant = f"g{result['group_size']}{'z' if result['zero_point'] else ''}{'-head' if result['lm_head_quantized'] else ''}"
     stem = out_dir / f"e2e_w4a16_{result['model']}{size}_{result['dtype']}_{quant}{'_quick' if result['quick'] else ''}{part}_{gpu}"
     result["ratios"] = ratios(result)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    with stem.with_suffix(".csv").open("w", newline="") as f:
-        keys = sorted({k for r in result["rows"] for k in r})
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(result["rows"])
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        rats = result["ratios"]
-        labels = [f"{r['stage']} {r['setting']}\nB={r['batch']} T={r['tokens']}" for r in rats]
-        fig, ax = plt.subplots(figsize=(max(8, len(rats) * 0.8), 5))
-        xs = range(len(rats))
-        ax.bar([x - 0.2 for x in xs], [r.get("w4/bf16 eager", 0) for r in rats], 0.4, label="4-bit vs bf16, eager")
-        ax.bar([x + 0.2 for x in xs], [r.get("w4/bf16 kernelized", 0) for r in rats], 0.4, label="4-bit vs bf16, kernelized")
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks(list(xs), labels, rotation=70, fontsize=7)
-        ax.set_ylabel("speed ratio (> 1: 4-bit faster)")
-        wt = result["weights"]
-        ax.set_title(f"{result['model']} {size} {result['dtype']} {quant}, {result['gpu']}, {result['date']}; weight bytes "
-                     f"{wt['linear_ratio']:.3f}x (Linear), {wt['quantized_ratio']:.3f}x (quantized)", fontsize=9)  # fmt: skip
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(stem.with_suffix(".png"), dpi=110)
-        plt.close(fig)
-    except ImportError:
-        pass
-    return stem
+    wt = result["weights"]
+    return e2e.write_files(
+        stem, result, (("w4/bf16 eager", "4-bit vs bf16, eager"), ("w4/bf16 kernelized", "4-bit vs bf16, kernelized")),
+        "speed ratio (> 1: 4-bit faster)",
+        f"{result['model']} {size} {result['dtype']} {quant}, {result['gpu']}, {result['date']}; weight bytes "
+        f"{wt['linear_ratio']:.3f}x (Linear), {wt['quantized_ratio']:.3f}x (quantized)", width_per_bar=0.8)  # fmt: skip
 
 
 def print_summary(result: dict) -> None:
