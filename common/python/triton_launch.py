@@ -61,6 +61,30 @@ def triton_enabled_for(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
 
 
+_GPU_NAMES: dict[int, str] = {}
+
+
+@torch.compiler.assume_constant_result
+def _query_gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def device_name(device: torch.device) -> str:
+    """The tuning tables' GPU key: ``torch.cuda.get_device_name``, cached per device; the
+    device type (``"cpu"``) for other tensors, which only tests use. Under torch.compile a
+    constant of the graph (queried once at trace time), so a compiled call dispatches from a
+    tuning table exactly as an eager one."""
+    if device.type != "cuda":
+        return device.type
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    name = _GPU_NAMES.get(index)
+    if name is None:
+        name = _query_gpu_name(index)
+        if not torch.compiler.is_compiling():
+            _GPU_NAMES[index] = name
+    return name
+
+
 def plans_enabled() -> bool:
     """Plans replace JIT launches: not under Triton's interpreter, not when disabled with
     ``FUSED_LLM_LAUNCH_PLANS=0`` (to compare), not when launch hooks are installed."""

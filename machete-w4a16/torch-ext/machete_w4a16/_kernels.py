@@ -19,7 +19,7 @@ dtype) and multiplied by ``tl.dot`` (or FMAs):
 * ``_w4a16_tiled_kernel`` (large M): one program per [BLOCK_M, BLOCK_N] output tile in grouped
   order, the whole K loop, ``tl.dot(x, W^T)``.
 
-Dequantization (``_dequant``), compiled: the 4-bit code q is OR-ed into the mantissa of a
+Dequantization (``_dequant_codes``), compiled: the 4-bit code q is OR-ed into the mantissa of a
 16-bit float whose exponent makes it ``1024 + q`` (fp16, 0x6400) or ``128 + q`` (bf16, 0x4300),
 a bit cast instead of an int-to-float conversion; subtracting ``1024 + z`` (``128 + z``) is
 exact, and one multiply by the scale rounds once, like ``dequantize()``. Interpreter: the same
@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from . import _config, _tuning
-from ._triton_launch import PlanTable, aligned16
+from ._triton_launch import PlanTable, aligned16, device_name
 
 
 @triton.jit
@@ -45,6 +45,38 @@ def _round_bf16_rne(v):
     bits = v.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # 0xFFFF0000 as int32
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant_codes(q, s, z, HAS_ZEROS: tl.constexpr, IS_BF16: tl.constexpr, COMPILED: tl.constexpr):
+    """4-bit codes q (int32) -> ``(q - z) * s``, rounded once; s (x's dtype) and z (uint8; unused
+    without zeros, where z is 8) broadcast against q. Compiled: q is OR-ed into the mantissa of a
+    16-bit float of value ``base + q`` (a bit cast, no int-to-float conversion), ``- (base + z)``
+    is exact, the multiply rounds once; returns x's dtype. Interpreter: fp32 holding exactly
+    those values."""
+    if COMPILED:
+        if IS_BF16:
+            h = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q, exact
+            base = 128.0
+        else:
+            h = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q, exact
+            base = 1024.0
+        if HAS_ZEROS:
+            zz = (z.to(tl.float32) + base).to(h.dtype)  # base + z: exact in 16 bits
+        else:
+            zz = base + 8.0
+        w = ((h - zz) * s).to(h.dtype)  # exact difference, one rounding
+    else:
+        if HAS_ZEROS:
+            zf = z.to(tl.float32)
+        else:
+            zf = 8.0
+        w = (q.to(tl.float32) - zf) * s.to(tl.float32)  # exact in fp32
+        if IS_BF16:
+            w = _round_bf16_rne(w)
+        else:
+            w = w.to(tl.float16).to(tl.float32)  # numpy's fp16 conversion rounds to nearest
+    return w
 
 
 @triton.jit
@@ -58,29 +90,7 @@ def _dequant(packed, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GT: tl.
     shifts = tl.arange(0, 8) * 4
     q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BN, BK/8, 8]: column 8j + i
     q = tl.reshape(q, (BLOCK_N, GT, BLOCK_K // GT))
-    if COMPILED:
-        if IS_BF16:
-            h = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q, exact
-            base = 128.0
-        else:
-            h = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q, exact
-            base = 1024.0
-        if HAS_ZEROS:
-            zz = (z.to(tl.float32) + base).to(h.dtype)  # base + z: exact in 16 bits
-        else:
-            zz = tl.full((BLOCK_N, GT), base + 8.0, h.dtype)
-        w = (h - zz[:, :, None]) * s[:, :, None]  # exact difference, one rounding
-        w = w.to(h.dtype)
-    else:
-        if HAS_ZEROS:
-            zf = z.to(tl.float32)
-        else:
-            zf = tl.full((BLOCK_N, GT), 8.0, tl.float32)
-        w = (q.to(tl.float32) - zf[:, :, None]) * s.to(tl.float32)[:, :, None]  # exact in fp32
-        if IS_BF16:
-            w = _round_bf16_rne(w)
-        else:
-            w = w.to(tl.float16).to(tl.float32)  # numpy's fp16 conversion rounds to nearest
+    w = _dequant_codes(q, s[:, :, None], z[:, :, None], HAS_ZEROS, IS_BF16, COMPILED)
     return tl.reshape(w, (BLOCK_N, BLOCK_K))
 
 
@@ -176,33 +186,9 @@ def _plane_scales(s_ptr, z_ptr, cols_w, jj, jmask, k0, N, s_chan, z_chan, GROUP:
 @triton.jit
 def _dequant_plane(packed, i: tl.constexpr, s, z, HAS_ZEROS: tl.constexpr, IS_BF16: tl.constexpr,
                    COMPILED: tl.constexpr):  # fmt: skip
-    """Nibble i of every packed int32 ([BLOCK_N, J], the inputs 8 j + i) dequantized to
-    ``(q - z) * s``, rounded once: x's dtype when COMPILED, else fp32 holding those values.
-    No reshape: each plane is the packed tile's own shape, so no layout conversion runs."""
-    q = (packed >> (4 * i)) & 0xF
-    if COMPILED:
-        if IS_BF16:
-            h = (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 128 + q, exact
-            base = 128.0
-        else:
-            h = (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)  # 1024 + q, exact
-            base = 1024.0
-        if HAS_ZEROS:
-            zz = (z.to(tl.float32) + base).to(h.dtype)  # base + z: exact in 16 bits
-        else:
-            zz = base + 8.0
-        w = ((h - zz) * s).to(h.dtype)  # exact difference, one rounding
-    else:
-        if HAS_ZEROS:
-            zf = z.to(tl.float32)
-        else:
-            zf = 8.0
-        w = (q.to(tl.float32) - zf) * s.to(tl.float32)  # exact in fp32
-        if IS_BF16:
-            w = _round_bf16_rne(w)
-        else:
-            w = w.to(tl.float16).to(tl.float32)
-    return w
+    """Nibble i of every packed int32 ([BLOCK_N, J], the inputs 8 j + i) dequantized. No
+    reshape: each plane is the packed tile's own shape, so no layout conversion runs."""
+    return _dequant_codes((packed >> (4 * i)) & 0xF, s, z, HAS_ZEROS, IS_BF16, COMPILED)
 
 
 @triton.jit
@@ -409,21 +395,6 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132) -> dic
             "num_warps": 8 if block_m == 128 else 4, "num_stages": 3}  # fmt: skip
 
 
-_GPU_NAMES: dict[int, str] = {}
-
-
-def _device_name(device: torch.device) -> str:
-    """The tuning table's GPU key: torch.cuda.get_device_name, cached per device ("cpu" for
-    CPU tensors, which only the interpreter tests use)."""
-    if device.type != "cuda":
-        return device.type
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    name = _GPU_NAMES.get(index)
-    if name is None:
-        name = _GPU_NAMES[index] = torch.cuda.get_device_name(index)
-    return name
-
-
 def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> dict:
     """The launch ``w4a16_gemm`` uses: the tuning table's entry for this GPU, x's dtype, (N, K),
     group size and M bucket (``_tuning.py``, written by ``benchmarks/tune.py``), else the
@@ -431,7 +402,7 @@ def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> d
     table = _tuning.TABLE
     if table:
         dtype = str(x.dtype).removeprefix("torch.")
-        cfg = _config.tuned_config(table, _device_name(x.device), dtype, N, K, group_size, M)
+        cfg = _config.tuned_config(table, device_name(x.device), dtype, N, K, group_size, M)
         if cfg is not None:
             return cfg
     return w4a16_config(M, N, K, group_size, torch.cuda.get_device_properties(x.device).multi_processor_count

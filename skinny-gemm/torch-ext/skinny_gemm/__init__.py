@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from . import _reference, _tuning, layers
 from ._config import SkinnyConfig, skinny_config
 from ._light_ops import define_op
-from ._triton_launch import triton_enabled_for
+from ._triton_launch import device_name, triton_enabled_for
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -223,7 +223,6 @@ def gemm(
 # Per-GPU facts, queried once per device by an eager call. torch.compile does not trace the
 # device queries: a compiled call uses what an eager call cached, or does without (below).
 _FP8_FORMATS: dict[int, tuple] = {}
-_GPU_NAMES: dict[int, str] = {}
 
 
 def _fp8_format(device_type: str, index: int) -> tuple[torch.dtype | None, str]:
@@ -324,23 +323,6 @@ def gemm_fp8(
 # ---------------------------------------------------------------------------------------------
 
 
-@torch.compiler.assume_constant_result
-def _query_gpu_name(index: int) -> str:
-    """torch.cuda.get_device_name; under torch.compile a constant of the graph (queried once at
-    trace time), so a compiled ``linear`` dispatches exactly as an eager one."""
-    return torch.cuda.get_device_name(index)
-
-
-def _gpu_name(index: int) -> str:
-    """The GPU's name, cached per device."""
-    name = _GPU_NAMES.get(index)
-    if name is None:
-        name = _query_gpu_name(index)
-        if not torch.compiler.is_compiling():
-            _GPU_NAMES[index] = name
-    return name
-
-
 def dispatch_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | None:
     """The configuration ``linear`` / ``linear_fp8`` run the skinny kernel with for x ``[..., K]``
     and w ``[N, K]``, or None where they run cuBLAS: the tuning table's entry for this GPU
@@ -349,7 +331,7 @@ def dispatch_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | None:
     table = _tuning.TABLE
     if not table:  # nothing measured yet: no device query (and nothing for torch.compile to trace)
         return None
-    name = _gpu_name(x.device.index or 0) if x.is_cuda else x.device.type
+    name = device_name(x.device)
     rows = table.get((name, str(x.dtype).removeprefix("torch."), w.shape[0], w.shape[1]))
     if rows is None:
         return None
