@@ -352,12 +352,9 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
 
 
 def write_table(table: dict, made_by: str) -> None:
-    text = TABLE_PATH.read_text()
-    head = text[: text.index("MADE_BY = ")]
-    body = (f"MADE_BY = {made_by!r}\n\n"
-            "TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = "
-            + pprint.pformat(table, width=110, sort_dicts=True) + "\n")  # fmt: skip
-    TABLE_PATH.write_text(head + body)
+    from fused_llm_dev.bench.tuning import write_table as write
+
+    write(TABLE_PATH, table, made_by, "dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]]")
 
 
 def write_results(rows: list[dict], gpu: str, dtype: str, argv: list[str]) -> Path:

@@ -114,12 +114,9 @@ def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, marg
 
 
 def write_table(table: dict, made_by: str) -> None:
-    text = TABLE_PATH.read_text()
-    head = text[: text.index("MADE_BY = ")]
-    body = (f"MADE_BY = {made_by!r}\n\n"
-            "TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = "
-            + pprint.pformat(table, width=110, sort_dicts=True) + "\n")  # fmt: skip
-    TABLE_PATH.write_text(head + body)
+    from fused_llm_dev.bench.tuning import write_table as write
+
+    write(TABLE_PATH, table, made_by, "dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]]")
 
 
 def main() -> None:
