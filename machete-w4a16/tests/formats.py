@@ -64,29 +64,30 @@ def read_gptq(qweight, qzeros, scales, g_idx=None) -> torch.Tensor:
 # --- AWQ (GEMM): qweight [K, N/8] packed along N in order 0,2,4,6,1,3,5,7; qzeros the same ------
 
 
-def _awq_pack(cols: torch.Tensor) -> torch.Tensor:
-    """[R, 8m] codes -> int32 [R, m] with slot i of word c = column 8c + AWQ_ORDER[i]."""
-    c = cols.to(torch.int64).reshape(cols.shape[0], -1, 8)
+def awq_pack(cols: torch.Tensor) -> torch.Tensor:
+    """[R, 8m] codes -> int32 [R, m] with slot i of word c = column 8c + AWQ_ORDER[i] (also
+    machete-w4a16's own slot order, along K)."""
+    c = cols.to(torch.int64).reshape(*cols.shape[:-1], cols.shape[-1] // 8, 8)
     return _to_int32(sum(c[..., AWQ_ORDER[i]] * 16**i for i in range(8)))
 
 
-def _awq_unpack(words: torch.Tensor) -> torch.Tensor:
+def awq_unpack(words: torch.Tensor) -> torch.Tensor:
     slots = _nibbles(words)  # [R, m, 8]
     cols = torch.empty_like(slots)
     for i in range(8):
         cols[..., AWQ_ORDER[i]] = slots[..., i]
-    return cols.reshape(words.shape[0], -1)
+    return cols.reshape(*words.shape[:-1], words.shape[-1] * 8)
 
 
 def write_awq(q_nk, z_gn, s_gn):
-    return _awq_pack(q_nk.t()).contiguous(), _awq_pack(z_gn).contiguous(), s_gn.contiguous()
+    return awq_pack(q_nk.t()).contiguous(), awq_pack(z_gn).contiguous(), s_gn.contiguous()
 
 
 def read_awq(qweight, qzeros, scales) -> torch.Tensor:
     """[N, K]: w[n, k] = (q[k, n] - z[k // G, n]) * scales[k // G, n]."""
     K = qweight.shape[0]
-    q = _awq_unpack(qweight)  # [K, N]
-    z = _awq_unpack(qzeros)
+    q = awq_unpack(qweight)  # [K, N]
+    z = awq_unpack(qzeros)
     g = torch.arange(K) // (K // scales.shape[0])
     return dequant(q.t(), z[g].t(), scales[g].t())
 

@@ -48,15 +48,15 @@ def test_pack_unpack_round_trip(rows, words, seed):
     q = torch.randint(0, 16, (rows, 8 * words), generator=gen(seed))
     packed = w4.pack_int4(q)
     assert packed.dtype == torch.int32 and packed.shape == (rows, words)
-    assert torch.equal(packed, fmt.pack_last(q)), "pack_int4 disagrees with the spec's packing"
+    assert torch.equal(packed, fmt.awq_pack(q)), "pack_int4 disagrees with the spec's packing (AWQ's slot order)"
     assert torch.equal(w4.unpack_int4(packed), q.to(torch.int32))
 
 
 def test_pack_bit_positions():
-    """Code 8j + i in bits 4i .. 4i + 3 of word j: codes 0..7 -> 0x76543210, 15 in the top
-    nibble -> a negative int32."""
+    """Column 8j + c in nibble slot c // 2 + 4 (c % 2) of word j (slots hold columns 0, 2, 4, 6,
+    1, 3, 5, 7): codes 0..7 -> 0x75316420, 15 in column 15 (slot 7) -> a negative int32."""
     q = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 15]])
-    assert w4.pack_int4(q).tolist() == [[0x76543210, 0xF0000000 - 2**32]]
+    assert w4.pack_int4(q).tolist() == [[0x75316420, 0xF0000000 - 2**32]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ def test_quantize_symmetric_uses_the_range():
 def test_dequantize_is_the_formula(zero_point):
     """dequantize against (q - z) * s computed here from the unpacked fields."""
     qw = w4.quantize(torch.randn(16, 64, generator=gen(3)).bfloat16(), 32, zero_point)
-    q = fmt.unpack_last(qw.qweight)
+    q = fmt.awq_unpack(qw.qweight)
     z = qw.zeros.t().long().repeat_interleave(32, dim=1) if zero_point else 8
     s = qw.scales.t().repeat_interleave(32, dim=1)
     assert_bits_equal(w4.dequantize(qw), fmt.dequant(q, z if zero_point else torch.full_like(q, 8), s), "dequantize")
@@ -232,13 +232,14 @@ def test_from_compressed_tensors(dtype, group_size, zero_point, act_order):
     assert_bits_equal(w4.dequantize(qw), fmt.read_compressed_tensors(weight_packed, weight_scale, (N, K), zp, g_idx), "ct")
 
 
-def test_compressed_tensors_layout_is_ours():
-    """Without g_idx, weight_packed is the format's qweight as is (same layout)."""
+def test_compressed_tensors_words_reordered():
+    """Without g_idx, qweight holds weight_packed's words, each word's nibbles moved from the
+    natural order into the format's slot order (AWQ's): no other change of layout."""
     N, K = 16, 64
     q, z, s = fmt.random_codes(N, K, 2, gen(31), zero_range=(0, 15))
     t = fmt.write_compressed_tensors(q, z, s)
     qw = w4.from_compressed_tensors(**t)
-    assert torch.equal(qw.qweight, t["weight_packed"])
+    assert torch.equal(qw.qweight, fmt.awq_pack(fmt.unpack_last(t["weight_packed"])))
 
 
 @pytest.mark.parametrize("name", ["gptq", "awq", "compressed-tensors"])

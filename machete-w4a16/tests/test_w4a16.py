@@ -179,6 +179,79 @@ def test_tile_configs(cfg, group_size, zero_point):
         assert_gemm_close(out, ref, str(cfg))
 
 
+MMA = DEVICE == "cuda" and hasattr(w4.ops, "w4a16_mma")
+
+
+@pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
+@pytest.mark.parametrize("split, warps, unroll", [(1, 4, 4), (3, 4, 2), (2, 8, 4), (5, 8, 2), (8, 4, 4)])
+@pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mma_kernel(split, warps, unroll, group_size, zero_point, dtype):
+    """The compiled small-M kernel at every instantiated launch shape: M across its n8 tiles
+    (1, 8 | 9, 16 | 17, 32), N off the 16-row tile, uneven and windows-per-warp-short K splits,
+    every group size it takes; each launch twice (the split-K counters must be left reset) on a
+    poisoned output, with a bias."""
+    kern = w4._triton_kernels()
+    N, K = 300, 1024
+    cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "UNROLL": unroll}
+    for M in (1, 8, 9, 16, 17, 32):
+        x, qw, b = make(M, N, K, dtype, group_size, zero_point, seed=M + split, bias=M % 2 == 1)
+        ref = reference(x, qw, b)
+        for _ in range(2):
+            out = poison_(torch.empty(M, N, dtype=dtype, device=DEVICE))
+            kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out, qw.group_size, cfg=cfg)
+            assert_gemm_close(out, ref, f"mma M={M} {cfg}")
+
+
+@pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
+def test_mma_inputs_it_copies_or_gathers():
+    """Act order (x gathered by perm), a strided x, an x not 16-byte aligned, an fp32 bias, a
+    single window (K = 128) and an output with a row stride > N, through the default dispatch."""
+    kern = w4._triton_kernels()
+    x, qw, b = make(5, 4096, 4096, torch.bfloat16, 128, True, seed=40, act_order=True, bias=True)
+    assert kern.select_config(5, 4096, 4096, 128, x)["kernel"] == "mma"
+    assert_gemm_close(w4.w4a16_gemm(x, qw, b.float()), reference(x, qw, b.float()), "act order, fp32 bias")
+    _, qw, _ = make(1, 4096, 4096, torch.bfloat16, 128, False, seed=41)
+    wide = torch.randn(6, 4096 + 3, device=DEVICE).bfloat16()
+    for name, xs in (("strided rows", wide[:, :4096]), ("unaligned", wide[:, 1:4097]), ("column view", wide.t().contiguous().t()[:, :4096])):
+        assert_gemm_close(w4.w4a16_gemm(xs, qw), reference(xs, qw), name)
+    x1, qw1, _ = make(3, 40, 128, torch.float16, 32, True, seed=42)
+    out = poison_(torch.empty(3, 64, dtype=torch.float16, device=DEVICE))[:, :40]
+    kern.launch_w4a16(x1, qw1.qweight, qw1.scales, qw1.zeros, None, None, out, 32,
+                      cfg={"kernel": "mma", "SPLIT_K": 1, "num_warps": 4, "UNROLL": 4})  # fmt: skip
+    assert_gemm_close(out, reference(x1, qw1), "K = 128, out row stride 64")
+
+
+@pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
+def test_mma_refuses_what_it_cannot_run():
+    """A forced 'mma' launch outside its range raises naming the limits; the compiled op's own
+    checks name the argument (direct torch.ops callers)."""
+    kern = w4._triton_kernels()
+    cfg = {"kernel": "mma", "SPLIT_K": 1, "num_warps": 4, "UNROLL": 4}
+    for M, K, G in ((33, 256, 128), (4, 200, -1), (4, 256, 16)):
+        x, qw, _ = make(M, 32, K, torch.bfloat16, G, False, seed=43) if G != 16 else (None, None, None)
+        if G == 16:
+            x = torch.randn(M, K, device=DEVICE).bfloat16()
+            qw = w4.QuantizedWeight(torch.zeros(32, K // 8, dtype=torch.int32, device=DEVICE),
+                                    torch.ones(K // 16, 32, dtype=torch.bfloat16, device=DEVICE), None, None, 16)  # fmt: skip
+        out = torch.empty(M, 32, dtype=torch.bfloat16, device=DEVICE)
+        with pytest.raises(ValueError, match="the compiled 'mma' kernel cannot run"):
+            kern.launch_w4a16(x, qw.qweight, qw.scales, None, None, None, out, qw.group_size, cfg=dict(cfg))
+        assert kern.select_config(M, 32, K, qw.group_size, x)["kernel"] != "mma"
+    x, qw, _ = make(4, 32, 256, torch.bfloat16, 128, False, seed=44)
+    out = torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE)
+    counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
+    op = w4.ops.w4a16_mma
+    with pytest.raises(RuntimeError, match="scales: expected a contiguous BFloat16 .2, 32. tensor, got Half"):
+        op(out, x, qw.qweight, qw.scales.half(), None, None, 128, 1, 4, 4, counters)
+    with pytest.raises(RuntimeError, match="group_size: expected -1 or a power of two >= 32 dividing K = 256, got 16"):
+        op(out, x, qw.qweight, qw.scales, None, None, 16, 1, 4, 4, counters)
+    with pytest.raises(RuntimeError, match="w4a16_mma: warps must be 4 or 8"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 1, 5, 4, counters)
+    with pytest.raises(RuntimeError, match="w4a16_mma: split_k must be in 1 .. k / 128"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 3, 4, 4, counters)
+
+
 @pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
 def test_config_dispatch():
     """The kernel by M (the split-K kernel up to SMALL_M_MAX rows, FMA at M = 1), BLOCK_K never
@@ -215,13 +288,14 @@ def test_tuning_table_is_well_formed():
 
 def test_tuning_entries_round_trip_and_bad_entries():
     c = _submodule("_config")
-    for entry in (["splitk", 1, 64, 128, 6, 4, 3], ["splitk", 16, 32, 256, 1, 4, 2], ["tiled", 128, 128, 64, 8, 8, 3]):
+    for entry in (["splitk", 1, 64, 128, 6, 4, 3], ["splitk", 16, 32, 256, 1, 4, 2], ["tiled", 128, 128, 64, 8, 8, 3],
+                  ["mma", 3, 8, 2]):  # fmt: skip
         cfg = c.config_of(entry)
         assert c.entry_of(cfg) == entry
-        assert cfg.get("USE_DOT", True) is (entry[1] > 1 or entry[0] == "tiled")
+        assert cfg.get("USE_DOT", True) is (entry[0] != "splitk" or entry[1] > 1)
     bad = [["splitk", 8, 64, 128, 2, 4, 3], ["tiled", 1, 64, 64, 8, 4, 3], ["tiled", 64, 48, 64, 8, 4, 3],
            ["splitk", 1, 64, 128, 0, 4, 3], ["gemv", 1, 64, 128, 2, 4, 3], ["splitk", 1, 64, 128, 2, 4],
-           ["splitk", 1, 64, 128.0, 2, 4, 3], None]  # fmt: skip
+           ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 4], ["mma", 2, 4, 8], ["mma", 0, 4, 4], ["mma", 2, 4], None]  # fmt: skip
     for entry in bad:
         with pytest.raises((ValueError, TypeError), match="tuning entry"):
             c.config_of(entry)
@@ -271,13 +345,18 @@ def test_gemm_takes_the_table_entry(monkeypatch):
     x, qw, b = make(M, N, K, torch.bfloat16, 128, False, seed=30, bias=True)
     assert_gemm_close(w4.w4a16_gemm(x, qw, b), reference(x, qw, b), "tuned entry")
     assert chosen == [_submodule("_config").config_of(entry)]
-    assert select(1, N, K, 128, x[:1]) == kern.w4a16_config(1, N, K, 128, kern_sms()), "a None entry: the default"
-    assert select(9, N, K, 128, x) == kern.w4a16_config(9, N, K, 128, kern_sms()), "past the last bucket: the default"
-    assert select(M, N, K, 128, x.half()) == kern.w4a16_config(M, N, K, 128, kern_sms()), "another dtype: the default"
+    assert select(1, N, K, 128, x[:1]) == default_config(1, N, K, 128, x), "a None entry: the default"
+    assert select(9, N, K, 128, x) == default_config(9, N, K, 128, x), "past the last bucket: the default"
+    assert select(M, N, K, 128, x.half()) == default_config(M, N, K, 128, x.half()), "another dtype: the default"
 
 
-def kern_sms() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132
+def default_config(M, N, K, group_size, x) -> dict:
+    """The structural default: the compiled small-M kernel where it can run, else Triton's."""
+    kern = w4._triton_kernels()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132
+    if kern.mma_supported(x, M, K, group_size):
+        return kern.mma_config(M, N, K, sms)
+    return kern.w4a16_config(M, N, K, group_size, sms)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ stores, written by ``benchmarks/tune.py``):
 * ``["splitk", BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages]``: the split-K
   kernel; BLOCK_M 1 is the FMA GEMV (``USE_DOT=False``), else a power of two >= 16 (tl.dot);
   SPLIT_K an upper bound (the launcher rounds the slice to whole K steps, no empty slices);
-* ``["tiled", BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages]``: the tiled kernel.
+* ``["tiled", BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages]``: the tiled kernel;
+* ``["mma", SPLIT_K, num_warps, UNROLL]``: the compiled CUDA small-M kernel (csrc/w4a16_mma.cu,
+  M <= 32): K split over SPLIT_K block rows (an upper bound, as for splitk), 4 or 8 warps per
+  block, 2 or 4 windows of 128 columns loaded per warp before they are used.
 
 :func:`config_of` turns an entry into the dict ``_kernels.launch_w4a16`` takes (``cfg``), and
 :func:`entry_of` back; :func:`tuned_config` looks an M up in the table.
@@ -22,7 +25,12 @@ DTYPES = ("bfloat16", "float16")
 _FIELDS = {
     "splitk": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"),
     "tiled": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
+    "mma": ("SPLIT_K", "num_warps", "UNROLL"),
 }
+# What the compiled kernel is instantiated for (w4a16_mma.cu launch_shape).
+MMA_WARPS = (4, 8)
+MMA_UNROLL = (2, 4)
+MMA_MAX_M = 32
 
 
 def _pow2(v) -> bool:
@@ -32,7 +40,7 @@ def _pow2(v) -> bool:
 def check_entry(entry) -> None:
     """Raises ValueError / TypeError naming what is wrong with a table entry (module docstring)."""
     if not isinstance(entry, (list, tuple)) or not entry or entry[0] not in _FIELDS:
-        raise ValueError(f"tuning entry: expected ['splitk' | 'tiled', 6 ints], got {entry!r}")
+        raise ValueError(f"tuning entry: expected ['splitk' | 'tiled', 6 ints] or ['mma', 3 ints], got {entry!r}")
     kernel, values = entry[0], list(entry[1:])
     fields = _FIELDS[kernel]
     if len(values) != len(fields):
@@ -41,6 +49,10 @@ def check_entry(entry) -> None:
     for name, v in cfg.items():
         if type(v) is not int or v < 1:
             raise TypeError(f"tuning entry {entry!r}: {name} must be an int >= 1, got {v!r}")
+    if kernel == "mma":
+        if cfg["num_warps"] not in MMA_WARPS or cfg["UNROLL"] not in MMA_UNROLL:
+            raise ValueError(f"tuning entry {entry!r}: num_warps must be one of {MMA_WARPS}, UNROLL one of {MMA_UNROLL}")
+        return
     for name in ("BLOCK_N", "BLOCK_K", "num_warps"):
         if not _pow2(cfg[name]) or cfg[name] < {"BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 1}[name]:
             raise ValueError(f"tuning entry {entry!r}: {name} must be a power of two >= 16 (warps >= 1), got {cfg[name]}")
@@ -63,7 +75,7 @@ def entry_of(cfg: dict) -> list:
     """The table entry of a ``cfg`` dict (``w4a16_config``'s form); the inverse of :func:`config_of`."""
     kernel = cfg["kernel"]
     if kernel not in _FIELDS:
-        raise ValueError(f"cfg: kernel must be 'splitk' or 'tiled', got {kernel!r}")
+        raise ValueError(f"cfg: kernel must be 'splitk', 'tiled' or 'mma', got {kernel!r}")
     return [kernel, *(int(cfg[f]) for f in _FIELDS[kernel])]
 
 

@@ -3,8 +3,11 @@
 ``QuantizedWeight`` holds, for an ``nn.Linear`` weight ``W [N, K]`` (N outputs, K inputs):
 
 * ``qweight`` int32 ``[N, K / 8]``, contiguous: row n holds W's row n, K contiguous; int32 j
-  of a row holds the 4-bit codes of columns ``8j .. 8j + 7``, column ``8j + i`` in bits
-  ``4i .. 4i + 3`` (natural nibble order, little end first);
+  of a row holds the 4-bit codes of columns ``8j .. 8j + 7``, column ``8j + c`` in nibble slot
+  ``c // 2 + 4 (c % 2)`` (bits ``4 slot .. 4 slot + 3``): the slots hold columns 0, 2, 4, 6,
+  1, 3, 5, 7 (AWQ's order), so that shifting a word by ``4i`` and one AND-OR with
+  ``0x000F000F`` give the codes of columns ``8j + 2i`` and ``8j + 2i + 1`` in the two halves
+  of a register: one tensor-core fragment register of the CUDA kernel, no shuffles;
 * ``scales`` ``[K / G, N]`` in the activation dtype (float16 / bfloat16), contiguous;
 * ``zeros`` uint8 ``[K / G, N]`` (values 0..16) or None: None is the symmetric ``uint4b8``
   type, whose zero point is 8 everywhere;
@@ -40,9 +43,10 @@ __all__ = [
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 QUANTIZE_GROUP_SIZES = (32, 64, 128, -1)
 SYMMETRIC_ZERO = 8
-# AWQ's GEMM packing: nibble slot i of an int32 holds column 8c + AWQ_ORDER[i] (AutoAWQ's
-# order_map), so that two fp16 halves can be made from one 32-bit register by its kernel.
-AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# Nibble slot i of a packed int32 holds column 8j + SLOT_COLUMNS[i]: the package's order, which
+# is also AWQ's GEMM packing (AutoAWQ's order_map) and for the same reason: slots i and i + 4
+# are two adjacent columns, made into two 16-bit halves of one register by one AND-OR.
+SLOT_COLUMNS = (0, 2, 4, 6, 1, 3, 5, 7)
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 
 
@@ -51,24 +55,41 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Packing: 8 codes per int32 along the last dimension, code i in bits 4i .. 4i + 3
+# Packing: 8 codes per int32 along the last dimension
 # ---------------------------------------------------------------------------------------------
 
 
-def pack_int4(q: torch.Tensor) -> torch.Tensor:
-    """Codes ``[..., 8m]`` (integers 0..15, any integer dtype) -> int32 ``[..., m]``, code
-    ``8j + i`` of the last dimension in bits ``4i .. 4i + 3`` of int32 j."""
-    if q.shape[-1] % 8:
-        raise ValueError(f"q: expected a last dimension that is a multiple of 8, got {tuple(q.shape)}")
+def _pack_slots(q: torch.Tensor) -> torch.Tensor:
+    """Codes ``[..., 8m]`` (0..15) -> int32 ``[..., m]``, code ``8j + i`` in slot i (bits ``4i``)."""
     v = q.to(torch.int64).reshape(*q.shape[:-1], q.shape[-1] // 8, 8)
     words = (v << _SHIFTS.to(device=q.device, dtype=torch.int64)).sum(-1)  # 0 .. 2^32 - 1
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """int32 ``[..., m]`` -> codes ``[..., 8m]`` (int32, 0..15): the inverse of :func:`pack_int4`."""
+def _unpack_slots(packed: torch.Tensor) -> torch.Tensor:
+    """int32 ``[..., m]`` -> ``[..., 8m]`` int32: slot i of word j at position ``8j + i`` (the
+    natural order of GPTQ and compressed-tensors checkpoints)."""
     q = (packed.unsqueeze(-1) >> _SHIFTS.to(packed.device)) & 0xF
     return q.reshape(*packed.shape[:-1], packed.shape[-1] * 8)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Codes ``[..., 8m]`` (integers 0..15, any integer dtype) -> int32 ``[..., m]`` in the
+    format's order: column ``8j + c`` of the last dimension in nibble slot ``c // 2 + 4 (c % 2)``
+    of int32 j (slot i holds column ``8j + SLOT_COLUMNS[i]``)."""
+    if q.shape[-1] % 8:
+        raise ValueError(f"q: expected a last dimension that is a multiple of 8, got {tuple(q.shape)}")
+    cols = q.reshape(*q.shape[:-1], q.shape[-1] // 8, 8)[..., list(SLOT_COLUMNS)]
+    return _pack_slots(cols.reshape(q.shape))
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """int32 ``[..., m]`` -> codes ``[..., 8m]`` (int32, 0..15) in column order: the inverse of
+    :func:`pack_int4`."""
+    slots = _unpack_slots(packed).reshape(*packed.shape, 8)
+    cols = torch.empty_like(slots)
+    cols[..., list(SLOT_COLUMNS)] = slots
+    return cols.reshape(*packed.shape[:-1], packed.shape[-1] * 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +338,7 @@ def _from_codes(q_nk: torch.Tensor, z_gn: torch.Tensor, scales_gn: torch.Tensor,
 
 def _unpack_rows(packed: torch.Tensor) -> torch.Tensor:
     """int32 [R, C] packed along dim 0 (8 rows per int32, natural order) -> codes [8R, C]."""
-    return unpack_int4(packed.t().contiguous()).t()
+    return _unpack_slots(packed.t().contiguous()).t()
 
 
 def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None = None) -> QuantizedWeight:
@@ -343,17 +364,9 @@ def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
     scales = _check_scales(scales, "scales", (groups, N), "[K / G, N]")
     G = _group_size_of(K, groups, "scales")
     qzeros = _check_int32(qzeros, "qzeros", (groups, (N + 7) // 8), f"[K / G, N / 8] = [{groups}, {(N + 7) // 8}]")
-    q = unpack_int4(qweight.t().contiguous())  # [N, K]: qweight^T is packed along its last dim
-    z = unpack_int4(qzeros)[:, :N] + 1  # v1: stored zero - 1
+    q = _unpack_slots(qweight.t().contiguous())  # [N, K]: qweight^T is packed along its last dim
+    z = _unpack_slots(qzeros)[:, :N] + 1  # v1: stored zero - 1
     return _from_codes(q, z, scales, G, _act_order(g_idx, K, G, "g_idx"))
-
-
-def _awq_unpack(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [R, C] packed along C in AWQ's order -> codes [R, 8C]."""
-    slots = unpack_int4(packed).reshape(packed.shape[0], packed.shape[1], 8)  # slot i = column AWQ_ORDER[i]
-    out = torch.empty_like(slots)
-    out[..., list(AWQ_ORDER)] = slots
-    return out.reshape(packed.shape[0], packed.shape[1] * 8)
 
 
 def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> QuantizedWeight:
@@ -375,8 +388,8 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) 
     scales = _check_scales(scales, "scales", (groups, N), "[K / G, N]")
     G = _group_size_of(K, groups, "scales")
     qzeros = _check_int32(qzeros, "qzeros", (groups, N // 8), f"[K / G, N / 8] = [{groups}, {N // 8}]")
-    q = _awq_unpack(qweight).t()  # [N, K]
-    return _from_codes(q, _awq_unpack(qzeros), scales, G, None)
+    q = unpack_int4(qweight).t()  # [N, K]: AWQ's slot order is the format's, along N
+    return _from_codes(q, unpack_int4(qzeros), scales, G, None)
 
 
 def from_compressed_tensors(
@@ -413,7 +426,7 @@ def from_compressed_tensors(
     groups = weight_scale.shape[1]
     weight_scale = _check_scales(weight_scale, "weight_scale", (N, groups), "[N, K / G]")
     G = _group_size_of(K, groups, "weight_scale")
-    q = unpack_int4(weight_packed)  # [N, K]
+    q = _unpack_slots(weight_packed)  # [N, K]
     if weight_zero_point is None:
         z = torch.full((groups, N), SYMMETRIC_ZERO, dtype=torch.int32, device=q.device)
     elif not isinstance(weight_zero_point, torch.Tensor):

@@ -4,9 +4,14 @@ public functions in ``__init__`` check arguments first).
 Imported lazily: only when a CUDA/ROCm tensor (or a CPU tensor under ``TRITON_INTERPRET=1``)
 reaches the op, so the CPU variant works without Triton installed.
 
-Both kernels compute ``out = x @ dequantize(qw)^T (+ bias)`` with fp32 accumulation, reading the
+The CUDA build also has a compiled small-M kernel (csrc/w4a16_mma.cu, op ``w4a16_mma``:
+mma.sync with the weights dequantized straight into A fragments), which ``select_config`` picks
+where :func:`mma_supported` (M <= 32, K % 128 == 0, groups >= 32); ``launch_w4a16`` runs it
+through an ``_MmaPlan``.
+
+Both Triton kernels compute ``out = x @ dequantize(qw)^T (+ bias)`` with fp32 accumulation, reading the
 package's one weight layout (``_format``): qweight int32 [N, K/8] (K contiguous, 8 codes per
-int32 in natural order), scales [K/G, N], zeros uint8 [K/G, N] or None (zero 8), perm [K] or
+int32, column 8j + c in nibble slot c // 2 + 4 (c % 2)), scales [K/G, N], zeros uint8 [K/G, N] or None (zero 8), perm [K] or
 None. A weight tile is dequantized in registers to exactly ``dequantize()``'s values (x's
 dtype) and multiplied by ``tl.dot`` (or FMAs):
 
@@ -36,7 +41,11 @@ import triton
 import triton.language as tl
 
 from . import _config, _tuning
+from ._ops import ops
 from ._triton_launch import PlanTable, aligned16, device_name
+
+# The CUDA build's compiled small-M kernel (csrc/w4a16_mma.cu); absent from CPU / ROCm builds.
+_HAS_MMA = hasattr(ops, "w4a16_mma")
 
 
 @triton.jit
@@ -87,8 +96,9 @@ def _dequant(packed, s, z, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GT: tl.
     s [BLOCK_N, GT] (x's dtype) and z [BLOCK_N, GT] (uint8; unused without zeros): GT groups
     of BLOCK_K // GT consecutive columns each (GT = 1: one group for the whole tile). Returns
     x's dtype when COMPILED, else fp32 holding exactly those values."""
-    shifts = tl.arange(0, 8) * 4
-    q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BN, BK/8, 8]: column 8j + i
+    cols = tl.arange(0, 8)
+    shifts = ((cols >> 1) + 4 * (cols & 1)) * 4  # column 8j + c sits in nibble slot c // 2 + 4 (c % 2)
+    q = (packed[:, :, None] >> shifts[None, None, :]) & 0xF  # [BN, BK/8, 8]: column 8j + c
     q = tl.reshape(q, (BLOCK_N, GT, BLOCK_K // GT))
     w = _dequant_codes(q, s[:, :, None], z[:, :, None], HAS_ZEROS, IS_BF16, COMPILED)
     return tl.reshape(w, (BLOCK_N, BLOCK_K))
@@ -186,8 +196,9 @@ def _plane_scales(s_ptr, z_ptr, cols_w, jj, jmask, k0, N, s_chan, z_chan, GROUP:
 @triton.jit
 def _dequant_plane(packed, i: tl.constexpr, s, z, HAS_ZEROS: tl.constexpr, IS_BF16: tl.constexpr,
                    COMPILED: tl.constexpr):  # fmt: skip
-    """Nibble i of every packed int32 ([BLOCK_N, J], the inputs 8 j + i) dequantized. No
-    reshape: each plane is the packed tile's own shape, so no layout conversion runs."""
+    """Nibble slot i of every packed int32 ([BLOCK_N, J], the inputs 8 j + SLOT_COLUMNS[i])
+    dequantized. No reshape: each plane is the packed tile's own shape, so no layout conversion
+    runs."""
     return _dequant_codes((packed >> (4 * i)) & 0xF, s, z, HAS_ZEROS, IS_BF16, COMPILED)
 
 
@@ -245,8 +256,8 @@ def _w4a16_splitk_kernel(
                               s_chan, z_chan, GROUP, BLOCK_N, BLOCK_K, HAS_ZEROS, HAS_PERM, IS_BF16, EVEN_K, COMPILED)  # fmt: skip
             acc = tl.dot(w, tl.trans(x), acc)
     else:
-        # BLOCK_M == 1 (GEMV), nibble planes: packed column j holds inputs 8j .. 8j+7, nibble i
-        # input 8j + i. Unpacking a [BLOCK_N, BLOCK_K] tile is a reshape that Triton lowers to a
+        # BLOCK_M == 1 (GEMV), nibble planes: packed column j holds inputs 8j .. 8j+7, nibble
+        # slot i input 8j + SLOT_COLUMNS[i]. Unpacking a [BLOCK_N, BLOCK_K] tile is a reshape that Triton lowers to a
         # layout conversion through shared memory (21.5 us at 8B QKV, M = 1, H100); each plane
         # [BLOCK_N, BLOCK_K / 8] times the matching x entries 8j + i (a strided load of the one x
         # row) keeps the packed tile's layout: 15.9 us at its best configuration (2026-11-24).
@@ -265,7 +276,7 @@ def _w4a16_splitk_kernel(
                 packed = tl.load(p_rows + jj[None, :], mask=jmask[None, :], other=0)
             s, z = _plane_scales(s_ptr, z_ptr, cols_w, jj, jmask, k0, N, s_chan, z_chan, GROUP, BLOCK_K, HAS_ZEROS, EVEN_K)
             for i in tl.static_range(8):
-                kk = 8 * jj + i
+                kk = 8 * jj + (2 * (i % 4) + i // 4)  # slot i holds column 8j + SLOT_COLUMNS[i]
                 if HAS_PERM:
                     if EVEN_K:
                         kk = tl.load(perm_ptr + kk)
@@ -336,6 +347,9 @@ def _w4a16_tiled_kernel(
     z_chan = s_chan
     if GROUP == 0:
         s_chan, z_chan = _channel_params(s_ptr, z_ptr, cols_w, HAS_ZEROS)
+    # W as the B operand. Computing (W x^T)^T instead (W the register A operand, as Machete does
+    # with wgmma) measured no better (0.17-0.45x cuBLAS either way at M = 256 / 4096, H100,
+    # 2026-11-24): the time goes to the dequantization and its layout conversion, not the MMA.
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         x, w = _load_step(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, rows_x, cols_w, k0, K, N, K, s_xm, s_xk,
@@ -395,23 +409,52 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132) -> dic
             "num_warps": 8 if block_m == 128 else 4, "num_stages": 3}  # fmt: skip
 
 
+_CAPABLE: dict[int, bool] = {}
+
+
+def mma_supported(x: torch.Tensor, M: int, K: int, group_size: int) -> bool:
+    """Whether the compiled small-M kernel can run this call: the CUDA build on a GPU of
+    capability >= 8.0 (bf16 mma.sync), 1 <= M <= 32, K a multiple of 128 (a lane's window), a
+    group of >= 32 columns or one per channel (a lane's 32 columns of a window in one group)."""
+    if not (_HAS_MMA and x.is_cuda and 1 <= M <= _config.MMA_MAX_M and K % 128 == 0 and (group_size == -1 or group_size >= 32)):
+        return False
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    capable = _CAPABLE.get(index)
+    if capable is None:
+        capable = _CAPABLE[index] = torch.cuda.get_device_capability(index)[0] >= 8
+    return capable
+
+
+def mma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
+    """The compiled kernel's default launch, from a sweep of split {1, 2, 4} x warps {4, 8} x
+    windows in flight {2, 4} over the eight Llama-3 8B / 70B projections at M = 1 and 16 (H100,
+    2026-11-24, graph-replayed, L2-rotated; benchmarks/results/INDEX.md): no K split (it won
+    everywhere but 70B down at M = 1, by 2%), 2 windows in flight, 8 warps a block up to 384
+    row tiles (the 8B QKV / O / down projections: one wave of blocks) and 4 beyond."""
+    tiles = triton.cdiv(N, 16)
+    return {"kernel": "mma", "SPLIT_K": 1, "num_warps": 8 if tiles <= 3 * sms else 4, "UNROLL": 2}
+
+
 def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> dict:
     """The launch ``w4a16_gemm`` uses: the tuning table's entry for this GPU, x's dtype, (N, K),
     group size and M bucket (``_tuning.py``, written by ``benchmarks/tune.py``), else the
-    structural default :func:`w4a16_config`. No device query while the table is empty."""
+    structural default: the compiled small-M kernel where :func:`mma_supported`, else
+    :func:`w4a16_config`. No device query while the table is empty."""
     table = _tuning.TABLE
+    mma = mma_supported(x, M, K, group_size)
     if table:
         dtype = str(x.dtype).removeprefix("torch.")
         cfg = _config.tuned_config(table, device_name(x.device), dtype, N, K, group_size, M)
-        if cfg is not None:
+        if cfg is not None and (mma or cfg["kernel"] != "mma"):
             return cfg
-    return w4a16_config(M, N, K, group_size, torch.cuda.get_device_properties(x.device).multi_processor_count
-                        if x.is_cuda else 132)  # fmt: skip
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+    return mma_config(M, N, K, sms) if mma else w4a16_config(M, N, K, group_size, sms)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _SPLITK_PLANS = PlanTable(_w4a16_splitk_kernel)
 _TILED_PLANS = PlanTable(_w4a16_tiled_kernel)
+_MMA_PLANS: dict[tuple, _MmaPlan] = {}
 _SPLITK_VARYING = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "perm_ptr", "b_ptr", "out_ptr", "part_ptr", "count_ptr")
 _TILED_VARYING = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "perm_ptr", "b_ptr", "out_ptr")
 
@@ -431,6 +474,26 @@ class _SplitPlan:
             part = counters = out
         self.launch(x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else scales,
                     bias if bias is not None else out, out, part, counters)  # fmt: skip
+
+
+class _MmaPlan:
+    """A launch of the compiled small-M kernel: its tiles, the arrival counters, and what the
+    call does to x first (act order: the packed column k' reads x[:, perm[k']], so x is
+    gathered once; a layout the kernel cannot read in 16-byte units is copied)."""
+
+    __slots__ = ("counters", "group_size", "split", "unroll", "warps")
+
+    def __init__(self, cfg: dict, counters: torch.Tensor, group_size: int):
+        self.split, self.warps, self.unroll = cfg["SPLIT_K"], cfg["num_warps"], cfg["UNROLL"]
+        self.counters, self.group_size = counters, group_size
+
+    def __call__(self, x, qweight, scales, zeros, perm, bias, out) -> None:
+        if perm is not None:
+            x = x.index_select(1, perm)
+        elif x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
+            x = x.clone(memory_format=torch.contiguous_format)
+        ops.w4a16_mma(out, x, qweight, scales, zeros, bias, self.group_size, self.split, self.warps, self.unroll,
+                      self.counters)  # fmt: skip
 
 
 class _TiledPlan:
@@ -472,12 +535,22 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         key = (x.get_device(), x.shape, x.stride(), N, group_size, out.stride(0), x.dtype, zeros is not None,
                perm is not None, None if bias is None else bias.dtype,
                aligned16(*[t for t in (x, qweight, scales, zeros, perm, bias, out) if t is not None]))  # fmt: skip
-        plan = _SPLITK_PLANS.get(key) or _TILED_PLANS.get(key)
+        plan = _MMA_PLANS.get(key) or _SPLITK_PLANS.get(key) or _TILED_PLANS.get(key)
         if plan is not None:
             plan(x, qweight, scales, zeros, perm, bias, out)
             return
     cfg = dict(cfg) if cfg is not None else select_config(M, N, K, group_size, x)
     kernel = cfg.pop("kernel")
+    if kernel == "mma":
+        if not mma_supported(x, M, K, group_size):
+            raise ValueError(f"cfg: the compiled 'mma' kernel cannot run M = {M}, K = {K}, group size {group_size} "
+                             f"on {x.device} (needs the CUDA build, capability >= 8.0, M <= {_config.MMA_MAX_M}, "
+                             "K % 128 == 0, group size >= 32 or -1)")  # fmt: skip
+        plan = _MmaPlan(cfg, _split_counters(dev, triton.cdiv(N, 16)), group_size)
+        if key is not None:
+            _MMA_PLANS[key] = plan
+        plan(x, qweight, scales, zeros, perm, bias, out)
+        return
     G = 0 if group_size == -1 else group_size
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     if G and not (G % block_k == 0 or block_k % G == 0):
@@ -512,4 +585,4 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         if launch is not None:
             _TILED_PLANS.put(key, _TiledPlan(launch))
     else:
-        raise ValueError(f"cfg: kernel must be 'splitk' or 'tiled', got {kernel!r}")
+        raise ValueError(f"cfg: kernel must be 'splitk', 'tiled' or 'mma', got {kernel!r}")

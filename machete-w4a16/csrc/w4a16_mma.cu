@@ -1,0 +1,368 @@
+// machete-w4a16's small-M kernel: int4 weights x 16-bit tokens on the tensor cores (mma.sync
+// m16n8k16, fp32 accumulation), for decode-sized M (1 .. 32), where streaming the weight is the
+// whole cost. Semantics and arguments: w4a16_mma.h.
+//
+// Swap AB: the product is computed as out^T = W x^T, so 16 rows of W fill the mma's 16-row A
+// side and the few tokens its 8-column B side (M = 1 wastes 7/8 of B, not 15/16 of A).
+//
+// The layout does the fragment work (no shuffles, no shared memory on the weight path). A warp
+// owns W rows r0 .. r0 + 15; lane (g = lane / 4, t = lane % 4) reads rows r0 + g and r0 + g + 8.
+// In each 128-column window a lane takes columns 32t .. 32t + 31 of its two rows: one 16-byte
+// load per row (4 packed words). Over the window's eight k16 steps s, the mma's k positions
+// (2t, 2t + 1) are mapped to columns 32t + 4s + {0, 1} and (2t + 8, 2t + 9) to 32t + 4s + {2, 3}:
+// the same columns for A (W) and B (x), so the sum over k is the true product. Then word u of a
+// lane's 16 bytes holds the columns of steps 2u and 2u + 1, and the A register of columns
+// 8u + 2i, 8u + 2i + 1 is nibble slots (i, i + 4) of that word: with AWQ's slot order one shift
+// and one AND-OR (0x000F000F, then the exponent of 128 (bf16) / 1024 (fp16)) make the two 16-bit
+// values 128 + q (1024 + q) exactly. Subtracting 128 + z is exact and the multiply by the scale
+// rounds once: dequantize()'s value. The B registers are x[token, 32t + 4s .. 32t + 4s + 3]:
+// four 16-byte loads per token per window, L1-resident (every warp of the slice reads them).
+//
+// Parallelism: block = `warps` warps on one 16-row tile, warp w taking windows w, w + warps, ...
+// of the block's K slice (gridDim.y slices); the warps' accumulators are summed in shared
+// memory in warp order, the K slices through fp32 partials summed in slice order by the last
+// block to arrive (an acq_rel-fenced counter): deterministic, one launch.
+#include "w4a16_mma.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace fused_llm {
+namespace machete_w4a16 {
+namespace {
+
+template <class T>
+struct Types;
+template <>
+struct Types<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0 twice: 128 + q for q < 16
+  static constexpr float kBase = 128.0f;
+  __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct Types<__half> {
+  using T2 = __half2;
+  static constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024.0 twice: 1024 + q
+  static constexpr float kBase = 1024.0f;
+  __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// The weight stream is read once: keep it out of L1 so x (re-read by every warp) stays there.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+template <class T2>
+__device__ __forceinline__ uint32_t as_u32(T2 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Codes of columns (2i, 2i + 1) of a packed word (nibble slots i, i + 4) -> (q - z) * s, two
+// 16-bit values in one register (the low half the even column).
+template <class T>
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int i, typename Types<T>::T2 zz,
+                                                 typename Types<T>::T2 s) {
+  using T2 = typename Types<T>::T2;
+  const uint32_t bits = ((word >> (4 * i)) & 0x000F000Fu) | Types<T>::kMagic;
+  const T2 h = *reinterpret_cast<const T2*>(&bits);
+  return as_u32<T2>(__hmul2(__hsub2(h, zz), s));  // exact difference, one rounding
+}
+
+template <class T>
+__device__ __forceinline__ typename Types<T>::T2 splat(T v) {
+  typename Types<T>::T2 r;
+  r.x = v;
+  r.y = v;
+  return r;
+}
+
+template <class T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_float(__half v) {
+  return __half2float(v);
+}
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float(float v) {
+  return __float2half_rn(v);
+}
+
+struct KernelArgs {
+  int m, n, k;
+  const void* x;
+  int64_t x_row_stride;
+  const uint32_t* qweight;
+  const void* scales;
+  const uint8_t* zeros;
+  int group_shift;
+  const void* bias;
+  bool bias_fp32;
+  void* out;
+  int64_t out_row_stride;
+  int split_k;
+  float* partials;
+  int32_t* counters;
+};
+
+// NT: n8 token tiles (m <= 8 NT); WARPS: warps per block; UNROLL: windows loaded before use.
+template <class T, int NT, bool ZEROS, int WARPS, int UNROLL>
+__global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs a) {
+  using T2 = typename Types<T>::T2;
+  constexpr int kOut = kTileRows * kTokensPerMma * NT;  // outputs of a block's tile
+  __shared__ float red[WARPS][kOut];
+  __shared__ bool last_block;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = blockIdx.x * kTileRows;
+  // Rows past n are clamped (read, never stored): no predicates in the loop.
+  const int row_a = min(row0 + g, a.n - 1), row_b = min(row0 + g + 8, a.n - 1);
+  const int windows = a.k / kWindow;
+  const int per_split = (windows + a.split_k - 1) / a.split_k;
+  const int w_begin = blockIdx.y * per_split;
+  const int w_end = min(w_begin + per_split, windows);
+
+  const uint4* wa = reinterpret_cast<const uint4*>(a.qweight + static_cast<int64_t>(row_a) * (a.k / 8)) + t;
+  const uint4* wb = reinterpret_cast<const uint4*>(a.qweight + static_cast<int64_t>(row_b) * (a.k / 8)) + t;
+  const T* scales = static_cast<const T*>(a.scales);
+  // Token rows of this lane's B fragments (one per n8 tile); tokens past m read nothing.
+  const uint4* xr[NT];
+  bool has_token[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int token = nt * kTokensPerMma + g;
+    has_token[nt] = token < a.m;
+    xr[nt] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + static_cast<int64_t>(has_token[nt] ? token : 0) *
+                                                                             a.x_row_stride) +
+             4 * t;
+  }
+  const T2 zz_sym = splat<T>(from_float<T>(Types<T>::kBase + 8.0f));
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+  // Rolling prefetch: UNROLL windows of weights (and their scales) in flight per warp at all
+  // times; a slot is refilled with the window UNROLL steps ahead as soon as it is consumed.
+  uint4 qa[UNROLL], qb[UNROLL];
+  T sa[UNROLL], sb[UNROLL];
+  uint8_t za[UNROLL], zb[UNROLL];
+  auto fetch = [&](int u, int w) {
+    if (w < w_end) {
+      qa[u] = load_stream(wa + 4 * w);
+      qb[u] = load_stream(wb + 4 * w);
+      const int64_t grp = static_cast<int64_t>((w * kWindow + 32 * t) >> a.group_shift) * a.n;
+      sa[u] = scales[grp + row_a];
+      sb[u] = scales[grp + row_b];
+      if constexpr (ZEROS) {
+        za[u] = a.zeros[grp + row_a];
+        zb[u] = a.zeros[grp + row_b];
+      }
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) fetch(u, w_begin + warp + u * WARPS);
+
+  for (int w0 = w_begin + warp; w0 < w_end; w0 += WARPS * UNROLL) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int w = w0 + u * WARPS;
+      if (w >= w_end) break;
+      uint4 xv[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) xv[nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
+      }
+      const T2 s_a = splat<T>(sa[u]), s_b = splat<T>(sb[u]);
+      T2 zz_a = zz_sym, zz_b = zz_sym;
+      if constexpr (ZEROS) {
+        zz_a = splat<T>(from_float<T>(Types<T>::kBase + static_cast<float>(za[u])));
+        zz_b = splat<T>(from_float<T>(Types<T>::kBase + static_cast<float>(zb[u])));
+      }
+      const uint32_t wq_a[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w};
+      const uint32_t wq_b[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
+      fetch(u, w + WARPS * UNROLL);  // the slot's next window, in flight while this one computes
+#pragma unroll
+      for (int word = 0; word < 4; ++word) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // k16 step 2 word + half
+          const uint32_t frag[4] = {
+              dequant_pair<T>(wq_a[word], 2 * half, zz_a, s_a),      // row g, k 2t, 2t + 1
+              dequant_pair<T>(wq_b[word], 2 * half, zz_b, s_b),      // row g + 8
+              dequant_pair<T>(wq_a[word], 2 * half + 1, zz_a, s_a),  // row g, k 2t + 8, 2t + 9
+              dequant_pair<T>(wq_b[word], 2 * half + 1, zz_b, s_b),  // row g + 8
+          };
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint4& v = xv[nt][word];  // columns 32t + 8 word .. + 7: steps 2 word, 2 word + 1
+            Types<T>::mma(acc[nt], frag, half ? v.z : v.x, half ? v.w : v.y);
+          }
+        }
+      }
+    }
+  }
+
+  // The warps' tiles, summed in warp order. Accumulator (c0, c1): row g, tokens 2t, 2t + 1;
+  // (c2, c3): row g + 8. Shared layout [token][row].
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int tok = nt * kTokensPerMma + 2 * t;
+    red[warp][tok * kTileRows + g] = acc[nt][0];
+    red[warp][(tok + 1) * kTileRows + g] = acc[nt][1];
+    red[warp][tok * kTileRows + g + 8] = acc[nt][2];
+    red[warp][(tok + 1) * kTileRows + g + 8] = acc[nt][3];
+  }
+  __syncthreads();
+
+  T* out = static_cast<T*>(a.out);
+  auto finish = [&](int idx, float v) {
+    const int tok = idx / kTileRows, row = row0 + idx % kTileRows;
+    if (a.bias != nullptr) {
+      v += a.bias_fp32 ? static_cast<const float*>(a.bias)[row] : to_float<T>(static_cast<const T*>(a.bias)[row]);
+    }
+    out[static_cast<int64_t>(tok) * a.out_row_stride + row] = from_float<T>(v);
+  };
+  const int valid = min(a.m, kTokensPerMma * NT) * kTileRows;  // [token][row] indices < valid
+  if (a.split_k == 1) {
+    for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
+      if (row0 + idx % kTileRows >= a.n) continue;
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) v += red[w][idx];
+      finish(idx, v);
+    }
+    return;
+  }
+  // Split K: this slice's partial [token][row0 + row] -> partials[slice, token, row].
+  for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
+    const int tok = idx / kTileRows, row = row0 + idx % kTileRows;
+    if (row >= a.n) continue;
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) v += red[w][idx];
+    a.partials[(static_cast<int64_t>(blockIdx.y) * a.m + tok) * a.n + row] = v;
+  }
+  __threadfence();  // this block's partials visible device-wide before its arrival is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int arrived = atomicAdd(a.counters + blockIdx.x, 1);
+    last_block = arrived == a.split_k - 1;
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();  // the other slices' partials, visible before they are read
+  for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
+    const int tok = idx / kTileRows, row = row0 + idx % kTileRows;
+    if (row >= a.n) continue;
+    float v = 0.0f;
+    for (int s = 0; s < a.split_k; ++s) v += __ldcg(a.partials + (static_cast<int64_t>(s) * a.m + tok) * a.n + row);
+    finish(idx, v);
+  }
+  if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next call
+}
+
+template <class T, int NT, bool ZEROS>
+cudaError_t launch_shape(const W4A16MmaParams& p, const KernelArgs& a, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.n + kTileRows - 1) / kTileRows), static_cast<unsigned>(p.split_k));
+  if (p.warps == 4 && p.unroll == 4) {
+    w4a16_mma_kernel<T, NT, ZEROS, 4, 4><<<grid, 128, 0, stream>>>(a);
+  } else if (p.warps == 4 && p.unroll == 2) {
+    w4a16_mma_kernel<T, NT, ZEROS, 4, 2><<<grid, 128, 0, stream>>>(a);
+  } else if (p.warps == 8 && p.unroll == 4) {
+    w4a16_mma_kernel<T, NT, ZEROS, 8, 4><<<grid, 256, 0, stream>>>(a);
+  } else {
+    w4a16_mma_kernel<T, NT, ZEROS, 8, 2><<<grid, 256, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+template <class T, bool ZEROS>
+cudaError_t launch_tokens(const W4A16MmaParams& p, const KernelArgs& a, cudaStream_t stream) {
+  if (p.m <= 8) return launch_shape<T, 1, ZEROS>(p, a, stream);
+  if (p.m <= 16) return launch_shape<T, 2, ZEROS>(p, a, stream);
+  return launch_shape<T, 4, ZEROS>(p, a, stream);
+}
+
+template <class T>
+cudaError_t launch_dtype(const W4A16MmaParams& p, const KernelArgs& a, cudaStream_t stream) {
+  return p.zeros != nullptr ? launch_tokens<T, true>(p, a, stream) : launch_tokens<T, false>(p, a, stream);
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+const char* w4a16_mma_check(const W4A16MmaParams& p) {
+  if (p.m < 0 || p.m > kMaxM) return "m must be in 0 .. 32";
+  if (p.n < 1 || p.n >= (int64_t{1} << 31) / kMaxM) return "n must be >= 1 (and below 2^26)";
+  if (p.k < kWindow || p.k % kWindow != 0 || p.k >= (int64_t{1} << 30)) return "k must be a positive multiple of 128";
+  if (p.group_shift < 5) return "the group size must be >= 32 (or one group per channel)";
+  if (p.x == nullptr || p.qweight == nullptr || p.scales == nullptr || p.out == nullptr) return "null tensor";
+  if (!aligned16(p.x) || p.x_row_stride % 8 != 0) return "x must be 16-byte aligned with a row stride a multiple of 8";
+  if (!aligned16(p.qweight)) return "qweight must be 16-byte aligned";
+  if (p.out_row_stride < p.n) return "out rows must not overlap";
+  if (!((p.warps == 4 || p.warps == 8) && (p.unroll == 2 || p.unroll == 4))) return "warps must be 4 or 8, unroll 2 or 4";
+  const int64_t windows = p.k / kWindow;
+  if (p.split_k < 1 || p.split_k > windows) return "split_k must be in 1 .. k / 128";
+  if (p.split_k > 1 && (p.partials == nullptr || p.counters == nullptr)) return "split_k > 1 needs partials and counters";
+  return nullptr;
+}
+
+cudaError_t w4a16_mma_launch(const W4A16MmaParams& p, cudaStream_t stream) {
+  if (w4a16_mma_check(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.m == 0) return cudaSuccess;
+  KernelArgs a;
+  a.m = static_cast<int>(p.m);
+  a.n = static_cast<int>(p.n);
+  a.k = static_cast<int>(p.k);
+  a.x = p.x;
+  a.x_row_stride = p.x_row_stride;
+  a.qweight = p.qweight;
+  a.scales = p.scales;
+  a.zeros = p.zeros;
+  a.group_shift = p.group_shift >= 31 ? 31 : p.group_shift;
+  a.bias = p.bias;
+  a.bias_fp32 = p.bias_fp32;
+  a.out = p.out;
+  a.out_row_stride = p.out_row_stride;
+  // Slices of whole windows, none empty (the launcher's split may not divide the windows).
+  const int windows = a.k / kWindow;
+  const int per_split = (windows + p.split_k - 1) / p.split_k;
+  a.split_k = (windows + per_split - 1) / per_split;
+  a.partials = p.partials;
+  a.counters = p.counters;
+  W4A16MmaParams q = p;
+  q.split_k = a.split_k;
+  return p.dtype == DType::kBFloat16 ? launch_dtype<__nv_bfloat16>(q, a, stream) : launch_dtype<__half>(q, a, stream);
+}
+
+}  // namespace machete_w4a16
+}  // namespace fused_llm

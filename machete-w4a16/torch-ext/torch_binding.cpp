@@ -1,0 +1,127 @@
+// Torch binding of machete-w4a16. The package's default kernels are Python custom ops (Triton on
+// CUDA / ROCm, plain torch on CPU: torch-ext/machete_w4a16/__init__.py), registered in this
+// build's op namespace as torch.library fragments. This file defines that namespace
+// (TORCH_LIBRARY) and, in CUDA builds only, the compiled small-M kernel's op:
+//   w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
+//             int group_size, int split_k, int warps, int unroll, Tensor! counters) -> ()
+// CPU and ROCm builds compile this file too and register no op: the .so then only carries the
+// namespace, so `_ops.py` loads the same way on every variant.
+//
+// The Python layer checks arguments first, with friendlier messages; the checks here keep
+// direct torch.ops callers safe.
+#include "torch_binding.h"
+
+#include <torch/library.h>
+
+#include "registration.h"
+
+#if defined(CUDA_KERNEL)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "common/binding_utils.h"
+#include "w4a16_mma.h"
+
+namespace mw = fused_llm::machete_w4a16;
+
+void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+               const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
+               int64_t split_k, int64_t warps, int64_t unroll, at::Tensor& counters) {
+  using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
+  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
+  TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
+  check_last_dim_contiguous(x, "x");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(qweight.scalar_type() == at::kInt && qweight.dim() == 2 && qweight.size(1) * 8 == K &&
+                  qweight.is_contiguous(),
+              msg("qweight: expected a contiguous int32 [N, ", K / 8, "] tensor, got ", qweight.scalar_type(), " ",
+                  shape_str(qweight)));
+  const int64_t N = qweight.size(0);
+  TORCH_CHECK(group_size == -1 || (group_size >= 32 && (group_size & (group_size - 1)) == 0 && K % group_size == 0),
+              msg("group_size: expected -1 or a power of two >= 32 dividing K = ", K, ", got ", group_size));
+  const int64_t groups = group_size == -1 ? 1 : K / group_size;
+  TORCH_CHECK(scales.scalar_type() == x.scalar_type() && scales.dim() == 2 && scales.size(0) == groups &&
+                  scales.size(1) == N && scales.is_contiguous(),
+              msg("scales: expected a contiguous ", x.scalar_type(), " [", groups, ", ", N, "] tensor, got ",
+                  scales.scalar_type(), " ", shape_str(scales)));
+  if (zeros.has_value()) {
+    TORCH_CHECK(zeros->scalar_type() == at::kByte && zeros->dim() == 2 && zeros->size(0) == groups &&
+                    zeros->size(1) == N && zeros->is_contiguous(),
+                msg("zeros: expected a contiguous uint8 [", groups, ", ", N, "] tensor, got ", zeros->scalar_type(),
+                    " ", shape_str(*zeros)));
+    check_same_device(*zeros, "zeros", x);
+  }
+  if (bias.has_value()) {
+    TORCH_CHECK((bias->scalar_type() == x.scalar_type() || bias->scalar_type() == at::kFloat) && bias->dim() == 1 &&
+                    bias->size(0) == N && bias->is_contiguous(),
+                msg("bias: expected a contiguous [", N, "] tensor of x's dtype or float32, got ", bias->scalar_type(),
+                    " ", shape_str(*bias)));
+    check_same_device(*bias, "bias", x);
+  }
+  TORCH_CHECK(out.scalar_type() == x.scalar_type() && out.dim() == 2 && out.size(0) == M && out.size(1) == N,
+              msg("out: expected a ", x.scalar_type(), " [", M, ", ", N, "] tensor, got ", out.scalar_type(), " ",
+                  shape_str(out)));
+  check_last_dim_contiguous(out, "out");
+  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.dim() == 1 && counters.is_contiguous() &&
+                  counters.numel() >= (N + mw::kTileRows - 1) / mw::kTileRows,
+              msg("counters: expected a contiguous int32 tensor of >= ", (N + mw::kTileRows - 1) / mw::kTileRows,
+                  " zeros, got ", counters.scalar_type(), " ", shape_str(counters)));
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&qweight, "qweight"}, {&scales, "scales"},
+                                {&out, "out"}, {&counters, "counters"}}) {
+    check_same_device(*t, name, x);
+  }
+  TORCH_CHECK(!ranges_overlap(out, x), msg("out: overlaps x in memory (the output must be separate)"));
+  if (M == 0 || N == 0) return;
+
+  mw::W4A16MmaParams p;
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.dtype = x.scalar_type() == at::kBFloat16 ? mw::DType::kBFloat16 : mw::DType::kFloat16;
+  p.x = x.data_ptr();
+  p.x_row_stride = M == 1 ? 8 : x.stride(0);  // a single row's stride is never used
+  p.qweight = reinterpret_cast<const uint32_t*>(qweight.data_ptr<int32_t>());
+  p.scales = scales.data_ptr();
+  p.zeros = zeros.has_value() ? zeros->data_ptr<uint8_t>() : nullptr;
+  int shift = 31;
+  if (group_size != -1) {
+    shift = 0;
+    while ((int64_t{1} << shift) < group_size) ++shift;
+  }
+  p.group_shift = shift;
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.bias_fp32 = bias.has_value() && bias->scalar_type() == at::kFloat;
+  p.out = out.data_ptr();
+  p.out_row_stride = M == 1 ? N : out.stride(0);
+  p.split_k = static_cast<int>(split_k);
+  p.warps = static_cast<int>(warps);
+  p.unroll = static_cast<int>(unroll);
+  p.counters = counters.data_ptr<int32_t>();
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor partials;
+  if (split_k > 1 && split_k <= K / mw::kWindow) {  // out of range: the check below says so
+    partials = at::empty({split_k, M, N}, x.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
+  const char* reason = mw::w4a16_mma_check(p);
+  TORCH_CHECK(reason == nullptr, msg("w4a16_mma: ", reason == nullptr ? "" : reason));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  const cudaError_t err = mw::w4a16_mma_launch(p, stream);
+  TORCH_CHECK(err == cudaSuccess, msg("w4a16_mma: kernel launch failed: ", cudaGetErrorString(err)));
+}
+#endif  // CUDA_KERNEL
+
+TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+#if defined(CUDA_KERNEL)
+  ops.def(
+      "w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, "
+      "int split_k, int warps, int unroll, Tensor! counters) -> ()");
+  ops.impl("w4a16_mma", c10::kCUDA, &w4a16_mma);
+#else
+  (void)ops;  // CPU / ROCm: the namespace only (see the top of this file)
+#endif
+}
+
+REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

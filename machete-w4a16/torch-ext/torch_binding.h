@@ -1,0 +1,14 @@
+// Torch-facing entry point of machete-w4a16's compiled op (schema in torch_binding.cpp). Defined
+// and registered only in CUDA builds: every other path of the package (Triton on CUDA / ROCm,
+// plain torch on CPU) is a Python custom op.
+#pragma once
+
+#include <optional>
+
+#include <ATen/ATen.h>
+
+// out [M, N] = x [M, K] @ dequantize(qweight, scales, zeros)^T (+ bias): the mma.sync small-M
+// kernel (csrc/w4a16_mma.h), M <= 32, K a multiple of 128, group size >= 32 or -1.
+void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+               const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
+               int64_t split_k, int64_t warps, int64_t unroll, at::Tensor& counters);
