@@ -250,6 +250,8 @@ def test_mma_refuses_what_it_cannot_run():
         op(out, x, qw.qweight, qw.scales, None, None, 128, 1, 5, 4, counters)
     with pytest.raises(RuntimeError, match="w4a16_mma: split_k must be in 1 .. k / 128"):
         op(out, x, qw.qweight, qw.scales, None, None, 128, 3, 4, 4, counters)
+    with pytest.raises(RuntimeError, match="w4a16_mma: split_k > 1 needs partials and counters"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 2, 4, 4, None)
 
 
 @pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")

@@ -3,7 +3,8 @@
 // build's op namespace as torch.library fragments. This file defines that namespace
 // (TORCH_LIBRARY) and, in CUDA builds only, the compiled small-M kernel's op:
 //   w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
-//             int group_size, int split_k, int warps, int unroll, Tensor! counters) -> ()
+//             int group_size, int split_k, int warps, int unroll, Tensor(a!)? counters) -> ()
+// counters (split_k > 1 only): the arrival counter of each 16-row tile, zero on entry, left zero.
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -26,7 +27,7 @@ namespace mw = fused_llm::machete_w4a16;
 
 void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
-               int64_t split_k, int64_t warps, int64_t unroll, at::Tensor& counters) {
+               int64_t split_k, int64_t warps, int64_t unroll, const std::optional<at::Tensor>& counters) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
   TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -64,12 +65,15 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
               msg("out: expected a ", x.scalar_type(), " [", M, ", ", N, "] tensor, got ", out.scalar_type(), " ",
                   shape_str(out)));
   check_last_dim_contiguous(out, "out");
-  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.dim() == 1 && counters.is_contiguous() &&
-                  counters.numel() >= (N + mw::kTileRows - 1) / mw::kTileRows,
-              msg("counters: expected a contiguous int32 tensor of >= ", (N + mw::kTileRows - 1) / mw::kTileRows,
-                  " zeros, got ", counters.scalar_type(), " ", shape_str(counters)));
+  if (counters.has_value()) {
+    TORCH_CHECK(counters->scalar_type() == at::kInt && counters->dim() == 1 && counters->is_contiguous() &&
+                    counters->numel() >= (N + mw::kTileRows - 1) / mw::kTileRows,
+                msg("counters: expected a contiguous int32 tensor of >= ", (N + mw::kTileRows - 1) / mw::kTileRows,
+                    " zeros, got ", counters->scalar_type(), " ", shape_str(*counters)));
+    check_same_device(*counters, "counters", x);
+  }
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&qweight, "qweight"}, {&scales, "scales"},
-                                {&out, "out"}, {&counters, "counters"}}) {
+                                {&out, "out"}}) {
     check_same_device(*t, name, x);
   }
   TORCH_CHECK(!ranges_overlap(out, x), msg("out: overlaps x in memory (the output must be separate)"));
@@ -98,7 +102,7 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
   p.split_k = static_cast<int>(split_k);
   p.warps = static_cast<int>(warps);
   p.unroll = static_cast<int>(unroll);
-  p.counters = counters.data_ptr<int32_t>();
+  p.counters = counters.has_value() ? counters->data_ptr<int32_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor partials;
   if (split_k > 1 && split_k <= K / mw::kWindow) {  // out of range: the check below says so
@@ -117,7 +121,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #if defined(CUDA_KERNEL)
   ops.def(
       "w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, "
-      "int split_k, int warps, int unroll, Tensor! counters) -> ()");
+      "int split_k, int warps, int unroll, Tensor(a!)? counters) -> ()");
   ops.impl("w4a16_mma", c10::kCUDA, &w4a16_mma);
 #else
   (void)ops;  // CPU / ROCm: the namespace only (see the top of this file)

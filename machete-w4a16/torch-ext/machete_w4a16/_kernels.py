@@ -430,9 +430,10 @@ def mma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     windows in flight {2, 4} over the eight Llama-3 8B / 70B projections at M = 1 and 16 (H100,
     2026-11-24, graph-replayed, L2-rotated; benchmarks/results/INDEX.md): no K split (it won
     everywhere but 70B down at M = 1, by 2%), 2 windows in flight, 8 warps a block up to 384
-    row tiles (the 8B QKV / O / down projections: one wave of blocks) and 4 beyond."""
+    row tiles at M <= 8 and 256 beyond (8B QKV at M = 16: 13.3 us with 4 warps, 17.0 with 8),
+    4 warps on larger N."""
     tiles = triton.cdiv(N, 16)
-    return {"kernel": "mma", "SPLIT_K": 1, "num_warps": 8 if tiles <= 3 * sms else 4, "UNROLL": 2}
+    return {"kernel": "mma", "SPLIT_K": 1, "num_warps": 8 if tiles <= (3 if M <= 8 else 2) * sms else 4, "UNROLL": 2}
 
 
 def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> dict:
@@ -546,7 +547,10 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
             raise ValueError(f"cfg: the compiled 'mma' kernel cannot run M = {M}, K = {K}, group size {group_size} "
                              f"on {x.device} (needs the CUDA build, capability >= 8.0, M <= {_config.MMA_MAX_M}, "
                              "K % 128 == 0, group size >= 32 or -1)")  # fmt: skip
-        plan = _MmaPlan(cfg, _split_counters(dev, triton.cdiv(N, 16)), group_size)
+        # No counters without a K split: a lazily made buffer inside a torch.compile'd CUDA graph
+        # (cudagraph trees) would be an untracked allocation of its pool.
+        counters = _split_counters(dev, triton.cdiv(N, 16)) if cfg["SPLIT_K"] > 1 else None
+        plan = _MmaPlan(cfg, counters, group_size)
         if key is not None:
             _MMA_PLANS[key] = plan
         plan(x, qweight, scales, zeros, perm, bias, out)
