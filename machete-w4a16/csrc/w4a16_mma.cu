@@ -131,26 +131,41 @@ struct KernelArgs {
   int32_t* counters;
 };
 
-// NT: n8 token tiles (m <= 8 NT); WARPS: warps per block; UNROLL: windows loaded before use.
-template <class T, int NT, bool ZEROS, int WARPS, int UNROLL>
+// Windows whose weights a warp keeps in flight (a sweep of 2 and 4 over the eight 8B / 70B
+// projections at M = 1 and 16 on an H100 never picked 4: the registers cost more warps).
+constexpr int kInFlight = 2;
+
+// NT: n8 token tiles (m <= 8 NT); RT: 16-row tiles per warp (each B fragment, read from L1,
+// feeds RT mmas: at M = 16 with RT = 1 the x reads held L1 at 88% of its throughput, 70B
+// gate/up, H100 Nsight Compute); WARPS: warps per block.
+template <class T, int NT, int RT, bool ZEROS, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs a) {
   using T2 = typename Types<T>::T2;
-  constexpr int kOut = kTileRows * kTokensPerMma * NT;  // outputs of a block's tile
+  constexpr int kRows = kTileRows * RT;                   // rows of a block (and of each warp)
+  constexpr int kOut = kRows * kTokensPerMma * NT;        // outputs of a block's tile
   __shared__ float red[WARPS][kOut];
   __shared__ bool last_block;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int row0 = blockIdx.x * kTileRows;
-  // Rows past n are clamped (read, never stored): no predicates in the loop.
-  const int row_a = min(row0 + g, a.n - 1), row_b = min(row0 + g + 8, a.n - 1);
+  const int row0 = blockIdx.x * kRows;
   const int windows = a.k / kWindow;
   const int per_split = (windows + a.split_k - 1) / a.split_k;
   const int w_begin = blockIdx.y * per_split;
   const int w_end = min(w_begin + per_split, windows);
 
-  const uint4* wa = reinterpret_cast<const uint4*>(a.qweight + static_cast<int64_t>(row_a) * (a.k / 8)) + t;
-  const uint4* wb = reinterpret_cast<const uint4*>(a.qweight + static_cast<int64_t>(row_b) * (a.k / 8)) + t;
+  // Rows g and g + 8 of each of the warp's 16-row tiles; rows past n are clamped (read, never
+  // stored): no predicates in the loop.
+  const uint4* wp[RT][2];
+  int rows[RT][2];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rows[r][h] = min(row0 + kTileRows * r + g + 8 * h, a.n - 1);
+      wp[r][h] = reinterpret_cast<const uint4*>(a.qweight + static_cast<int64_t>(rows[r][h]) * (a.k / 8)) + t;
+    }
+  }
   const T* scales = static_cast<const T*>(a.scales);
   // Token rows of this lane's B fragments (one per n8 tile); tokens past m read nothing.
   const uint4* xr[NT];
@@ -165,34 +180,38 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs 
   }
   const T2 zz_sym = splat<T>(from_float<T>(Types<T>::kBase + 8.0f));
 
-  float acc[NT][4];
+  float acc[RT][NT][4];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  for (int r = 0; r < RT; ++r) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.0f;
+  }
 
-  // Rolling prefetch: UNROLL windows of weights (and their scales) in flight per warp at all
-  // times; a slot is refilled with the window UNROLL steps ahead as soon as it is consumed.
-  uint4 qa[UNROLL], qb[UNROLL];
-  T sa[UNROLL], sb[UNROLL];
-  uint8_t za[UNROLL], zb[UNROLL];
+  // Rolling prefetch: kInFlight windows of weights (and their scales) in flight per warp at all
+  // times; a slot is refilled with the window kInFlight steps ahead as soon as it is consumed.
+  uint4 q[kInFlight][RT][2];
+  T sc[kInFlight][RT][2];
+  uint8_t zp[kInFlight][RT][2];
   auto fetch = [&](int u, int w) {
     if (w < w_end) {
-      qa[u] = load_stream(wa + 4 * w);
-      qb[u] = load_stream(wb + 4 * w);
       const int64_t grp = static_cast<int64_t>((w * kWindow + 32 * t) >> a.group_shift) * a.n;
-      sa[u] = scales[grp + row_a];
-      sb[u] = scales[grp + row_b];
-      if constexpr (ZEROS) {
-        za[u] = a.zeros[grp + row_a];
-        zb[u] = a.zeros[grp + row_b];
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          q[u][r][h] = load_stream(wp[r][h] + 4 * w);
+          sc[u][r][h] = scales[grp + rows[r][h]];
+          if constexpr (ZEROS) zp[u][r][h] = a.zeros[grp + rows[r][h]];
+        }
       }
     }
   };
 #pragma unroll
-  for (int u = 0; u < UNROLL; ++u) fetch(u, w_begin + warp + u * WARPS);
+  for (int u = 0; u < kInFlight; ++u) fetch(u, w_begin + warp + u * WARPS);
 
-  for (int w0 = w_begin + warp; w0 < w_end; w0 += WARPS * UNROLL) {
+  for (int w0 = w_begin + warp; w0 < w_end; w0 += WARPS * kInFlight) {
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
+    for (int u = 0; u < kInFlight; ++u) {
       const int w = w0 + u * WARPS;
       if (w >= w_end) break;
       uint4 xv[NT][4];
@@ -201,29 +220,39 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs 
 #pragma unroll
         for (int j = 0; j < 4; ++j) xv[nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
       }
-      const T2 s_a = splat<T>(sa[u]), s_b = splat<T>(sb[u]);
-      T2 zz_a = zz_sym, zz_b = zz_sym;
-      if constexpr (ZEROS) {
-        zz_a = splat<T>(from_float<T>(Types<T>::kBase + static_cast<float>(za[u])));
-        zz_b = splat<T>(from_float<T>(Types<T>::kBase + static_cast<float>(zb[u])));
+      T2 s2[RT][2], zz[RT][2];
+      uint32_t wq[RT][2][4];
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          s2[r][h] = splat<T>(sc[u][r][h]);
+          zz[r][h] = zz_sym;
+          if constexpr (ZEROS) zz[r][h] = splat<T>(from_float<T>(Types<T>::kBase + static_cast<float>(zp[u][r][h])));
+          wq[r][h][0] = q[u][r][h].x;
+          wq[r][h][1] = q[u][r][h].y;
+          wq[r][h][2] = q[u][r][h].z;
+          wq[r][h][3] = q[u][r][h].w;
+        }
       }
-      const uint32_t wq_a[4] = {qa[u].x, qa[u].y, qa[u].z, qa[u].w};
-      const uint32_t wq_b[4] = {qb[u].x, qb[u].y, qb[u].z, qb[u].w};
-      fetch(u, w + WARPS * UNROLL);  // the slot's next window, in flight while this one computes
+      fetch(u, w + WARPS * kInFlight);  // the slot's next window, in flight while this one computes
 #pragma unroll
       for (int word = 0; word < 4; ++word) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {  // k16 step 2 word + half
-          const uint32_t frag[4] = {
-              dequant_pair<T>(wq_a[word], 2 * half, zz_a, s_a),      // row g, k 2t, 2t + 1
-              dequant_pair<T>(wq_b[word], 2 * half, zz_b, s_b),      // row g + 8
-              dequant_pair<T>(wq_a[word], 2 * half + 1, zz_a, s_a),  // row g, k 2t + 8, 2t + 9
-              dequant_pair<T>(wq_b[word], 2 * half + 1, zz_b, s_b),  // row g + 8
-          };
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint4& v = xv[nt][word];  // columns 32t + 8 word .. + 7: steps 2 word, 2 word + 1
-            Types<T>::mma(acc[nt], frag, half ? v.z : v.x, half ? v.w : v.y);
+          for (int r = 0; r < RT; ++r) {
+            const uint32_t frag[4] = {
+                dequant_pair<T>(wq[r][0][word], 2 * half, zz[r][0], s2[r][0]),      // row g, k 2t, 2t + 1
+                dequant_pair<T>(wq[r][1][word], 2 * half, zz[r][1], s2[r][1]),      // row g + 8
+                dequant_pair<T>(wq[r][0][word], 2 * half + 1, zz[r][0], s2[r][0]),  // row g, k 2t + 8, 2t + 9
+                dequant_pair<T>(wq[r][1][word], 2 * half + 1, zz[r][1], s2[r][1]),  // row g + 8
+            };
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const uint4& v = xv[nt][word];  // columns 32t + 8 word .. + 7: steps 2 word, 2 word + 1
+              Types<T>::mma(acc[r][nt], frag, half ? v.z : v.x, half ? v.w : v.y);
+            }
           }
         }
       }
@@ -233,27 +262,30 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs 
   // The warps' tiles, summed in warp order. Accumulator (c0, c1): row g, tokens 2t, 2t + 1;
   // (c2, c3): row g + 8. Shared layout [token][row].
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int tok = nt * kTokensPerMma + 2 * t;
-    red[warp][tok * kTileRows + g] = acc[nt][0];
-    red[warp][(tok + 1) * kTileRows + g] = acc[nt][1];
-    red[warp][tok * kTileRows + g + 8] = acc[nt][2];
-    red[warp][(tok + 1) * kTileRows + g + 8] = acc[nt][3];
+  for (int r = 0; r < RT; ++r) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int tok = nt * kTokensPerMma + 2 * t, row = kTileRows * r + g;
+      red[warp][tok * kRows + row] = acc[r][nt][0];
+      red[warp][(tok + 1) * kRows + row] = acc[r][nt][1];
+      red[warp][tok * kRows + row + 8] = acc[r][nt][2];
+      red[warp][(tok + 1) * kRows + row + 8] = acc[r][nt][3];
+    }
   }
   __syncthreads();
 
   T* out = static_cast<T*>(a.out);
   auto finish = [&](int idx, float v) {
-    const int tok = idx / kTileRows, row = row0 + idx % kTileRows;
+    const int tok = idx / kRows, row = row0 + idx % kRows;
     if (a.bias != nullptr) {
       v += a.bias_fp32 ? static_cast<const float*>(a.bias)[row] : to_float<T>(static_cast<const T*>(a.bias)[row]);
     }
     out[static_cast<int64_t>(tok) * a.out_row_stride + row] = from_float<T>(v);
   };
-  const int valid = min(a.m, kTokensPerMma * NT) * kTileRows;  // [token][row] indices < valid
+  const int valid = min(a.m, kTokensPerMma * NT) * kRows;  // [token][row] indices < valid
   if (a.split_k == 1) {
     for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
-      if (row0 + idx % kTileRows >= a.n) continue;
+      if (row0 + idx % kRows >= a.n) continue;
       float v = 0.0f;
 #pragma unroll
       for (int w = 0; w < WARPS; ++w) v += red[w][idx];
@@ -263,7 +295,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs 
   }
   // Split K: this slice's partial [token][row0 + row] -> partials[slice, token, row].
   for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
-    const int tok = idx / kTileRows, row = row0 + idx % kTileRows;
+    const int tok = idx / kRows, row = row0 + idx % kRows;
     if (row >= a.n) continue;
     float v = 0.0f;
 #pragma unroll
@@ -280,7 +312,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs 
   if (!last_block) return;
   __threadfence();  // the other slices' partials, visible before they are read
   for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
-    const int tok = idx / kTileRows, row = row0 + idx % kTileRows;
+    const int tok = idx / kRows, row = row0 + idx % kRows;
     if (row >= a.n) continue;
     float v = 0.0f;
     for (int s = 0; s < a.split_k; ++s) v += __ldcg(a.partials + (static_cast<int64_t>(s) * a.m + tok) * a.n + row);
@@ -291,15 +323,16 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs 
 
 template <class T, int NT, bool ZEROS>
 cudaError_t launch_shape(const W4A16MmaParams& p, const KernelArgs& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.n + kTileRows - 1) / kTileRows), static_cast<unsigned>(p.split_k));
-  if (p.warps == 4 && p.unroll == 4) {
-    w4a16_mma_kernel<T, NT, ZEROS, 4, 4><<<grid, 128, 0, stream>>>(a);
-  } else if (p.warps == 4 && p.unroll == 2) {
-    w4a16_mma_kernel<T, NT, ZEROS, 4, 2><<<grid, 128, 0, stream>>>(a);
-  } else if (p.warps == 8 && p.unroll == 4) {
-    w4a16_mma_kernel<T, NT, ZEROS, 8, 4><<<grid, 256, 0, stream>>>(a);
+  const int rows = kTileRows * p.row_tiles;
+  const dim3 grid(static_cast<unsigned>((p.n + rows - 1) / rows), static_cast<unsigned>(p.split_k));
+  if (p.warps == 4 && p.row_tiles == 1) {
+    w4a16_mma_kernel<T, NT, 1, ZEROS, 4><<<grid, 128, 0, stream>>>(a);
+  } else if (p.warps == 4 && p.row_tiles == 2) {
+    w4a16_mma_kernel<T, NT, 2, ZEROS, 4><<<grid, 128, 0, stream>>>(a);
+  } else if (p.warps == 8 && p.row_tiles == 1) {
+    w4a16_mma_kernel<T, NT, 1, ZEROS, 8><<<grid, 256, 0, stream>>>(a);
   } else {
-    w4a16_mma_kernel<T, NT, ZEROS, 8, 2><<<grid, 256, 0, stream>>>(a);
+    w4a16_mma_kernel<T, NT, 2, ZEROS, 8><<<grid, 256, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
@@ -329,7 +362,7 @@ const char* w4a16_mma_check(const W4A16MmaParams& p) {
   if (!aligned16(p.x) || p.x_row_stride % 8 != 0) return "x must be 16-byte aligned with a row stride a multiple of 8";
   if (!aligned16(p.qweight)) return "qweight must be 16-byte aligned";
   if (p.out_row_stride < p.n) return "out rows must not overlap";
-  if (!((p.warps == 4 || p.warps == 8) && (p.unroll == 2 || p.unroll == 4))) return "warps must be 4 or 8, unroll 2 or 4";
+  if (!((p.warps == 4 || p.warps == 8) && (p.row_tiles == 1 || p.row_tiles == 2))) return "warps must be 4 or 8, row_tiles 1 or 2";
   const int64_t windows = p.k / kWindow;
   if (p.split_k < 1 || p.split_k > windows) return "split_k must be in 1 .. k / 128";
   if (p.split_k > 1 && (p.partials == nullptr || p.counters == nullptr)) return "split_k > 1 needs partials and counters";

@@ -55,11 +55,11 @@ struct W4A16MmaParams {
   int64_t out_row_stride = 0;
 
   // Launch shape: split_k > 1 splits the K windows over gridDim.y blocks whose fp32 partials
-  // ([split_k, m, n] in `partials`) the last block of each row tile to arrive sums in split
+  // ([split_k, m, n] in `partials`) the last block of each row block to arrive sums in split
   // order (deterministic); `counters` [ceil(n / 16)] int32, zero on entry, left zero.
   int split_k = 1;
-  int warps = 4;   // warps per block (4 or 8): each takes every warps-th window of the slice
-  int unroll = 4;  // windows whose loads a warp issues before it computes (2 or 4)
+  int warps = 4;      // warps per block (4 or 8): each takes every warps-th window of the slice
+  int row_tiles = 1;  // 16-row tiles per warp (1 or 2): a block covers 16 row_tiles rows
   float* partials = nullptr;
   int32_t* counters = nullptr;
 };

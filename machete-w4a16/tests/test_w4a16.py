@@ -183,17 +183,18 @@ MMA = DEVICE == "cuda" and hasattr(w4.ops, "w4a16_mma")
 
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
-@pytest.mark.parametrize("split, warps, unroll", [(1, 4, 4), (3, 4, 2), (2, 8, 4), (5, 8, 2), (8, 4, 4)])
+@pytest.mark.parametrize("split, warps, row_tiles", [(1, 4, 1), (3, 4, 2), (2, 8, 1), (5, 8, 2), (8, 4, 2), (1, 8, 2)])
 @pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_mma_kernel(split, warps, unroll, group_size, zero_point, dtype):
+def test_mma_kernel(split, warps, row_tiles, group_size, zero_point, dtype):
     """The compiled small-M kernel at every instantiated launch shape: M across its n8 tiles
-    (1, 8 | 9, 16 | 17, 32), N off the 16-row tile, uneven and windows-per-warp-short K splits,
+    (1, 8 | 9, 16 | 17, 32), N off the 16- and 32-row blocks, uneven and windows-per-warp-short
+    K splits,
     every group size it takes; each launch twice (the split-K counters must be left reset) on a
     poisoned output, with a bias."""
     kern = w4._triton_kernels()
     N, K = 300, 1024
-    cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "UNROLL": unroll}
+    cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles}
     for M in (1, 8, 9, 16, 17, 32):
         x, qw, b = make(M, N, K, dtype, group_size, zero_point, seed=M + split, bias=M % 2 == 1)
         ref = reference(x, qw, b)
@@ -218,7 +219,7 @@ def test_mma_inputs_it_copies_or_gathers():
     x1, qw1, _ = make(3, 40, 128, torch.float16, 32, True, seed=42)
     out = poison_(torch.empty(3, 64, dtype=torch.float16, device=DEVICE))[:, :40]
     kern.launch_w4a16(x1, qw1.qweight, qw1.scales, qw1.zeros, None, None, out, 32,
-                      cfg={"kernel": "mma", "SPLIT_K": 1, "num_warps": 4, "UNROLL": 4})  # fmt: skip
+                      cfg={"kernel": "mma", "SPLIT_K": 1, "num_warps": 4, "ROW_TILES": 2})  # fmt: skip
     assert_gemm_close(out, reference(x1, qw1), "K = 128, out row stride 64")
 
 
@@ -227,7 +228,7 @@ def test_mma_refuses_what_it_cannot_run():
     """A forced 'mma' launch outside its range raises naming the limits; the compiled op's own
     checks name the argument (direct torch.ops callers)."""
     kern = w4._triton_kernels()
-    cfg = {"kernel": "mma", "SPLIT_K": 1, "num_warps": 4, "UNROLL": 4}
+    cfg = {"kernel": "mma", "SPLIT_K": 1, "num_warps": 4, "ROW_TILES": 1}
     for M, K, G in ((33, 256, 128), (4, 200, -1), (4, 256, 16)):
         x, qw, _ = make(M, 32, K, torch.bfloat16, G, False, seed=43) if G != 16 else (None, None, None)
         if G == 16:
@@ -243,15 +244,15 @@ def test_mma_refuses_what_it_cannot_run():
     counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
     op = w4.ops.w4a16_mma
     with pytest.raises(RuntimeError, match="scales: expected a contiguous BFloat16 .2, 32. tensor, got Half"):
-        op(out, x, qw.qweight, qw.scales.half(), None, None, 128, 1, 4, 4, counters)
+        op(out, x, qw.qweight, qw.scales.half(), None, None, 128, 1, 4, 1, counters)
     with pytest.raises(RuntimeError, match="group_size: expected -1 or a power of two >= 32 dividing K = 256, got 16"):
-        op(out, x, qw.qweight, qw.scales, None, None, 16, 1, 4, 4, counters)
-    with pytest.raises(RuntimeError, match="w4a16_mma: warps must be 4 or 8"):
-        op(out, x, qw.qweight, qw.scales, None, None, 128, 1, 5, 4, counters)
+        op(out, x, qw.qweight, qw.scales, None, None, 16, 1, 4, 1, counters)
+    with pytest.raises(RuntimeError, match="w4a16_mma: warps must be 4 or 8, row_tiles 1 or 2"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 1, 4, 3, counters)
     with pytest.raises(RuntimeError, match="w4a16_mma: split_k must be in 1 .. k / 128"):
-        op(out, x, qw.qweight, qw.scales, None, None, 128, 3, 4, 4, counters)
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 3, 4, 1, counters)
     with pytest.raises(RuntimeError, match="w4a16_mma: split_k > 1 needs partials and counters"):
-        op(out, x, qw.qweight, qw.scales, None, None, 128, 2, 4, 4, None)
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 2, 4, 1, None)
 
 
 @pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
@@ -297,7 +298,7 @@ def test_tuning_entries_round_trip_and_bad_entries():
         assert cfg.get("USE_DOT", True) is (entry[0] != "splitk" or entry[1] > 1)
     bad = [["splitk", 8, 64, 128, 2, 4, 3], ["tiled", 1, 64, 64, 8, 4, 3], ["tiled", 64, 48, 64, 8, 4, 3],
            ["splitk", 1, 64, 128, 0, 4, 3], ["gemv", 1, 64, 128, 2, 4, 3], ["splitk", 1, 64, 128, 2, 4],
-           ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 4], ["mma", 2, 4, 8], ["mma", 0, 4, 4], ["mma", 2, 4], None]  # fmt: skip
+           ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 1], ["mma", 2, 4, 4], ["mma", 0, 4, 1], ["mma", 2, 4], None]  # fmt: skip
     for entry in bad:
         with pytest.raises((ValueError, TypeError), match="tuning entry"):
             c.config_of(entry)

@@ -3,7 +3,7 @@
 // build's op namespace as torch.library fragments. This file defines that namespace
 // (TORCH_LIBRARY) and, in CUDA builds only, the compiled small-M kernel's op:
 //   w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
-//             int group_size, int split_k, int warps, int unroll, Tensor(a!)? counters) -> ()
+//             int group_size, int split_k, int warps, int row_tiles, Tensor(a!)? counters) -> ()
 // counters (split_k > 1 only): the arrival counter of each 16-row tile, zero on entry, left zero.
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
@@ -27,7 +27,7 @@ namespace mw = fused_llm::machete_w4a16;
 
 void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
-               int64_t split_k, int64_t warps, int64_t unroll, const std::optional<at::Tensor>& counters) {
+               int64_t split_k, int64_t warps, int64_t row_tiles, const std::optional<at::Tensor>& counters) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
   TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -101,7 +101,7 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
   p.out_row_stride = M == 1 ? N : out.stride(0);
   p.split_k = static_cast<int>(split_k);
   p.warps = static_cast<int>(warps);
-  p.unroll = static_cast<int>(unroll);
+  p.row_tiles = static_cast<int>(row_tiles);
   p.counters = counters.has_value() ? counters->data_ptr<int32_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor partials;
@@ -121,7 +121,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #if defined(CUDA_KERNEL)
   ops.def(
       "w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, "
-      "int split_k, int warps, int unroll, Tensor(a!)? counters) -> ()");
+      "int split_k, int warps, int row_tiles, Tensor(a!)? counters) -> ()");
   ops.impl("w4a16_mma", c10::kCUDA, &w4a16_mma);
 #else
   (void)ops;  // CPU / ROCm: the namespace only (see the top of this file)

@@ -8,9 +8,9 @@ stores, written by ``benchmarks/tune.py``):
   kernel; BLOCK_M 1 is the FMA GEMV (``USE_DOT=False``), else a power of two >= 16 (tl.dot);
   SPLIT_K an upper bound (the launcher rounds the slice to whole K steps, no empty slices);
 * ``["tiled", BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages]``: the tiled kernel;
-* ``["mma", SPLIT_K, num_warps, UNROLL]``: the compiled CUDA small-M kernel (csrc/w4a16_mma.cu,
-  M <= 32): K split over SPLIT_K block rows (an upper bound, as for splitk), 4 or 8 warps per
-  block, 2 or 4 windows of 128 columns loaded per warp before they are used.
+* ``["mma", SPLIT_K, num_warps, ROW_TILES]``: the compiled CUDA small-M kernel
+  (csrc/w4a16_mma.cu, M <= 32): K split over SPLIT_K blocks per row block (an upper bound, as
+  for splitk), 4 or 8 warps per block, 1 or 2 16-row tiles per warp.
 
 :func:`config_of` turns an entry into the dict ``_kernels.launch_w4a16`` takes (``cfg``), and
 :func:`entry_of` back; :func:`tuned_config` looks an M up in the table.
@@ -25,11 +25,11 @@ DTYPES = ("bfloat16", "float16")
 _FIELDS = {
     "splitk": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"),
     "tiled": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
-    "mma": ("SPLIT_K", "num_warps", "UNROLL"),
+    "mma": ("SPLIT_K", "num_warps", "ROW_TILES"),
 }
 # What the compiled kernel is instantiated for (w4a16_mma.cu launch_shape).
 MMA_WARPS = (4, 8)
-MMA_UNROLL = (2, 4)
+MMA_ROW_TILES = (1, 2)
 MMA_MAX_M = 32
 
 
@@ -50,8 +50,8 @@ def check_entry(entry) -> None:
         if type(v) is not int or v < 1:
             raise TypeError(f"tuning entry {entry!r}: {name} must be an int >= 1, got {v!r}")
     if kernel == "mma":
-        if cfg["num_warps"] not in MMA_WARPS or cfg["UNROLL"] not in MMA_UNROLL:
-            raise ValueError(f"tuning entry {entry!r}: num_warps must be one of {MMA_WARPS}, UNROLL one of {MMA_UNROLL}")
+        if cfg["num_warps"] not in MMA_WARPS or cfg["ROW_TILES"] not in MMA_ROW_TILES:
+            raise ValueError(f"tuning entry {entry!r}: num_warps must be one of {MMA_WARPS}, ROW_TILES one of {MMA_ROW_TILES}")
         return
     for name in ("BLOCK_N", "BLOCK_K", "num_warps"):
         if not _pow2(cfg[name]) or cfg[name] < {"BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 1}[name]:

@@ -429,11 +429,14 @@ def mma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     """The compiled kernel's default launch, from a sweep of split {1, 2, 4} x warps {4, 8} x
     windows in flight {2, 4} over the eight Llama-3 8B / 70B projections at M = 1 and 16 (H100,
     2026-11-24, graph-replayed, L2-rotated; benchmarks/results/INDEX.md): no K split (it won
-    everywhere but 70B down at M = 1, by 2%), 2 windows in flight, 8 warps a block up to 384
-    row tiles at M <= 8 and 256 beyond (8B QKV at M = 16: 13.3 us with 4 warps, 17.0 with 8),
-    4 warps on larger N."""
+    everywhere but 70B down at M = 1, by 2%), 8 warps a block up to 384 row tiles at M <= 8 and
+    256 beyond (8B QKV at M = 16: 13.3 us with 4 warps, 17.0 with 8), 4 warps on larger N; two
+    row tiles per warp past 8 tokens (each x fragment feeds two mmas: one row tile held L1 at
+    88% of its throughput there)."""
     tiles = triton.cdiv(N, 16)
-    return {"kernel": "mma", "SPLIT_K": 1, "num_warps": 8 if tiles <= (3 if M <= 8 else 2) * sms else 4, "UNROLL": 2}
+    row_tiles = 2 if M > 8 else 1
+    return {"kernel": "mma", "SPLIT_K": 1, "num_warps": 8 if tiles <= (3 if M <= 8 else 2) * sms else 4,
+            "ROW_TILES": row_tiles}  # fmt: skip
 
 
 def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> dict:
@@ -482,10 +485,10 @@ class _MmaPlan:
     call does to x first (act order: the packed column k' reads x[:, perm[k']], so x is
     gathered once; a layout the kernel cannot read in 16-byte units is copied)."""
 
-    __slots__ = ("counters", "group_size", "split", "unroll", "warps")
+    __slots__ = ("counters", "group_size", "row_tiles", "split", "warps")
 
-    def __init__(self, cfg: dict, counters: torch.Tensor, group_size: int):
-        self.split, self.warps, self.unroll = cfg["SPLIT_K"], cfg["num_warps"], cfg["UNROLL"]
+    def __init__(self, cfg: dict, counters: torch.Tensor | None, group_size: int):
+        self.split, self.warps, self.row_tiles = cfg["SPLIT_K"], cfg["num_warps"], cfg["ROW_TILES"]
         self.counters, self.group_size = counters, group_size
 
     def __call__(self, x, qweight, scales, zeros, perm, bias, out) -> None:
@@ -493,7 +496,7 @@ class _MmaPlan:
             x = x.index_select(1, perm)
         elif x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
             x = x.clone(memory_format=torch.contiguous_format)
-        ops.w4a16_mma(out, x, qweight, scales, zeros, bias, self.group_size, self.split, self.warps, self.unroll,
+        ops.w4a16_mma(out, x, qweight, scales, zeros, bias, self.group_size, self.split, self.warps, self.row_tiles,
                       self.counters)  # fmt: skip
 
 
