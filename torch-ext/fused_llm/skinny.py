@@ -11,9 +11,9 @@ After the other swaps a Llama / Mistral / Qwen2 / Qwen3 model still runs these G
 
 ``skinny_gemm.linear`` runs a GEMM through the skinny kernel where the package's tuning table
 measured it faster than cuBLAS for this GPU, dtype, (N, K) and token count, and through
-``F.linear`` everywhere else. The routing is decided here once per weight: a projection whose
-(GPU, dtype, N, K) the table lists with no skinny configuration at any token count keeps its
-cuBLAS call as it was, with no dispatch per call. The others pay ``linear``'s dispatch on each
+``F.linear`` everywhere else. The routing is decided here once per weight: a projection for
+which the table holds no skinny configuration (this GPU, dtype, N, K) at any token count keeps
+its cuBLAS call as it was, with no dispatch per call. The others pay ``linear``'s dispatch on each
 eager call (argument checks and a dictionary lookup: 3.4 us on top of ``F.linear``'s 5.2 us on
 the CPU host where it was measured); under ``torch.compile`` the lookup is a graph constant,
 and a CUDA-graph replay (static-cache ``generate``) replays only the kernel it picked.
