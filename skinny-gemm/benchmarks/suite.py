@@ -29,6 +29,8 @@ from fused_llm_dev.bench.suite import (
     Fn,
     Provider,
     Suite,
+    autotune_unavailable,
+    compile_static,
     load_sibling,
     package_loader,
     within_scale,
@@ -90,11 +92,19 @@ def make_cublas(case: Case, seed: int) -> Fn:
 
 @functools.cache
 def _max_autotune(fn):
-    config = torch._dynamo.config
-    for key, floor in (("recompile_limit", 256), ("accumulated_recompile_limit", 1024)):
-        if hasattr(config, key):  # 77 shapes x tokens: past dynamo's default of 8 recompiles
-            setattr(config, key, max(getattr(config, key), floor))
-    return torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False, fullgraph=True)
+    """One compiled function per expression for all 77 cases (a graph per shape inside it)."""
+    return compile_static(fn, mode="max-autotune-no-cudagraphs")
+
+
+def _fp8_autotune_unavailable() -> str | None:
+    """The FP8 peer also needs an FP8 GPU: _scaled_mm has no kernel below CUDA capability 8.9
+    (nor on ROCm outside gfx94x)."""
+    reason = autotune_unavailable()
+    if reason is None and torch.version.hip is None and torch.cuda.get_device_capability() < (8, 9):
+        reason = f"torch.compile of _scaled_mm: FP8 needs CUDA capability >= 8.9, got {torch.cuda.get_device_capability()}"
+    if reason is None and torch.version.hip is not None and ref.fp8_dtype(0) != torch.float8_e4m3fnuz:
+        reason = "torch.compile of _scaled_mm: FP8 on ROCm needs a gfx94x GPU"
+    return reason
 
 
 def make_compile(case: Case, seed: int) -> Fn:
@@ -175,7 +185,8 @@ def build_suites() -> list[Suite]:
                 Provider("ours_atomic", _make_ours("ours_atomic"), unavailable=_ours_unavailable, note="gemm(deterministic=False)"),
                 Provider("linear", _make_ours("linear"), unavailable=_ours_unavailable, note="linear: the tuning table's choice"),
                 Provider("cublas", make_cublas, note="F.linear"),
-                Provider("torch_compile", make_compile, note="torch.compile(F.linear, mode='max-autotune-no-cudagraphs')"),
+                Provider("torch_compile", make_compile, unavailable=autotune_unavailable,
+                         note="torch.compile(F.linear, mode='max-autotune-no-cudagraphs')"),
                 Provider("read_floor", _make_floor(2), bytes_moved=lambda c: 2 * _shape(c)[1] * _shape(c)[2], check=_no_check,
                          note=floor),
             ],
@@ -195,7 +206,8 @@ def build_suites() -> list[Suite]:
                          note="gemm_fp8(deterministic=False)"),
                 Provider("linear", _make_ours_fp8("linear"), unavailable=_ours_unavailable, note="linear_fp8: the table's choice"),
                 Provider("cublas", make_scaled_mm, note="torch._scaled_mm, rowwise scales"),
-                Provider("torch_compile", make_compile_fp8, note="torch.compile(_scaled_mm, mode='max-autotune-no-cudagraphs')"),
+                Provider("torch_compile", make_compile_fp8, unavailable=_fp8_autotune_unavailable,
+                         note="torch.compile(_scaled_mm, mode='max-autotune-no-cudagraphs')"),
                 Provider("read_floor", _make_floor(1), bytes_moved=lambda c: _shape(c)[1] * _shape(c)[2], check=_no_check,
                          note=floor),
             ],

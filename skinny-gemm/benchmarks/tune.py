@@ -2,16 +2,24 @@
 ``linear`` / ``linear_fp8`` (``torch-ext/skinny_gemm/_tuning.py``). GPU only:
 
     python skinny-gemm/benchmarks/tune.py [--dtypes bfloat16,fp8] [--shapes 405B-tp8-qkv,8B-qkv]
-                                          [--tokens 1,2,4] [--quick] [--dry-run] [--margin 0.98]
+                                          [--tokens 1,2,4] [--quick] [--no-write] [--dry-run] [--margin 0.98]
 
-For every (dtype, shape, M bucket) it times cuBLAS (``F.linear`` / ``torch._scaled_mm``,
+The defaults are every shape of ``benchmark.SHAPES`` (the issue's Llama-405B TP8, Llama-3 8B
+and 70B TP1 projections) at every M bucket of the table (1, 2, 4, 8, 16, 32, 64), both dtypes;
+a run can take a subset, and its entries are merged into the GPU's existing ones bucket by
+bucket (a bucket a run did not tune keeps its entry; a bucket no run tuned is absent, and a call
+with M tokens takes the first bucket >= M that is present). For every (dtype, shape, M bucket)
+it times cuBLAS (``F.linear`` / ``torch._scaled_mm``,
 rowwise scales) and a sweep of skinny configurations in CUDA-graph replay with L2 rotation
 (the harness's ``time_us``), after checking each configuration's result against cuBLAS. An
 entry gets the fastest configuration when it took at most ``margin`` (default 0.98) of
 cuBLAS's time, else None (cuBLAS): the 2% margin keeps a noisy win from becoming a dispatched
 loss, since the issue's bar is "never more than 2% slower than cuBLAS". The GPU's previous
-entries for the tuned keys are replaced; other GPUs' entries are kept. The command line goes
-into the table's ``MADE_BY``.
+buckets of the tuned keys are replaced; other GPUs' entries are kept. The command line goes
+into the table's ``MADE_BY``. ``--dry-run`` lists the sweep without a GPU (``--sms`` sets the SM
+count it plans for); ``--no-write`` measures and prints the table instead of writing it. On an
+H100 a ``--quick`` run took 35 s for 20 points (2026-11-24): every shape and bucket of both
+dtypes (154 points) is about 4.5 minutes.
 """
 
 from __future__ import annotations
@@ -27,12 +35,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import benchmark as ref
 from fused_llm.packages import get_kernel
 from fused_llm_dev.bench.settings import Method
+from fused_llm_dev.bench.suite import load_sibling
 from fused_llm_dev.bench.timing import time_us
+
+HERE = Path(__file__).resolve().parent
+ref = load_sibling(__file__)  # benchmark.py: the shapes and inputs (the suite's module too)
 
 TABLE_PATH = HERE.parent / "torch-ext" / "skinny_gemm" / "_tuning.py"
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -119,52 +128,96 @@ def write_table(table: dict, made_by: str) -> None:
     write(TABLE_PATH, table, made_by, "dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]]")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def merge(rows: list, tuned: dict) -> list:
+    """A key's ``[(m_max, config or None)]`` with the buckets of ``tuned`` ({M: entry}) replaced
+    or added, in increasing M."""
+    return sorted({**dict(rows), **tuned}.items())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked (a SystemExit naming the bad value)."""
+    parser = argparse.ArgumentParser(prog="tune.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="bfloat16,fp8", help="bfloat16 and / or fp8 (the GPU's e4m3 format)")
-    parser.add_argument("--shapes", default=",".join(ref.SHAPES), help=f"of {', '.join(ref.SHAPES)}")
-    parser.add_argument("--tokens", default=",".join(map(str, BUCKETS)), help="M buckets to tune")
+    parser.add_argument("--shapes", default=",".join(ref.SHAPES), help=f"of {', '.join(ref.SHAPES)} (default: all)")
+    parser.add_argument("--tokens", default=",".join(map(str, BUCKETS)), help="M buckets to tune (default: all)")
     parser.add_argument("--quick", action="store_true", help="a small sweep around the default configuration")
     parser.add_argument("--margin", type=float, default=0.98, help="ours must take at most this fraction of cuBLAS's time")
-    parser.add_argument("--dry-run", action="store_true", help="print the entries, do not write _tuning.py")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("tune.py measures on a GPU; none is visible")
+    parser.add_argument("--sms", type=int, default=None, help="SM count for --dry-run without a GPU (default: the GPU's, else 132)")
+    parser.add_argument("--no-write", action="store_true", help="measure and print the table, do not write _tuning.py")
+    parser.add_argument("--dry-run", action="store_true", help="list the sweep; measure nothing (no GPU needed)")
+    args = parser.parse_args(argv)
+    args.dtypes, args.shapes = args.dtypes.split(","), args.shapes.split(",")
+    try:
+        args.tokens = sorted({int(t) for t in args.tokens.split(",")})
+    except ValueError:
+        parser.error(f"--tokens: expected comma-separated integers, got {args.tokens!r}")
+    if bad := [d for d in args.dtypes if d not in ("bfloat16", "fp8")]:
+        parser.error(f"--dtypes: expected bfloat16 and / or fp8, got {bad}")
+    if bad := [s for s in args.shapes if s not in ref.SHAPES]:
+        parser.error(f"--shapes: expected names of {', '.join(ref.SHAPES)}, got {bad}")
+    if bad := [t for t in args.tokens if t not in BUCKETS]:
+        parser.error(f"--tokens: expected buckets of {BUCKETS}, got {bad}")
+    if not 0 < args.margin <= 1:
+        parser.error(f"--margin: expected a fraction in (0, 1], got {args.margin}")
+    return args
+
+
+def dry_run(args, kernel, sms: int, out=print) -> int:
+    """Print every point's candidates; return the number of points."""
+    points = 0
+    for dtype in args.dtypes:
+        for shape in args.shapes:
+            N, K = ref.SHAPES[shape]
+            for M in args.tokens:
+                cands = candidates(kernel, M, N, K, 1 if dtype == "fp8" else 2, sms, args.quick)
+                points += 1
+                out(f"{dtype} {shape} [N={N}, K={K}] M={M}: {len(cands)} configurations: " + " ".join(str(c.as_list()) for c in cands))
+    out(f"{points} points")
+    return points
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     kernel = get_kernel("skinny-gemm")
-    gpu = torch.cuda.get_device_name(0)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    sms = args.sms or (torch.cuda.get_device_properties(0).multi_processor_count if gpu else 132)
+    if args.dry_run:
+        dry_run(args, kernel, sms)
+        return 0
+    if gpu is None:
+        raise SystemExit("tune.py measures on a GPU; none is visible (--dry-run lists the sweep without one)")
     fp8_name = str(ref.fp8_dtype(0)).removeprefix("torch.")
-    tokens = [int(t) for t in args.tokens.split(",")]
-    if not set(tokens) <= set(BUCKETS):
-        raise SystemExit(f"--tokens: expected buckets of {BUCKETS}, got {tokens}")
     from importlib import import_module
 
     table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
     tuned: set = set()
     t0 = time.time()
-    for dtype in args.dtypes.split(","):
+    for dtype in args.dtypes:
         name = fp8_name if dtype == "fp8" else dtype
-        for shape in args.shapes.split(","):
+        for shape in args.shapes:
             N, K = ref.SHAPES[shape]
-            rows = dict(table.get((gpu, name, N, K), []))
-            for M in tokens:
+            chosen_by_m = {}
+            for M in args.tokens:
                 t_cublas, t_best, chosen, best = tune_one(kernel, dtype, shape, M, sms, args.quick, args.margin, print)
-                rows[M] = chosen
+                chosen_by_m[M] = chosen
                 print(f"{gpu} {name} {shape} M={M}: cuBLAS {t_cublas:.1f} us, best skinny {t_best:.1f} us "
                       f"({t_cublas / t_best:.3f}x) {best} -> {'skinny' if chosen else 'cuBLAS'}", flush=True)  # fmt: skip
-            table[(gpu, name, N, K)] = sorted(rows.items())
+            table[(gpu, name, N, K)] = merge(table.get((gpu, name, N, K), []), chosen_by_m)
             tuned.add((gpu, name, N, K))
     print(f"tuned in {time.time() - t0:.0f} s")
-    if args.dry_run:
+    if args.no_write:
         pprint.pprint(table, width=110)
-        return
-    made_by = "python skinny-gemm/benchmarks/tune.py " + shlex.join(sys.argv[1:]) + f"  # {gpu}"
-    previous = import_module(kernel.__name__ + "._tuning").MADE_BY
-    if previous and table.keys() - tuned:  # entries of earlier runs are kept: so are their commands
-        made_by = f"{previous}; {made_by}"
+        return 0
+    made_by = "python skinny-gemm/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}"
+    tuning = import_module(kernel.__name__ + "._tuning")
+    kept = tuning.TABLE.keys() - tuned or any(dict(tuning.TABLE.get(k, [])).keys() - set(args.tokens) for k in tuned)
+    if tuning.MADE_BY and kept:  # entries of earlier runs are kept: so are their commands
+        made_by = f"{tuning.MADE_BY}; {made_by}"
     write_table(table, made_by)
     print(f"wrote {TABLE_PATH}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -307,6 +307,19 @@ def test_linear_dispatch(table):
     assert torch.equal(sg.linear(x.half(), w.half()), F.linear(x.half(), w.half())), "another dtype: F.linear"
 
 
+def test_dispatch_buckets(table):
+    """A weight's buckets as dispatch_config reads them (configs as SkinnyConfig), in x's dtype
+    when given; empty for a shape or dtype the table does not list."""
+    w = torch.zeros(48, 256, dtype=torch.bfloat16, device=DEVICE)
+    assert sg.dispatch_buckets(w) == []
+    cfg8 = [16, 32, 64, 2, 4, 2]
+    table[(_gpu_key(), "bfloat16", 48, 256)] = [(1, None), (8, cfg8)]
+    assert sg.dispatch_buckets(w) == [(1, None), (8, sg.SkinnyConfig(*cfg8))]
+    assert sg.dispatch_buckets(w, torch.float16) == [] and sg.dispatch_buckets(w[:, :128]) == []
+    with pytest.raises(ValueError, match=r"w: expected a 2-D torch.Tensor \[N, K\], got torch.Size\(\[256\]\)"):
+        sg.dispatch_buckets(w[0])
+
+
 def test_linear_needs_grad_goes_to_f_linear(table):
     x, w, b = make(3, 32, 64, torch.bfloat16, seed=42, bias=True)
     table[(_gpu_key(), "bfloat16", 32, 64)] = [(64, [16, 32, 32, 1, 4, 2])]

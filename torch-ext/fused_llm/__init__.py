@@ -27,7 +27,7 @@ _EXPORTS = {
     "load_w4a16": "w4a16",
     "quantize_w4a16": "w4a16",
 }
-_SUBMODULES = ("decoder", "integration", "packages", "transformers_config", "w4a16")
+_SUBMODULES = ("decoder", "integration", "packages", "skinny", "transformers_config", "w4a16")
 
 __all__ = [
     "LAYERS", "KernelizeReport", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize",

@@ -16,6 +16,10 @@ This forward computes the same layer in 9 ops and launches:
 The q / k / v weights become views of one fused [W_q; W_k; W_v] tensor (no second copy);
 the layer keeps every module, so state_dict(), the original submodules and ``.to()`` work.
 Under torch.compile the packages' functions trace as their registered ops.
+
+The QKV, o_proj and down_proj GEMMs run cuBLAS (``F.linear`` / ``addmm``) unless
+``fused_llm.skinny`` routed them to skinny-gemm (`use_skinny`: its table lists the weight's
+shape for this GPU), which picks its kernel or cuBLAS per token count.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ DECODER_CLASSES = (
 )
 
 STEPS = "rms_norm, QKV GEMM, rope-triton rotary, attention, o_proj, fused_add_rms_norm, gated-mlp, down_proj + residual"
+
+# The projections of these families' decoder layers (attention, MLP), as module attribute names.
+ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
 
 # Under torch.compile, a forward of at least this many tokens runs the layer's own (transformers')
 # forward: inductor fuses its RMSNorms, rotary and SiLU * up into neighbouring kernels, which our
@@ -71,6 +79,20 @@ def decoder_classes() -> tuple[type, ...]:
         except (ImportError, AttributeError):
             continue
     return tuple(found)
+
+
+def projection_names(model: nn.Module) -> list[str]:
+    """The attention and MLP projections of the model's decoder layers (the classes of
+    DECODER_CLASSES), as ``named_modules`` names."""
+    classes = decoder_classes()
+    names = []
+    for name, layer in model.named_modules():
+        if not isinstance(layer, classes):
+            continue
+        for part, projs in (("self_attn", ATTN_PROJS), ("mlp", MLP_PROJS)):
+            parent = getattr(layer, part, None)
+            names += [f"{name}.{part}.{p}" for p in projs if parent is not None and hasattr(parent, p)]
+    return names
 
 
 def unsupported_reason(layer: nn.Module) -> str | None:
@@ -130,8 +152,38 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     if window is None and "Mistral" in type(attn).__name__:
         window = getattr(attn.config, "sliding_window", None)
     layer.fused_llm_sliding_window = window
+    # The GEMM functions (use_skinny replaces them): attributes read once per call, so a layer
+    # whose projections skinny-gemm does not serve runs exactly F.linear / addmm.
+    layer.fused_llm_linear_qkv = F.linear
+    layer.fused_llm_linear_o = F.linear
+    layer.fused_llm_skinny_down = None
     layer.forward = types.MethodType(_make_forward(kernels), layer)
     layer.fused_llm_decoder = True
+
+
+def fused_gemms(layer: nn.Module) -> dict[str, torch.Tensor]:
+    """The GEMMs of a fused layer's forward that `use_skinny` can route, by name, with their
+    weights ("self_attn.qkv": the fused [W_q; W_k; W_v]; gate / up run inside gated-mlp)."""
+    attn = layer.self_attn
+    return {"self_attn.qkv": attn.fused_qkv_weight, "self_attn.o_proj": attn.o_proj.weight,
+            "mlp.down_proj": layer.mlp.down_proj.weight}  # fmt: skip
+
+
+def use_skinny(layer: nn.Module, name: str, skinny: types.ModuleType | None) -> None:
+    """Route the fused layer's GEMM ``name`` (of `fused_gemms`) through the skinny-gemm package
+    ``skinny``, or back to cuBLAS (None): QKV and o_proj through ``skinny.linear``; down_proj
+    through ``skinny.gemm`` where ``skinny.dispatch_config`` picks the skinny kernel for the
+    call's tokens, and through the fused residual ``addmm`` where it picks cuBLAS (``linear`` +
+    an add would cost the add). The layer keeps functions, not the package module: a module
+    attribute would make ``copy.deepcopy`` of the model fail."""
+    if name == "self_attn.qkv":
+        layer.fused_llm_linear_qkv = F.linear if skinny is None else skinny.linear
+    elif name == "self_attn.o_proj":
+        layer.fused_llm_linear_o = F.linear if skinny is None else skinny.linear
+    elif name == "mlp.down_proj":
+        layer.fused_llm_skinny_down = None if skinny is None else (skinny.dispatch_config, skinny.gemm)
+    else:
+        raise ValueError(f"name: expected self_attn.qkv, self_attn.o_proj or mlp.down_proj, got {name!r}")
 
 
 def _make_forward(k: Kernels):
@@ -154,7 +206,7 @@ def _make_forward(k: Kernels):
         n_kv = attn.k_proj.out_features
 
         h = rms_norm(hidden_states, in_norm.weight, in_norm.variance_epsilon)
-        qkv = F.linear(h, attn.fused_qkv_weight, attn.fused_qkv_bias)
+        qkv = self.fused_llm_linear_qkv(h, attn.fused_qkv_weight, attn.fused_qkv_bias)
         # q, k, v as [B, H, S, D] views of qkv in three view ops (a view costs ~2.4 us of host
         # time on the H100 host; slicing, viewing and transposing each of the three took nine).
         heads = qkv.view(*input_shape, -1, head_dim).transpose(1, 2)
@@ -169,14 +221,18 @@ def _make_forward(k: Kernels):
         if self.fused_llm_sliding_window is not None:
             kwargs.setdefault("sliding_window", self.fused_llm_sliding_window)
         out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
-        out = F.linear(out.reshape(*input_shape, -1), attn.o_proj.weight, attn.o_proj.bias)
+        out = self.fused_llm_linear_o(out.reshape(*input_shape, -1), attn.o_proj.weight, attn.o_proj.bias)
 
         h, residual = fused_add_rms_norm(out, hidden_states, post_norm.weight, post_norm.variance_epsilon)
         h = gated_mlp(h, mlp.gate_proj.weight, mlp.up_proj.weight, activation=self.fused_llm_activation,
                       bias_gate=mlp.gate_proj.bias, bias_up=mlp.up_proj.bias)
         down = mlp.down_proj
+        skinny = self.fused_llm_skinny_down  # (dispatch_config, gemm) of skinny-gemm, or None
+        cfg = skinny[0](h, down.weight) if skinny is not None else None
+        if cfg is not None:
+            return residual + skinny[1](h, down.weight, down.bias, config=cfg)
         if down.bias is not None:
-            return residual + down(h)
+            return residual + F.linear(h, down.weight, down.bias)
         hidden = residual.shape[-1]
         return torch.addmm(residual.view(-1, hidden), h.view(-1, h.shape[-1]), down.weight.t()).view(residual.shape)
 

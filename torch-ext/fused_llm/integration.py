@@ -81,6 +81,13 @@ class KernelizeReport:
     # transformers' forward with the reason (module, class, reason).
     fused_decoders: list[tuple[str, str]] = field(default_factory=list)
     unfused_decoders: list[tuple[str, str, str]] = field(default_factory=list)
+    # Decode projections routed through skinny_gemm.linear (fused_llm.skinny.Route: name, (N, K),
+    # the token counts at which the table gives them the skinny kernel), those left on cuBLAS
+    # (the table lists no skinny configuration for them), and the device and dtype looked up;
+    # all empty with skinny=False.
+    skinny: list = field(default_factory=list)
+    skinny_kept: list = field(default_factory=list)
+    skinny_table: str = ""
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -102,6 +109,14 @@ class KernelizeReport:
         kept = {cls for _, cls in self.kept}
         if kept:
             lines.append(f"  kept their own forward: {len(self.kept)} ({', '.join(sorted(kept))})")
+        if self.skinny or self.skinny_kept:
+            from .skinny import summary
+
+            lines.append(f"  decode projections (skinny-gemm's table for {self.skinny_table}):")
+            lines += [f"  {n:3d} x {name} [{N} x {K}] -> skinny_gemm.linear (skinny kernel at {tokens} tokens, F.linear at others)"
+                      for n, name, (N, K), tokens in summary(self.skinny)]  # fmt: skip
+            lines += [f"  {n:3d} x {name} [{N} x {K}] keeps F.linear (no skinny entry in the table)"
+                      for n, name, (N, K), _ in summary(self.skinny_kept)]  # fmt: skip
         return "kernelized:\n" + ("\n".join(lines) if lines else "  nothing")
 
 
@@ -166,6 +181,7 @@ def kernelize(
     device: str | None = None,
     use_fallback: bool = True,
     fuse_decoder_layers: bool = True,
+    skinny: bool = True,
 ) -> KernelizeReport:
     """Swap our kernels into ``model`` (in place) and report what was swapped.
 
@@ -174,8 +190,15 @@ def kernelize(
     ``fuse_decoder_layers`` (default), Llama / Mistral / Qwen2 / Qwen3 decoder layers in
     float16 / bfloat16 get `fused_llm.decoder`'s forward (fused residual add + RMSNorm, one QKV
     GEMM, rope-triton, gated-mlp); the others keep theirs with the module-level swaps.
+    With ``skinny`` (default, inference modes), the projection GEMMs left on cuBLAS after
+    that (QKV, o_proj, down_proj, gate / up where gated-mlp does not take them, lm_head) whose
+    shapes skinny-gemm's tuning table lists for this GPU and dtype run through
+    ``skinny_gemm.linear`` (`fused_llm.skinny`); ``skinny=False`` leaves them all on cuBLAS
+    (it does not undo an earlier call's routing, as ``fuse_decoder_layers=False`` does not
+    unfuse layers).
     Kernelize after loading the weights and moving the model: the fused layer makes the q / k
-    / v weights views of one fused tensor at this point."""
+    / v weights views of one fused tensor at this point, and the skinny routing looks up the
+    GPU the weights are on."""
     from kernels import Mode, use_kernel_mapping
     from kernels import kernelize as hub_kernelize
 
@@ -215,6 +238,11 @@ def kernelize(
     report = _report(model, [name for name, _ in fusable])
     report.fused_decoders = [(name, type(layer).__name__) for name, layer in fusable]
     report.unfused_decoders = [(name, type(layer).__name__, reason) for name, layer, reason in layers if reason is not None]
+    if skinny and not (mode & Mode.TRAINING):
+        from . import skinny as routing
+
+        report.skinny, report.skinny_kept = routing.route(model, _load("skinny-gemm", source), dict(fusable))
+        report.skinny_table = routing.table_key(model)
     return report
 
 

@@ -5,9 +5,11 @@ and ``model.set_use_kernels(True, kernel_config(model))`` then swap the same mod
 ``fused_llm.kernelize`` (the same ``LAYERS`` mapping), through transformers' code path: it
 validates the mapping against the names the model registers, builds ``kernels`` repositories
 from it and calls ``kernels.kernelize`` with the mode the model's ``training`` flag implies.
-What a KernelConfig cannot carry is ``fused_llm.kernelize``'s own step for fp16 / bf16 models,
-the fused decoder layer (``fused_llm.decoder``: not a hub layer of a kernel package), so on
-those models the two paths differ by exactly that; in float32 they swap the same modules.
+What a KernelConfig cannot carry is ``fused_llm.kernelize``'s own steps: for fp16 / bf16
+models the fused decoder layer (``fused_llm.decoder``: not a hub layer of a kernel package),
+and the routing of projection GEMMs through skinny-gemm (``fused_llm.skinny``: transformers
+tags no ``nn.Linear``), so on those models the two paths differ by exactly that; in float32 they
+swap the same modules.
 
 transformers 5.22.2 accepts a KernelConfig only for the devices in its
 ``KERNELS_SUPPORTED_DEVICE_TYPES`` (cuda, rocm, xpu, npu, neuron, tpu, mps): on a CPU model it

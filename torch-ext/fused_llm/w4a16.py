@@ -31,11 +31,9 @@ import torch
 from torch import nn
 
 from . import packages
+from .decoder import projection_names  # the projections swapped: q/k/v/o_proj, gate/up/down_proj
 
 PACKAGE = "machete-w4a16"
-# The projections swapped, per decoder layer (attention, MLP).
-ATTN_PROJS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_PROJS = ("gate_proj", "up_proj", "down_proj")
 FORMATS = ("gptq", "awq", "compressed-tensors")
 
 Source = Literal["local", "hub"]
@@ -64,22 +62,6 @@ class W4A16Report:
         ratio = self.packed_bytes / self.dense_bytes if self.dense_bytes else float("nan")
         return (f"w4a16 ({self.format}): {len(self.swapped)} projections -> W4A16Linear, their weights "
                 f"{self.dense_bytes / 2**20:.1f} MiB -> {self.packed_bytes / 2**20:.1f} MiB ({ratio:.3f}x)")  # fmt: skip
-
-
-def projection_names(model: nn.Module) -> list[str]:
-    """The attention and MLP projections of the model's decoder layers (Llama / Mistral / Qwen2
-    / Qwen3: the classes ``fused_llm.decoder`` knows), as ``named_modules`` names."""
-    from .decoder import decoder_classes
-
-    classes = decoder_classes()
-    names = []
-    for name, layer in model.named_modules():
-        if not isinstance(layer, classes):
-            continue
-        for part, projs in (("self_attn", ATTN_PROJS), ("mlp", MLP_PROJS)):
-            parent = getattr(layer, part, None)
-            names += [f"{name}.{part}.{p}" for p in projs if parent is not None and hasattr(parent, p)]
-    return names
 
 
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:

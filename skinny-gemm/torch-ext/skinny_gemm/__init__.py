@@ -14,7 +14,10 @@ Triton's interpreter (how CI tests the kernel code without a GPU).
 * :func:`linear`, :func:`linear_fp8` — the dispatching entry points: the skinny kernel where
   the committed tuning table (``_tuning.py``, written by ``benchmarks/tune.py`` on a GPU) says
   it beat cuBLAS for this GPU, dtype, (N, K) and M bucket; cuBLAS (``F.linear`` /
-  ``torch._scaled_mm``) everywhere else. The table is empty until a GPU measures it.
+  ``torch._scaled_mm``) everywhere else. The table holds an H100's measurements of five shapes.
+* :func:`dispatch_buckets` — the table's M buckets for one weight: where a caller that holds a
+  weight for good (``fused_llm.kernelize``) decides once whether ``linear`` can ever pick the
+  skinny kernel for it.
 * ``layers.Linear`` — a kernelize hub layer: ``nn.Linear``'s forward through :func:`linear`.
 
 Inference only: the ops have no autograd formula (``gemm`` refuses inputs that need a
@@ -26,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import _reference, _tuning, layers
+from . import _reference, _tuning
 from ._config import SkinnyConfig, skinny_config
 from ._light_ops import define_op
 from ._triton_launch import device_name, triton_enabled_for
@@ -34,6 +37,7 @@ from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
     "SkinnyConfig",
+    "dispatch_buckets",
     "dispatch_config",
     "gemm",
     "gemm_fp8",
@@ -323,16 +327,32 @@ def gemm_fp8(
 # ---------------------------------------------------------------------------------------------
 
 
+def _table_rows(device: torch.device, dtype: torch.dtype, N: int, K: int):
+    """The tuning table's ``[(m_max, config list or None), ...]`` for this GPU (``"cpu"`` for CPU
+    tensors, which only tests use), dtype and (N, K), or None."""
+    table = _tuning.TABLE
+    if not table:  # nothing measured yet: no device query (and nothing for torch.compile to trace)
+        return None
+    return table.get((device_name(device), str(dtype).removeprefix("torch."), N, K))
+
+
+def dispatch_buckets(w: torch.Tensor, dtype: torch.dtype | None = None) -> list[tuple[int, SkinnyConfig | None]]:
+    """The M buckets ``linear`` / ``linear_fp8`` dispatch by for weight ``w`` ``[N, K]`` on its
+    device and x in ``dtype`` (default: w's): ``[(m_max, config or None), ...]`` in increasing
+    ``m_max``, as :func:`dispatch_config` reads them (None: cuBLAS; M above the last ``m_max``:
+    cuBLAS). Empty where the table lists nothing for them: every M runs cuBLAS."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        raise ValueError(f"w: expected a 2-D torch.Tensor [N, K], got {getattr(w, 'shape', type(w).__name__)}")
+    rows = _table_rows(w.device, w.dtype if dtype is None else dtype, w.shape[0], w.shape[1])
+    return [(m_max, SkinnyConfig(*cfg) if cfg is not None else None) for m_max, cfg in rows or ()]
+
+
 def dispatch_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | None:
     """The configuration ``linear`` / ``linear_fp8`` run the skinny kernel with for x ``[..., K]``
     and w ``[N, K]``, or None where they run cuBLAS: the tuning table's entry for this GPU
     (``torch.cuda.get_device_name``; ``"cpu"`` for CPU tensors, which only tests use), x's
     dtype, (N, K) and the first M bucket holding M. None when the table has no entry."""
-    table = _tuning.TABLE
-    if not table:  # nothing measured yet: no device query (and nothing for torch.compile to trace)
-        return None
-    name = device_name(x.device)
-    rows = table.get((name, str(x.dtype).removeprefix("torch."), w.shape[0], w.shape[1]))
+    rows = _table_rows(x.device, x.dtype, w.shape[0], w.shape[1])
     if rows is None:
         return None
     M = x.numel() // max(1, x.shape[-1]) if x.shape[-1] else 0
@@ -402,3 +422,8 @@ def linear_fp8(
         sa, sb = xs.reshape(()), ws.reshape(())
     y = torch._scaled_mm(x2, w.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=out_dtype)
     return y.view(*x.shape[:-1], N)
+
+
+# Last: layers.Linear binds linear at its import, once, instead of importing it on every call
+# (a function-level `from . import linear` took 1.1 us per call on a CPU host).
+from . import layers  # noqa: E402

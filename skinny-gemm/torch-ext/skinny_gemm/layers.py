@@ -1,17 +1,17 @@
 """Hub layers: drop-in ``forward`` replacements that ``kernels.kernelize`` swaps in.
 
 ``Linear`` replaces ``nn.Linear``'s forward with :func:`skinny_gemm.linear`: the skinny kernel
-where the package's tuning table measured it faster than cuBLAS, ``F.linear`` everywhere else
-(so with today's empty table it runs exactly ``F.linear``). Layer rules: no ``__init__``, no
-members besides ``has_backward`` and ``can_torch_compile``. Routing a model's decode
-projections through it (``fused_llm.kernelize``) is not wired yet: it waits for measured
-entries in the table.
+where the package's tuning table measured it faster than cuBLAS, ``F.linear`` everywhere else.
+Layer rules: no ``__init__``, no members besides ``has_backward`` and ``can_torch_compile``.
+``fused_llm.kernelize`` binds its forward to the decode projections the table lists.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from . import linear  # the package imports this module after defining linear
 
 __all__ = ["Linear"]
 
@@ -24,6 +24,4 @@ class Linear(nn.Module):
     can_torch_compile = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        from . import linear
-
         return linear(input, self.weight, self.bias)

@@ -101,27 +101,63 @@ def _running(name: str):
             setattr(module, attr, value)
 
 
-def _generate_ms(model, prompt, new_tokens: int, cache=None) -> float:
-    """Wall time of one ``generate``; ``cache``: a StaticCache (reset first), else the dynamic cache."""
+class Clock:
+    """CUDA-event timing on a GPU, the host clock on a CPU (the variant benches' --tiny runs)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def median_ms(self, fn, warmup: int, reps: int) -> float:
+        if self.cuda:
+            return _median_ms(fn, warmup, reps)
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+
+def _generate_ms(model, prompt, new_tokens: int, cache=None, sync=_sync) -> float:
+    """Wall time of one ``generate``; ``cache``: a StaticCache (reset first), else the dynamic
+    cache; ``sync``: the device synchronization (a Clock's on a CPU)."""
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     if cache is not None:
         kwargs["past_key_values"] = cache
     with torch.inference_mode():
         if cache is not None:
             cache.reset()  # its tensors were made under inference mode
-        _sync()
+        sync()
         t0 = time.perf_counter()
         model.generate(prompt, **kwargs)
-        _sync()
+        sync()
     return (time.perf_counter() - t0) * 1e3
 
 
-def _step_ms(model, prompt, n1: int, n2: int, cache=None) -> float:
+def _step_ms(model, prompt, n1: int, n2: int, cache=None, sync=_sync) -> float:
     """Decode time per token: the difference of two generate lengths, so the prefill and the
     fixed cost of generate cancel."""
-    t1 = _generate_ms(model, prompt, n1, cache)
-    t2 = _generate_ms(model, prompt, n2, cache)
+    t1 = _generate_ms(model, prompt, n1, cache, sync)
+    t2 = _generate_ms(model, prompt, n2, cache, sync)
     return (t2 - t1) / (n2 - n1)
+
+
+def rounds_of(models: dict, rounds: int, measure) -> dict[str, list[float]]:
+    """``measure(name, model)`` for every model, round after round, in alternating order, each
+    under its module globals (_running): a drift of the GPU's clocks or of the host over the
+    minute a setting takes falls on all models alike."""
+    out: dict[str, list[float]] = {name: [] for name in models}
+    for i in range(rounds):
+        for name in list(models)[:: 1 if i % 2 == 0 else -1]:
+            with _running(name):
+                out[name].append(measure(name, models[name]))
+    return out
 
 
 def prefill_ms(runners: dict, ids, reps: int, rounds: int) -> dict[str, tuple[float, tuple[float, float], float]]:
@@ -135,46 +171,47 @@ def prefill_ms(runners: dict, ids, reps: int, rounds: int) -> dict[str, tuple[fl
         with _running(name):
             _median_ms(lambda r=runner: _prefill(r, ids), 2, 1)
         peaks[name] = torch.cuda.max_memory_allocated() / 2**20
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for i in range(rounds):
-        for name in list(runners)[::1 if i % 2 == 0 else -1]:
-            with _running(name):
-                times[name].append(_median_ms(lambda r=runners[name]: _prefill(r, ids), 1, reps))
+    times = rounds_of(runners, rounds, lambda name, r: _median_ms(lambda: _prefill(r, ids), 1, reps))
     return {name: (statistics.median(v), (min(v), max(v)), peaks[name]) for name, v in times.items()}
 
 
-def decode_dynamic_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> dict[str, float]:
-    """ms per step of each model with the dynamic cache: one warm-up each, then ``rounds``
-    rounds in which every model runs in turn; the median over rounds."""
+def decode_times(models: dict, prompt, n1: int, n2: int, rounds: int, static: bool, clock: Clock | None = None) -> dict[str, list[float]]:
+    """ms per decode step of each model, one figure per round (rounds_of): ``generate`` with the
+    dynamic cache, or with a static cache (``static``; on a GPU transformers compiles the decode
+    forward and captures it in CUDA graphs): one ``StaticCache`` per model sized for n2 serves
+    both lengths (a cache sized per length recompiled for each). Warm-ups first: one, or two
+    with a static cache (the first compiles)."""
+    sync = clock.sync if clock is not None else _sync
+    caches = {name: None for name in models}
+    if static:
+        from transformers import StaticCache
+
+        caches = {name: StaticCache(config=m.config, max_cache_len=prompt.shape[1] + n2 + 1) for name, m in models.items()}
     for name, model in models.items():
         with _running(name):
-            _step_ms(model, prompt, n1, n2)
-    steps: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(rounds):
-        for name, model in models.items():
-            with _running(name):
-                steps[name].append(_step_ms(model, prompt, n1, n2))
-    return {name: statistics.median(v) for name, v in steps.items()}
+            for _ in range(2 if static else 1):
+                _step_ms(model, prompt, n1, n2, caches[name], sync)
+    return rounds_of(models, rounds, lambda name, m: _step_ms(m, prompt, n1, n2, caches[name], sync))
+
+
+def decode_dynamic_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> dict[str, float]:
+    """ms per step of each model with the dynamic cache: the median over rounds (decode_times)."""
+    return {name: statistics.median(v) for name, v in decode_times(models, prompt, n1, n2, rounds, static=False).items()}
 
 
 def decode_static_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> dict[str, float]:
-    """ms per step of each model with a static cache (transformers compiles the decode forward
-    and captures it in CUDA graphs): one cache per model sized for n2 serves both lengths; two
-    warm-ups each (the first compiles), then ``rounds`` rounds in which the models take turns
-    (alternating order); the median over rounds."""
-    from transformers import StaticCache
+    """ms per step of each model with a static cache: the median over rounds (decode_times)."""
+    return {name: statistics.median(v) for name, v in decode_times(models, prompt, n1, n2, rounds, static=True).items()}
 
-    caches = {name: StaticCache(config=m.config, max_cache_len=prompt.shape[1] + n2 + 1) for name, m in models.items()}
-    for name, model in models.items():
-        with _running(name):
-            for _ in range(2):
-                _step_ms(model, prompt, n1, n2, caches[name])
-    steps: dict[str, list[float]] = {name: [] for name in models}
-    for i in range(rounds):
-        for name in list(models)[::1 if i % 2 == 0 else -1]:
-            with _running(name):
-                steps[name].append(_step_ms(models[name], prompt, n1, n2, caches[name]))
-    return {name: statistics.median(v) for name, v in steps.items()}
+
+def release_compiled(models) -> None:
+    """Drop the forwards that static-cache ``generate`` compiled (and dynamo's caches), so the
+    next stage starts without their graphs and memory."""
+    for model in models:
+        if hasattr(model, "_compiled_call"):
+            del model._compiled_call
+    torch._dynamo.reset()
+    gc.collect()
 
 
 def decode_host_ms(model, batch: int, vocab: int, device) -> float:
@@ -231,17 +268,36 @@ def op_host_us(dtype: torch.dtype, hidden: int, intermediate: int, heads: int, k
         "silu_and_mul": lambda: swiglu.silu_and_mul(gu),
         "gated_mlp": lambda: gmlp.gated_mlp(x, wg, wu),
     }
-    out = {}
-    for name, fn in calls.items():
-        for _ in range(30):
-            fn()
-        _sync()
-        t0 = time.perf_counter()
-        for _ in range(300):
-            fn()
-        out[name] = (time.perf_counter() - t0) / 300 * 1e6
-        _sync()
-    return out
+    return {name: host_us(fn) for name, fn in calls.items()}
+
+
+def host_us(fn, sync=_sync) -> float:
+    """Host time of one call: 300 calls after 30 warm-ups, without synchronizing in between (the
+    GPU keeps up, so the wall time is the host's), in us."""
+    for _ in range(30):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(300):
+        fn()
+    us = (time.perf_counter() - t0) / 300 * 1e6
+    sync()
+    return us
+
+
+def versions() -> dict[str, str | None]:
+    """The versions a result depends on (triton: None where it is not installed, a CPU run)."""
+    import kernels
+    import transformers
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return dict(torch=torch.__version__, triton=triton_version, transformers=transformers.__version__,
+                kernels=kernels.__version__, python=platform.python_version())  # fmt: skip
 
 
 def run(args) -> dict:
@@ -320,11 +376,7 @@ def run(args) -> dict:
                     rows.append(dict(stage="decode", setting="static-cache generate", model=name, batch=batch,
                                      tokens=1, ms=ms, tokens_per_s=batch / ms * 1e3))
                     progress.advance(task)
-            for model in models.values():
-                if hasattr(model, "_compiled_call"):
-                    del model._compiled_call
-            torch._dynamo.reset()
-            gc.collect()
+            release_compiled(models.values())
     ids = torch.randint(0, cfg.vocab_size, (AGREEMENT_BATCH, 512), generator=gen).to(device)
     tops = {}
     for name, m in models.items():
@@ -342,14 +394,8 @@ def run(args) -> dict:
     agree_fp32 = {name: agreement(t, exact_top) for name, t in tops.items()}
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     ops = op_host_us(dtype, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim)
-    import kernels
-    import transformers
-    import triton
-
     return dict(
-        gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-        versions=dict(torch=torch.__version__, triton=triton.__version__, transformers=transformers.__version__,
-                      kernels=kernels.__version__, python=platform.python_version()),
+        gpu=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), versions=versions(),
         model=args.model, layers=args.layers, dtype=args.dtype, quick=args.quick, only=args.only,
         kernelize_report=str(report), rows=rows, top1_agreement=agree, top1_agreement_with_fp32=agree_fp32,
         op_host_us=ops,
@@ -378,7 +424,7 @@ def write_files(stem: Path, result: dict, bars: tuple[tuple[str, str], tuple[str
                 title: str, width_per_bar: float = 0.7) -> Path:  # fmt: skip
     """``stem``.json (the whole result), .csv (its rows) and .png: two bars per entry of
     ``result["ratios"]``, each ``(ratio key, legend label)`` of ``bars``. Shared by every e2e
-    bench (bf16, --w4a16)."""
+    bench (bf16, --w4a16, --skinny)."""
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     with stem.with_suffix(".csv").open("w", newline="") as f:
         keys = sorted({k for r in result["rows"] for k in r})
@@ -448,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-llm bench e2e", description=__doc__.split("\n\n")[0])
     parser.add_argument("--w4a16", action="store_true", help="a 4-bit copy next to the bf16 model instead: "
                         "bench/e2e_w4a16.py, which the fused-llm CLI runs for this flag (its --help)")  # fmt: skip
+    parser.add_argument("--skinny", action="store_true", help="the kernelized model with and without skinny-gemm's "
+                        "decode projections instead: bench/e2e_skinny.py, which the fused-llm CLI runs for this flag (its --help)")  # fmt: skip
     parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
@@ -457,8 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-liger", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
     args = parser.parse_args(argv)
-    if args.w4a16:
-        parser.error("--w4a16: run it through the CLI (fused-llm bench e2e --w4a16) or bench.e2e_w4a16.main")
+    if args.w4a16 or args.skinny:
+        flag = "w4a16" if args.w4a16 else "skinny"
+        parser.error(f"--{flag}: run it through the CLI (fused-llm bench e2e --{flag}) or bench.e2e_{flag}.main")
     if not torch.cuda.is_available():
         print("fused-llm bench e2e times models on a CUDA GPU; none is visible to torch here.")
         return 2

@@ -34,10 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import gc
-import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -62,59 +59,6 @@ TINY = dict(prefill=[(1, 32), (4, 64)], prompt=16, steps=(1, 3), agreement=(2, 6
 # 7B, Qwen3 8B): the weight-bytes ratio extrapolated to the full depth (the lm_head's share
 # shrinks with depth).
 FULL_DEPTH = {"llama": 32, "mistral": 32, "qwen2": 28, "qwen3": 36}
-
-
-class Clock:
-    """CUDA-event timing on a GPU (as bench.e2e), the host clock on a CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def median_ms(self, fn, warmup: int, reps: int) -> float:
-        if self.cuda:
-            return e2e._median_ms(fn, warmup, reps)
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-
-
-def _generate_ms(clock: Clock, model, prompt, new_tokens: int, cache=None) -> float:
-    """Wall time of one ``generate`` (bench.e2e's, on either device)."""
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    if cache is not None:
-        kwargs["past_key_values"] = cache
-    with torch.inference_mode():
-        if cache is not None:
-            cache.reset()
-        clock.sync()
-        t0 = time.perf_counter()
-        model.generate(prompt, **kwargs)
-        clock.sync()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def _step_ms(clock: Clock, model, prompt, n1: int, n2: int, cache=None) -> float:
-    return (_generate_ms(clock, model, prompt, n2, cache) - _generate_ms(clock, model, prompt, n1, cache)) / (n2 - n1)
-
-
-def _rounds(models: dict, rounds: int, measure) -> dict[str, list[float]]:
-    """``measure(name, model)`` for every model, round after round, in alternating order, each
-    under its module globals (bench.e2e's _running)."""
-    out: dict[str, list[float]] = {name: [] for name in models}
-    for i in range(rounds):
-        for name in list(models)[:: 1 if i % 2 == 0 else -1]:
-            with e2e._running(name):
-                out[name].append(measure(name, models[name]))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +183,7 @@ def run(args) -> dict:
 
     console = Console(stderr=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    clock = Clock(device)
+    clock = e2e.Clock(device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     for name in packages.kernel_packages():
         packages.use_local_build(name)
@@ -272,30 +216,17 @@ def run(args) -> dict:
                 with e2e._running(name):
                     clock.median_ms(lambda m=m: e2e._prefill(m, ids), 2, 1)
             add("prefill", "eager", batch, seq,
-                _rounds(models, rounds, lambda name, m: clock.median_ms(lambda: e2e._prefill(m, ids), 1, reps)))
+                e2e.rounds_of(models, rounds, lambda name, m: clock.median_ms(lambda: e2e._prefill(m, ids), 1, reps)))
     for stage in ("decode-dynamic", "decode-static"):
         if stage not in stages:
             continue
         for batch in args.batches:
             console.print(f"{stage} batch {batch}")
             prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(device)
-            caches = {name: None for name in models}
-            if stage == "decode-static":
-                from transformers import StaticCache
-
-                caches = {name: StaticCache(config=m.config, max_cache_len=prompt_len + n2 + 1) for name, m in models.items()}
-            for name, m in models.items():  # warm-ups (static: the first compiles on a GPU)
-                with e2e._running(name):
-                    for _ in range(2 if stage == "decode-static" else 1):
-                        _step_ms(clock, m, prompt, n1, n2, caches[name])
-            times = _rounds(models, rounds, lambda name, m: _step_ms(clock, m, prompt, n1, n2, caches[name]))
+            times = e2e.decode_times(models, prompt, n1, n2, rounds, static=stage == "decode-static", clock=clock)
             add("decode", "static-cache generate" if stage == "decode-static" else "dynamic-cache generate", batch, 1, times)
         if stage == "decode-static":
-            for m in models.values():
-                if hasattr(m, "_compiled_call"):
-                    del m._compiled_call
-            torch._dynamo.reset()
-            gc.collect()
+            e2e.release_compiled(models.values())
     ids = torch.randint(0, cfg.vocab_size, (agree_b, agree_t), generator=gen).to(device)
     tops = {}
     for name, m in models.items():
@@ -304,19 +235,9 @@ def run(args) -> dict:
     agree = {name: e2e.agreement(t, tops["bf16 eager"]) for name, t in tops.items() if name != "bf16 eager"}
     agree["w4 kernelized vs w4 eager"] = e2e.agreement(tops["w4 kernelized"], tops["w4 eager"])
     weights = weight_bytes(models["bf16 eager"], models["w4 eager"], None if args.tiny else FULL_DEPTH.get(args.model))
-    import kernels
-    import transformers
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
     return dict(
         gpu=torch.cuda.get_device_name() if clock.cuda else "CPU", date=datetime.date.today().isoformat(),
-        versions=dict(torch=torch.__version__, triton=triton_version, transformers=transformers.__version__,
-                      kernels=kernels.__version__, python=platform.python_version()),
+        versions=e2e.versions(),
         model=args.model, layers=2 if args.tiny else args.layers, tiny=args.tiny, dtype=args.dtype, quick=args.quick,
         only=args.only, group_size=args.group_size, zero_point=args.zero_point, lm_head_quantized=args.lm_head,
         prompt=prompt_len, steps=[n1, n2],

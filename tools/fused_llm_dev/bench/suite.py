@@ -135,16 +135,30 @@ def package_loader(package: str, required: str) -> tuple[Callable[[], ModuleType
     return load, unavailable
 
 
-def compile_static(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.compile(fn, dynamic=False, fullgraph=True)``: the torch.compile peer of every suite
-    (static shapes, the strongest setting in baseline-h200.md), one graph per shape compiled
-    during warm-up. Raises dynamo's recompile limits first: a suite's 45-60 shapes would pass
-    the default of 8, after which dynamo silently falls back to eager."""
+def compile_static(fn: Callable[..., Any], mode: str | None = None) -> Callable[..., Any]:
+    """``torch.compile(fn, dynamic=False, fullgraph=True, mode=mode)``: the torch.compile peer of
+    every suite (static shapes, the strongest setting in baseline-h200.md; the GEMM suites add
+    ``mode="max-autotune-no-cudagraphs"``), one graph per shape compiled during warm-up. Raises
+    dynamo's recompile limits first: a suite's 45-77 shapes would pass the default of 8, after
+    which dynamo silently falls back to eager."""
     config = torch._dynamo.config
     for key, floor in (("recompile_limit", 256), ("accumulated_recompile_limit", 1024)):
         if hasattr(config, key):  # names of torch >= 2.6; the GPU machine has 2.11
             setattr(config, key, max(getattr(config, key), floor))
-    return torch.compile(fn, dynamic=False, fullgraph=True)
+    return torch.compile(fn, dynamic=False, fullgraph=True, mode=mode)
+
+
+def autotune_unavailable() -> str | None:
+    """An ``unavailable`` for a ``mode="max-autotune*"`` peer: why Inductor cannot autotune its
+    Triton GEMM templates here (no GPU, no Triton, a CUDA GPU below capability 7.0, which
+    Inductor's Triton backend does not take), or None."""
+    if not torch.cuda.is_available():
+        return "torch.compile max-autotune: no GPU visible"
+    if importlib.util.find_spec("triton") is None:
+        return "torch.compile max-autotune: Triton is not installed (Inductor's GEMM templates are Triton)"
+    if torch.version.hip is None and torch.cuda.get_device_capability() < (7, 0):
+        return f"torch.compile max-autotune: capability {torch.cuda.get_device_capability()} < 7.0 has no Inductor Triton backend"
+    return None
 
 
 def within_scale(name: str, fraction: float = 2e-2) -> Callable[[Any, Any], None]:

@@ -1,0 +1,113 @@
+"""skinny-gemm's benchmarks without a GPU: tune.py's options and their checks, the sweep it
+plans over every shape and M bucket, how its entries merge into the table and how the lookup
+reads buckets a run left absent, the table it writes (read back); the suite's cases and its
+torch.compile max-autotune peer's guard."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from importlib import import_module
+
+import pytest
+import torch
+
+from fused_llm import packages
+from fused_llm_dev.bench import run as bench_run
+from fused_llm_dev.bench.suite import autotune_unavailable
+
+sg = packages.get_kernel("skinny-gemm")
+_path = packages.package_dir("skinny-gemm") / "benchmarks" / "tune.py"
+_spec = importlib.util.spec_from_file_location("skinny_gemm_tune", _path)
+tune = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("skinny_gemm_tune", tune)
+_spec.loader.exec_module(tune)
+# The issue's shapes [N, K]: Llama-405B TP8, Llama-3 8B, Llama-3 70B TP1; and its token counts.
+ISSUE_SHAPES = {(2304, 16384), (13312, 16384), (16384, 6656), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
+                (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)}  # fmt: skip
+ISSUE_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def test_defaults_are_every_shape_and_bucket():
+    args = tune.parse_args([])
+    assert {tune.ref.SHAPES[s] for s in args.shapes} == ISSUE_SHAPES and len(args.shapes) == len(ISSUE_SHAPES)
+    assert tuple(args.tokens) == tune.BUCKETS == ISSUE_TOKENS and args.dtypes == ["bfloat16", "fp8"]
+    assert not (args.quick or args.dry_run or args.no_write)
+    assert tune.parse_args(["--tokens", "16,1,16"]).tokens == [1, 16]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--tokens", "3"], "--tokens: expected buckets"), (["--tokens", "1,x"], "comma-separated integers"),
+     (["--shapes", "8B-nope"], "--shapes: expected names"), (["--dtypes", "float32"], "--dtypes"),
+     (["--margin", "1.5"], "--margin")],
+)  # fmt: skip
+def test_bad_options_exit_with_the_reason(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        tune.parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_dry_run_plans_every_point_without_a_gpu(quick):
+    """Every shape x bucket x dtype is planned; each candidate list holds the default and only
+    valid configurations (SkinnyConfig checks them), the GEMV at M = 1 only."""
+    lines = []
+    argv = ["--dry-run", "--sms", "132"] + (["--quick"] if quick else [])
+    assert tune.dry_run(tune.parse_args(argv), sg, 132, lines.append) == 2 * len(ISSUE_SHAPES) * len(ISSUE_TOKENS)
+    assert lines[-1] == "154 points"
+    for N, K in ISSUE_SHAPES:
+        for M in ISSUE_TOKENS:
+            for elem in (1, 2):
+                cands = tune.candidates(sg, M, N, K, elem, 132, quick)
+                assert sg.skinny_config(M, N, K, elem, 132) in cands
+                assert any(c.BLOCK_M == 1 for c in cands) == (M == 1)
+                assert all(c.BLOCK_M == 1 or c.BLOCK_M >= M or c.BLOCK_M == 64 for c in cands)
+
+
+def test_merged_buckets_and_the_lookup_of_absent_ones(monkeypatch):
+    """A run's buckets replace or join the key's earlier ones; dispatch takes the first bucket >=
+    M that is present (an absent bucket falls to the next larger one), cuBLAS above the last."""
+    a, b, c = [16, 64, 256, 4, 4, 4], [64, 32, 256, 8, 4, 4], [16, 32, 256, 2, 4, 4]
+    rows = tune.merge([(1, None), (4, a), (16, None), (64, b)], {2: c, 16: a, 32: None})
+    assert rows == [(1, None), (2, c), (4, a), (16, a), (32, None), (64, b)]
+    key = ("cpu", "bfloat16", 64, 32)
+    monkeypatch.setattr(import_module(sg.__name__ + "._tuning"), "TABLE", {key: rows})
+    w = torch.zeros(64, 32, dtype=torch.bfloat16)
+    expected = {1: None, 2: c, 3: a, 4: a, 5: a, 16: a, 17: None, 32: None, 33: b, 64: b, 65: None}
+    for M, cfg in expected.items():
+        got = sg.dispatch_config(torch.zeros(M, 32, dtype=torch.bfloat16), w)
+        assert got == (sg.SkinnyConfig(*cfg) if cfg else None), M
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without a GPU")
+def test_measuring_needs_a_gpu():
+    with pytest.raises(SystemExit, match="none is visible"):
+        tune.main(["--quick", "--shapes", "8B-o", "--tokens", "1"])
+
+
+def test_written_table_reads_back(tmp_path, monkeypatch):
+    """write_table keeps _tuning.py's docstring and writes the table and command back."""
+    target = tmp_path / "_tuning.py"
+    target.write_text(tune.TABLE_PATH.read_text())
+    monkeypatch.setattr(tune, "TABLE_PATH", target)
+    table = {("NVIDIA H100 80GB HBM3", "bfloat16", 6144, 4096): [(1, None), (2, [16, 32, 128, 2, 4, 4])]}
+    tune.write_table(table, "python skinny-gemm/benchmarks/tune.py --tokens 2  # NVIDIA H100 80GB HBM3")
+    spec = importlib.util.spec_from_file_location("written_skinny_tuning", target)
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    assert written.TABLE == table and written.MADE_BY.endswith("# NVIDIA H100 80GB HBM3")
+    assert written.__doc__ == import_module(sg.__name__ + "._tuning").__doc__
+
+
+def test_suite_cases_and_the_autotune_peer():
+    """Both suites time the issue's 11 shapes at its 7 token counts against cuBLAS, torch.compile
+    max-autotune and the read floor; the compile peer says why it cannot run here (no GPU)."""
+    for suite in bench_run.load_suites("skinny-gemm"):
+        shapes = {tune.ref.SHAPES[name] for name in tune.ref.SHAPES}
+        assert {c["tokens"] for c in suite.cases} == set(ISSUE_TOKENS) and len(suite.cases) == len(shapes) * 7
+        assert shapes == ISSUE_SHAPES
+        providers = {p.name: p for p in suite.providers}
+        assert {"ours", "cublas", "torch_compile", "read_floor"} <= set(providers)
+        if not torch.cuda.is_available():
+            assert providers["torch_compile"].unavailable() == autotune_unavailable() == "torch.compile max-autotune: no GPU visible"
