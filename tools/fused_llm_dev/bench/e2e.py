@@ -448,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-llm bench e2e", description=__doc__.split("\n\n")[0])
     parser.add_argument("--w4a16", action="store_true", help="a 4-bit copy next to the bf16 model instead: "
                         "bench/e2e_w4a16.py, which the fused-llm CLI runs for this flag (its --help)")  # fmt: skip
+    parser.add_argument("--fp8", choices=["per-token", "block"], help="an FP8 model (fused_llm.quantize_fp8) instead: "
+                        "bench/e2e_fp8.py, which the fused-llm CLI runs for this flag (its --help)")  # fmt: skip
     parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
@@ -459,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.w4a16:
         parser.error("--w4a16: run it through the CLI (fused-llm bench e2e --w4a16) or bench.e2e_w4a16.main")
+    if args.fp8:
+        parser.error("--fp8: run it through the CLI (fused-llm bench e2e --fp8 SCHEME) or bench.e2e_fp8.main")
     if not torch.cuda.is_available():
         print("fused-llm bench e2e times models on a CUDA GPU; none is visible to torch here.")
         return 2
