@@ -3,16 +3,25 @@
 on compressed-tensors and fine-grained FP8 checkpoints the tests write themselves.
 
 References are written here from each scheme's / format's definition (explicit per-block
-loops, the checkpoint's own dequantization), not by calling the code under test.
+loops on the CPU, the checkpoint's own dequantization), not by calling the code under test.
 
-Tolerances: the plain-torch FP8 model against this file's fake-quantized reference computes
-the same dequantized operands in fp32: differences come from fp32 summation order only, which
-can move a bf16 rounding by one ulp and, through the next quantization, one FP8 step of an
-activation: 1% of the logits' scale. The kernelized layer against the plain-torch FP8 model on
-CPU: the fused ops write the same FP8 bytes and scales (checked exactly below) and both run
-the fp32 reference GEMM, so the logits match to within the same fp32-order effect (in
-practice bit for bit). On CUDA the fused GEMMs ([W_q; W_k; W_v] and [W_gate; W_up] in one
-_scaled_mm) sum in another order than the separate ones: 2% of the scale and 98% top-1.
+Exact where the computation is the same: the dynamic quantization (scales and FP8 bytes) of
+the plain-torch path and of the fused ops, on CPU and CUDA.
+
+Model logits (``assert_logits_close``). On CPU both sides compute the same bytes with the same
+fp32 reference GEMM: observed difference 0; 1% of the logits' scale leaves room for fp32
+summation order. On CUDA the two sides differ below one bf16 ulp (the fused [W_q; W_k; W_v] /
+[W_gate; W_up] GEMMs and skinny-gemm against separate torch._scaled_mm calls, cuBLAS against
+the fp32 reference, the norm kernels' rsqrt and sum order), and dynamic FP8 re-quantization
+amplifies any such difference, layer after layer, to the size of the FP8 rounding noise
+itself: measured on CPU with these models (4 families x 2 weight seeds x 3 token sets x 8
+seeds per scheme), perturbing every GEMM output of the plain-torch FP8 model by a relative
+2^-12 (what two fp32 summation orders differ by) moved the logits by up to 5.5% (block) / 6.0%
+(per-token) of their scale at the worst position and 4.5% / 4.3% in relative Frobenius norm;
+by 2^-9 (half a bf16 ulp): 6.4% / 6.6% and 4.9% / 5.4%, while the FP8 model is ~7% from the
+bf16 one. The H100 run of 2026-11-24 measured 3-5%. CUDA_LOGITS allows ~1.4x the measured
+worst case; top-1 agreement is not asserted there (it fell to 0.67 of 18 positions in that
+experiment: random weights give flat logits).
 """
 
 from __future__ import annotations
@@ -51,9 +60,21 @@ def tokens(batch=2, seq=13, seed=1):
     return torch.randint(0, SIZES["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
-def assert_logits_close(got, expected, name, frac=1e-2, top1=None):
+# CUDA: (max |diff| / max |logit|, relative Frobenius norm) per scheme; the module docstring
+# gives the measured noise floor (worst: 6.6% / 5.4% per-token, 6.4% / 4.9% block).
+CUDA_LOGITS = {"per-token": (0.09, 0.075), "block": (0.09, 0.07)}
+
+
+def assert_logits_close(got, expected, name, scheme, frac=1e-2, top1=None):
+    """Within ``frac`` of the logits' scale and ``top1`` agreement on CPU; within the FP8 noise
+    floor (CUDA_LOGITS) on CUDA."""
     err = (got - expected).abs().max().item()
     scale = expected.abs().max().item()
+    if DEVICE != "cpu":
+        frac, frob = CUDA_LOGITS[scheme]
+        rel = ((got - expected).norm() / expected.norm()).item()
+        assert rel <= frob, f"{name}: relative Frobenius difference {rel:.3g} > {frob}"
+        top1 = None
     assert err <= frac * scale, f"{name}: max |logit diff| {err:.3g} > {frac:.0%} of {scale:.3g}"
     if top1 is not None:
         agree = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
@@ -68,8 +89,9 @@ MIN_SCALE = (torch.tensor(1 / 512, dtype=torch.float32) / 448).item()
 
 
 def ref_act_quant(x: torch.Tensor, group: int | None) -> torch.Tensor:
-    """x [M, K] fake-quantized by the dynamic scheme, row by row and group by group, in fp32."""
-    x = x.float()
+    """x [M, K] fake-quantized by the dynamic scheme, row by row and group by group, in fp32 on
+    the CPU (whose ``t / 448`` is the correctly rounded quotient); returned on x's device."""
+    device, x = x.device, x.float().cpu()
     out = torch.empty_like(x)
     width = group or x.shape[1]
     for r in range(x.shape[0]):
@@ -78,7 +100,7 @@ def ref_act_quant(x: torch.Tensor, group: int | None) -> torch.Tensor:
             scale = torch.clamp(seg.abs().max() / 448, min=MIN_SCALE)
             q = (seg * (1 / scale)).clamp(-448, 448).to(torch.float8_e4m3fn)
             out[r, c:c + width] = q.float() * scale
-    return out
+    return out.to(device)
 
 
 class FakeQuantLinear(nn.Module):
@@ -146,20 +168,37 @@ def test_quantize_weight(scheme, shape):
 
 @pytest.mark.parametrize("scheme", fp8.SCHEMES)
 def test_quantize_activation_matches_the_scheme(scheme):
-    x = (torch.randn(9, 384, generator=torch.Generator().manual_seed(3)) * 4).to(torch.bfloat16)
+    x = (torch.randn(9, 384, generator=torch.Generator().manual_seed(3)) * 4).to(torch.bfloat16).to(DEVICE)
     x[2] = 0  # the scale floor
     x[3, :128] = 1e-30  # the scale floor for one group
     q, s = fp8.quantize_activation(x, scheme)
     group = 128 if scheme == "block" else None
     assert s.shape == (9, 3 if group else 1)
+    if group:
+        assert s.stride() == (1, 9), "1 x 128 scales stored groups-major, as block-wise _scaled_mm reads them"
     torch.testing.assert_close(fp8.dequantize_activation(q, s), ref_act_quant(x, group), rtol=0, atol=0)
+
+
+def test_dynamic_scale_is_the_exact_quotient():
+    """amax / 448 correctly rounded, as the kernels' __fdiv_rn gives it, on every device: torch's
+    CUDA ``t / 448.0`` multiplies by the fp32 1 / 448 instead, which misrounds about half of
+    all values (2291837 of 4194304 on an H100, torch 2.11)."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.rand(1 << 16, 8, generator=g) * torch.logspace(-3, 3, 1 << 16)[:, None]).to(DEVICE)
+    _, s = fp8.quantize_activation(x, "per-token")
+    expected = torch.clamp(x.cpu().abs().amax(1, keepdim=True) / 448, min=MIN_SCALE)
+    assert torch.equal(s.cpu(), expected)
 
 
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize("scheme", fp8.SCHEMES)
 def test_fused_ops_quantize_like_the_scheme(scheme):
-    """The ops the kernelized layer calls write the very FP8 bytes and scales that
-    quantize_activation gives for the unfused computation (transformers' RMSNorm, SiLU * up)."""
+    """The ops the kernelized layer calls quantize exactly like quantize_activation: the FP8
+    bytes and scales of rms_norm_dynamic_fp8 / fused_add_rms_norm_dynamic_fp8 /
+    silu_and_mul_dynamic_fp8 equal quantize_activation of the same package's unquantized op
+    (the same kernel arithmetic up to the quantization), and that is transformers' computation
+    (RMSNorm, SiLU * up) within the packages' tolerance of 2 bf16 ulps (on the GPU the norm's
+    rsqrt and fp32 sum order differ from torch's; on CPU they agree bit for bit)."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     rms, swiglu = packages.get_kernel("rmsnorm-fp8"), packages.get_kernel("swiglu-fp8")
@@ -171,34 +210,43 @@ def test_fused_ops_quantize_like_the_scheme(scheme):
     with torch.no_grad():
         norm.weight.copy_(torch.randn(512, generator=g).to(torch.bfloat16))
     group = 128 if scheme == "block" else None
+    # the kernelized layer asks for groups-major scales on CUDA (what block-wise _scaled_mm reads)
+    col_major = dict(column_major_scales=True) if group and DEVICE != "cpu" else {}
 
-    def same(got, expected_input, what):
+    def same(got, unquantized, torch_reference, what):
         q, s = got
-        eq, es = fp8.quantize_activation(expected_input.reshape(-1, expected_input.shape[-1]), scheme)
+        eq, es = fp8.quantize_activation(unquantized.reshape(-1, unquantized.shape[-1]), scheme)
         assert torch.equal(s.reshape(es.shape), es), f"{what}: scales differ"
         assert torch.equal(q.reshape(eq.shape).view(torch.uint8), eq.view(torch.uint8)), f"{what}: FP8 bytes differ"
+        torch.testing.assert_close(unquantized, torch_reference, rtol=2 * 2**-7, atol=1e-5, msg=what)
 
     with torch.inference_mode():
-        same(rms.rms_norm_dynamic_fp8(x, norm.weight, 1e-5, group_size=group), norm(x), "rms_norm_dynamic_fp8")
-        q, s, res = rms.fused_add_rms_norm_dynamic_fp8(x, r, norm.weight, 1e-5, group_size=group)
-        same((q, s), norm(x + r), "fused_add_rms_norm_dynamic_fp8")
+        same(rms.rms_norm_dynamic_fp8(x, norm.weight, 1e-5, group_size=group, **col_major), rms.rms_norm(x, norm.weight, 1e-5),
+             norm(x), "rms_norm_dynamic_fp8")  # fmt: skip
+        q, s, res = rms.fused_add_rms_norm_dynamic_fp8(x, r, norm.weight, 1e-5, group_size=group, **col_major)
+        same((q, s), rms.fused_add_rms_norm(x, r, norm.weight, 1e-5)[0], norm(x + r), "fused_add_rms_norm_dynamic_fp8")
         assert torch.equal(res, x + r)
         h = nn.functional.silu(gu[..., :512]) * gu[..., 512:]
-        same(swiglu.silu_and_mul_dynamic_fp8(gu, group_size=group), h, "silu_and_mul_dynamic_fp8")
+        same(swiglu.silu_and_mul_dynamic_fp8(gu, group_size=group, **col_major), swiglu.silu_and_mul(gu), h,
+             "silu_and_mul_dynamic_fp8")  # fmt: skip
 
 
 @pytest.mark.parametrize("scheme", fp8.SCHEMES)
-def test_fp8_linear(scheme):
+@pytest.mark.parametrize("in_features", [256, 512])
+def test_fp8_linear(scheme, in_features):
+    """FP8Linear against the fake-quantized reference. On CUDA K = 512 runs block-wise
+    _scaled_mm, K = 256 its bf16 fallback (fp8.BLOCKWISE_K): within a bf16 rounding plus the
+    GPU's fp32 summation order (2%); on CPU the same fp32 reference GEMM (one bf16 ulp)."""
     g = torch.Generator().manual_seed(11)
-    lin = nn.Linear(256, 384, bias=True).to(DEVICE, torch.bfloat16)
+    lin = nn.Linear(in_features, 384, bias=True).to(DEVICE, torch.bfloat16)
     layer = fp8.FP8Linear.from_linear(lin, scheme)
-    x = torch.randn(3, 4, 256, generator=g).to(torch.bfloat16).to(DEVICE)
+    x = torch.randn(3, 4, in_features, generator=g).to(torch.bfloat16).to(DEVICE)
     ref = FakeQuantLinear(layer.dequantized_weight(), layer.bias, 128 if scheme == "block" else None)
     with torch.inference_mode():
         y = layer(x)
         expected = ref(x)
-        xq, xs = fp8.quantize_activation(x.reshape(-1, 256), scheme)
-        y2 = layer.forward_quantized(xq, xs, torch.bfloat16)
+        xq, xs = fp8.quantize_activation(x.reshape(-1, in_features), scheme)
+        y2 = fp8.fp8_matmul(xq, xs, layer.weight, layer.weight_scale, scheme, torch.bfloat16, layer.bias)
     assert y.shape == (3, 4, 384) and y.dtype == torch.bfloat16
     tol = dict(rtol=2**-7, atol=1e-3) if DEVICE == "cpu" else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(y.float(), expected.float(), **tol)
@@ -246,7 +294,8 @@ def test_quantize_fp8(model_type, scheme):
     assert all(isinstance(model.get_submodule(n), fp8.FP8Linear) for n in report.swapped)
     assert 0.5 <= report.fp8_bytes / report.dense_bytes < 0.51, str(report)
     got = logits(model, tokens())
-    assert_logits_close(got, logits(reference_of(model, _dequantized(model), scheme), tokens()), model_type, top1=0.97)
+    assert_logits_close(got, logits(reference_of(model, _dequantized(model), scheme), tokens()), model_type, scheme,
+                        top1=0.97)  # fmt: skip
     # FP8 stays near the bf16 model (random weights: a loose bound, the benchmark measures agreement)
     assert ((got - dense_logits).norm() / dense_logits.norm()).item() < 0.15
 
@@ -269,10 +318,23 @@ def test_kernelize_fp8(model_type, scheme):
     # q / k / v weights are views of the fused tensor; state_dict is the unfused model's
     assert layer.self_attn.q_proj.weight.untyped_storage().data_ptr() == layer.self_attn.fused_llm_qkv_weight.untyped_storage().data_ptr()
     assert model.state_dict().keys() == plain.state_dict().keys()
-    frac, top1 = (1e-2, 0.99) if DEVICE == "cpu" else (2e-2, 0.98)
     for batch, seq in ((2, 13), (1, 1)):
-        assert_logits_close(logits(model, tokens(batch, seq)), logits(plain, tokens(batch, seq)), f"{model_type} {scheme}",
-                            frac, top1)  # fmt: skip
+        fp8.BACKENDS_USED.clear()
+        got = logits(model, tokens(batch, seq))
+        assert fp8.BACKENDS_USED == _kernelized_gemms(scheme), fp8.BACKENDS_USED
+        assert_logits_close(got, logits(plain, tokens(batch, seq)), f"{model_type} {scheme}", scheme, top1=0.99)
+
+
+def _kernelized_gemms(scheme: str) -> set[str]:
+    """The GEMM paths the kernelized test model runs (fp8.BACKENDS_USED): the fp32 reference on
+    CPU; on CUDA skinny-gemm (per-token), or for the block scheme block-wise _scaled_mm for the
+    down projection (K = 512) where the probe found it right, and the bf16 fallback for the
+    K = 256 GEMMs (fp8.BLOCKWISE_K)."""
+    if DEVICE == "cpu":
+        return {"reference"}
+    if scheme == "per-token":
+        return {"skinny"}
+    return {"blockwise-fallback"} | ({"blockwise"} if fp8.gemm_backend(DEVICE, "block") == "blockwise" else set())
 
 
 @pytest.mark.kernels_ci
@@ -280,16 +342,25 @@ def test_kernelize_fp8_ci():
     test_kernelize_fp8("llama", "block")
 
 
-def test_kernelize_fp8_generate():
-    """A few greedy decode steps through the cache: the kernelized model picks the plain one's tokens."""
+@pytest.mark.parametrize("scheme", fp8.SCHEMES)
+def test_kernelize_fp8_generate(scheme):
+    """A few greedy decode steps through the cache. On CPU the kernelized model picks the plain
+    one's tokens. On CUDA, where the two differ by the FP8 noise floor (module docstring) and
+    flat logits let greedy paths part: the logits of each step, computed through the cache,
+    against the plain model's full forward over the same tokens."""
     model = small_model("llama")
-    fused_llm.quantize_fp8(model, "per-token")
+    fused_llm.quantize_fp8(model, scheme)
     plain = copy.deepcopy(model)
     fused_llm.kernelize(model)
     prompt = tokens(1, 7)
     kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
-        assert torch.equal(model.generate(prompt, **kw), plain.generate(prompt, **kw))
+        out = model.generate(prompt, **kw, output_logits=True, return_dict_in_generate=True)
+        if DEVICE == "cpu":
+            assert torch.equal(out.sequences, plain.generate(prompt, **kw))
+            return
+        full = plain(out.sequences[:, :-1]).logits.float()[:, prompt.shape[1] - 1:]
+    assert_logits_close(torch.stack(out.logits, dim=1).float(), full, f"generate {scheme}", scheme)
 
 
 def test_block_scheme_unfusable_projections():
@@ -301,7 +372,7 @@ def test_block_scheme_unfusable_projections():
     fused_llm.kernelize(model)
     layer = model.model.layers[0]
     assert not layer.fused_llm_qkv_fused and layer.fused_llm_gate_up_fused
-    assert_logits_close(logits(model, tokens()), logits(plain, tokens()), "unfused qkv", top1=0.99)
+    assert_logits_close(logits(model, tokens()), logits(plain, tokens()), "unfused qkv", "block", top1=0.99)
 
 
 def test_kernelize_mixed_layers_keep_their_forward():
@@ -314,7 +385,7 @@ def test_kernelize_mixed_layers_keep_their_forward():
     report = fused_llm.kernelize(model)
     assert [n for n, *_ in report.fused_fp8_decoders] == ["model.layers.0"]
     assert report.unfused_decoders[0][0] == "model.layers.1" and "mlp.up_proj is not an FP8Linear" in report.unfused_decoders[0][2]
-    assert_logits_close(logits(model, tokens()), expected, "mixed", top1=0.99)
+    assert_logits_close(logits(model, tokens()), expected, "mixed", "per-token", top1=0.99)
 
 
 def test_quantize_fp8_bad_input():
@@ -419,12 +490,12 @@ def test_load_fp8(tmp_path, kind, model_type):
     for name, w in dequantized.items():
         assert torch.equal(model.get_submodule(name).dequantized_weight(), w), name
     t = tokens(2, 9, seed=5)
-    assert_logits_close(logits(model, t), logits(reference_of(dense, dequantized, scheme), t), kind, top1=0.97)
+    assert_logits_close(logits(model, t), logits(reference_of(dense, dequantized, scheme), t), kind, scheme, top1=0.97)
     # ... and kernelized, the fused FP8 layer computes the same model.
     expected = logits(model, t)
     report = fused_llm.kernelize(model)
     assert len(report.fused_fp8_decoders) == 2, report
-    assert_logits_close(logits(model, t), expected, f"{kind} kernelized", 1e-2 if DEVICE == "cpu" else 2e-2, 0.98)
+    assert_logits_close(logits(model, t), expected, f"{kind} kernelized", scheme, top1=0.98)
 
 
 @pytest.mark.kernels_ci
@@ -473,27 +544,64 @@ def test_load_fp8_missing_scale(tmp_path):
         fused_llm.load_fp8(tmp_path / "nowhere")
 
 
-@pytest.mark.parametrize("scheme, blockwise_ok", [("per-token", None), ("block", False)])
+def _rowwise_scaled_mm_missing() -> str | None:
+    """Why this torch cannot run row-wise torch._scaled_mm on CPU tensors, or None: torch
+    2.11's CPU build takes per-tensor scales only (an internal assert in mkldnn's Linear.cpp,
+    seen on the GPU machine); 2.13's has row-wise."""
+    a = torch.zeros(16, 16, dtype=torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as err:
+        return f"torch {torch.__version__}'s CPU _scaled_mm has no row-wise scales: {str(err).splitlines()[0][:120]}"
+    return None
+
+
+@pytest.mark.parametrize("scheme, blockwise", [("per-token", False), ("block", False), ("block", True)],
+                         ids=["rowwise", "block-fallback", "blockwise"])  # fmt: skip
 @pytest.mark.parametrize("bias", [False, True])
-def test_gpu_gemm_path_on_cpu(monkeypatch, scheme, blockwise_ok, bias):
-    """The GPU GEMM path called on CPU tensors: torch._scaled_mm row-wise (torch's CPU build has
-    it) with the scales as the path lays them out, and the block scheme's fallback where
-    _scaled_mm has no block-wise scaling (forced here: the CPU build has none), both against the
-    fp32 reference."""
+def test_scaled_mm_gemm_path(scheme, blockwise, bias):
+    """The GPU GEMM path (fp8._scaled_mm_gemm) against the fp32 reference: row-wise
+    torch._scaled_mm with the scales as the path lays them out, the block scheme's bf16
+    fallback and block-wise _scaled_mm (rows padded: M = 37), with bias and fp16 output. On
+    the GPU; without one on CPU tensors where torch's CPU build has the call (row-wise: 2.13,
+    not 2.11; block-wise: none)."""
+    if DEVICE == "cpu" and scheme == "per-token" and (reason := _rowwise_scaled_mm_missing()):
+        pytest.skip(reason)
+    if blockwise and fp8.gemm_backend(DEVICE, "block") != "blockwise":
+        pytest.skip(f"no right block-wise torch._scaled_mm on {DEVICE} (fp8.gemm_backend)")
     g = torch.Generator().manual_seed(5)
-    x = torch.randn(37, 256, generator=g).to(torch.bfloat16)
-    w = torch.randn(384, 256, generator=g).to(torch.bfloat16)
-    b = torch.randn(384, generator=g).to(torch.bfloat16) if bias else None
+    x = torch.randn(37, 512, generator=g).to(torch.bfloat16).to(DEVICE)
+    w = (torch.randn(384, 512, generator=g) * torch.linspace(0.5, 4, 512)).to(torch.bfloat16).to(DEVICE)
+    b = torch.randn(384, generator=g).to(torch.bfloat16).to(DEVICE) if bias else None
     xq, xs = fp8.quantize_activation(x, scheme)
     wq, ws = fp8.quantize_weight(w, scheme)
-    monkeypatch.setitem(fp8._BLOCKWISE_OK, None, blockwise_ok)
-    y = fp8._scaled_mm_gemm(xq, xs, wq, ws, scheme, torch.bfloat16, b)
-    ref = fp8.fp8_matmul(xq, xs, wq, ws, scheme, torch.float32, b)
-    assert y.dtype == torch.bfloat16 and y.shape == (37, 384)
-    torch.testing.assert_close(y.float(), ref, rtol=2**-7, atol=2e-2 * ref.abs().max().item())
-    y16 = fp8._scaled_mm_gemm(xq, xs, wq, ws, scheme, torch.float16, b)  # another dtype: a cast after the bf16 GEMM
-    assert y16.dtype == torch.float16
-    torch.testing.assert_close(y16.float(), ref, rtol=2**-7, atol=2e-2 * ref.abs().max().item())
+    ref = (fp8.dequantize_activation(xq, xs) @ fp8.dequantize_weight(wq, ws, scheme).T).cpu()
+    if bias:
+        ref = ref + b.float().cpu()
+    for out_dtype in (torch.bfloat16, torch.float16):  # fp16: a cast after the bf16 GEMM
+        y = fp8._scaled_mm_gemm(xq, xs, wq, ws, scheme, out_dtype, b, blockwise)
+        assert y.dtype == out_dtype and y.shape == (37, 384)
+        # one bf16 rounding (2^-8 relative) and fp32 summation order; bias added after: two
+        torch.testing.assert_close(y.float().cpu(), ref, rtol=2**-7, atol=2e-2 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("rows", [1, 4, 13, 16, 37])
+def test_blockwise_scaled_mm_rows(rows):
+    """Block-wise torch._scaled_mm as fp8._blockwise_scaled_mm calls it (rows padded to a
+    multiple of 4, scales groups-major) for the row counts of decode and prefill, against the
+    fp32 reference, with distinct scales per group and per weight block. GPU only (no CPU
+    build has block-wise _scaled_mm)."""
+    if fp8.gemm_backend(DEVICE, "block") != "blockwise":
+        pytest.skip(f"no right block-wise torch._scaled_mm on {DEVICE} (fp8.gemm_backend)")
+    g = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 1024, generator=g) * torch.rand(1024, generator=g) * 8).to(torch.bfloat16).to(DEVICE)
+    w = (torch.randn(640, 1024, generator=g) * torch.rand(640, 1, generator=g) * 4).to(torch.bfloat16).to(DEVICE)
+    xq, xs = fp8.quantize_activation(x, "block")
+    wq, ws = fp8.quantize_weight(w, "block")
+    y = fp8._blockwise_scaled_mm(xq, xs, wq, ws).float().cpu()
+    ref = (fp8.dequantize_activation(xq, xs) @ fp8.dequantize_weight(wq, ws, "block").T).cpu()
+    assert y.shape == (rows, 640)
+    torch.testing.assert_close(y, ref, rtol=2**-7, atol=1e-2 * ref.abs().max().item())
 
 
 def test_blockwise_probe_refuses_where_scaled_mm_cannot(monkeypatch):
@@ -502,3 +610,23 @@ def test_blockwise_probe_refuses_where_scaled_mm_cannot(monkeypatch):
     monkeypatch.setattr(fp8, "_BLOCKWISE_OK", {})
     assert fp8._probe_blockwise(torch.device("cpu", 0)) is False
     assert fp8._BLOCKWISE_OK == {0: False}
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_skinny_gemm_call(rows):
+    """The per-token GEMM the kernelized layer runs on CUDA, skinny-gemm's linear_fp8, takes
+    the scales as the fused ops give them (x [M, 1], w [N]) and the bias, and computes the
+    scheme's product: against fp8_matmul within a bf16 rounding (on CPU its plain-torch path,
+    or its Triton kernel under TRITON_INTERPRET=1)."""
+    skinny = packages.get_kernel("skinny-gemm")
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 256, generator=g).to(torch.bfloat16).to(DEVICE)
+    w = torch.randn(384, 256, generator=g).to(torch.bfloat16).to(DEVICE)
+    b = torch.randn(384, generator=g).to(torch.bfloat16).to(DEVICE)
+    xq, xs = fp8.quantize_activation(x, "per-token")
+    wq, ws = fp8.quantize_weight(w, "per-token")
+    with torch.inference_mode():
+        y = skinny.linear_fp8(xq, wq, xs, ws, b, torch.bfloat16)
+        ref = fp8.fp8_matmul(xq, xs, wq, ws, "per-token", torch.float32, b)
+    assert y.dtype == torch.bfloat16 and y.shape == (rows, 384)
+    torch.testing.assert_close(y.float(), ref, rtol=2**-7, atol=1e-2 * ref.abs().max().item())

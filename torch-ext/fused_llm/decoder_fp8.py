@@ -17,10 +17,13 @@ produced it, except the attention output (no op here can quantize it: see below)
     down GEMM                         FP8 GEMM                                   down_proj
     residual add                      torch add                                  + residual
 
-The FP8 GEMM is ``fused_llm.fp8.fp8_matmul``: ``torch._scaled_mm`` on CUDA (row-wise scales
-for "per-token", block-wise for "block"), the fp32 reference on CPU. Scales are the scheme's:
-one per token ("per-token") or one per 1 x 128 group ("block"), and the fused ops compute them
-exactly as ``quantize_activation`` does (same bytes; ``tests/test_fp8_integration.py``).
+The FP8 GEMM: "per-token" on CUDA, skinny-gemm's ``linear_fp8`` (its skinny kernel where its
+tuning table measured it faster than cuBLAS, decode sizes on the H100, ``torch._scaled_mm``
+row-wise elsewhere); otherwise ``fused_llm.fp8.fp8_matmul``, what the plain-torch model runs
+(block-wise ``torch._scaled_mm`` for "block" on CUDA, the fp32 reference on CPU). Scales are
+the scheme's: one per token ("per-token") or one per 1 x 128 group ("block"), and the fused
+ops compute them exactly as ``quantize_activation`` does (same bytes;
+``tests/test_fp8_integration.py``).
 
 Why the MLP is not gated-mlp's ``gated_mlp_fp8``: its FP8 output takes a *static* per-tensor
 ``out_scale``, and its mainloop takes per-tensor / per-token x scales and per-tensor /
@@ -60,10 +63,23 @@ from . import fp8
 HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu"}
 
 
+def _gemm_name(scheme: str, device: torch.device | str | None) -> str:
+    """The GEMM the fused layer runs for ``scheme`` on ``device`` (see the module docstring)."""
+    if device is None:
+        return "fused_llm.fp8.fp8_matmul, or skinny-gemm linear_fp8 (per-token on CUDA)"
+    device = torch.device(device)
+    if scheme == "per-token" and device.type == "cuda":
+        return fp8.BACKEND_NAMES["skinny"]
+    backend = fp8.gemm_backend(device, scheme)
+    if backend == "blockwise":
+        return f"{fp8.BACKEND_NAMES[backend]} (others: {fp8.BACKEND_NAMES['blockwise-fallback']})"
+    return fp8.BACKEND_NAMES[backend]
+
+
 def steps(scheme: str, device: torch.device | str | None = None) -> list[tuple[str, str]]:
     """(step, op) of the fused FP8 layer for ``scheme``; the GEMM named for ``device``."""
     scales = "per-token scales" if scheme == "per-token" else "per-1x128-group scales"
-    gemm = fp8.BACKEND_NAMES[fp8.gemm_backend(device, scheme)] if device is not None else "fused_llm.fp8.fp8_matmul"
+    gemm = _gemm_name(scheme, device)
     return [
         ("input RMSNorm + FP8 quant", f"rmsnorm-fp8 rms_norm_dynamic_fp8 ({scales})"),
         ("QKV GEMM", f"one GEMM of [W_q; W_k; W_v]: {gemm}"),
@@ -81,11 +97,12 @@ def steps(scheme: str, device: torch.device | str | None = None) -> list[tuple[s
 
 @dataclass(frozen=True)
 class Kernels:
-    """The three packages the fused FP8 layer calls (loaded modules)."""
+    """The packages the fused FP8 layer calls (loaded modules)."""
 
     rmsnorm: types.ModuleType
     rope: types.ModuleType
     swiglu: types.ModuleType
+    skinny: types.ModuleType
 
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -172,6 +189,8 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     if window is None and "Mistral" in type(attn).__name__:
         window = getattr(attn.config, "sliding_window", None)
     layer.fused_llm_sliding_window = window
+    if layer.fused_llm_fp8_scheme == "block" and attn.q_proj.weight.is_cuda:
+        fp8.gemm_backend(attn.q_proj.weight.device, "block")  # the GPU probed now, not under torch.compile
     layer.forward = types.MethodType(_make_forward(kernels), layer)
     layer.fused_llm_decoder = True
 
@@ -183,7 +202,17 @@ def _make_forward(k: Kernels):
 
     norm_quant, add_norm_quant = k.rmsnorm.rms_norm_dynamic_fp8, k.rmsnorm.fused_add_rms_norm_dynamic_fp8
     apply_rotary, act_quant = k.rope.apply_rotary_transformers, k.swiglu.silu_and_mul_dynamic_fp8
-    quantize, mm = fp8.quantize_activation, fp8.fp8_matmul
+    quantize, fp8_matmul, skinny_fp8 = fp8.quantize_activation, fp8.fp8_matmul, k.skinny.linear_fp8
+
+    def mm(xq, x_scale, weight, weight_scale, scheme, out_dtype, bias):
+        if scheme == "per-token" and xq.is_cuda:
+            if not torch.compiler.is_compiling():
+                fp8.BACKENDS_USED.add("skinny")
+            return skinny_fp8(xq, weight, x_scale, weight_scale, bias, out_dtype)
+        return fp8_matmul(xq, x_scale, weight, weight_scale, scheme, out_dtype, bias)
+
+    def proj(p, xq, x_scale, scheme, out_dtype):
+        return mm(xq, x_scale, p.weight, p.weight_scale, scheme, out_dtype, p.bias)
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache=False, position_embeddings=None, **kwargs):
@@ -204,8 +233,8 @@ def _make_forward(k: Kernels):
         if self.fused_llm_qkv_fused:
             qkv = mm(hq, hs, attn.fused_llm_qkv_weight, attn.fused_llm_qkv_scale, scheme, dtype, attn.fused_llm_qkv_bias)
         else:
-            qkv = torch.cat([attn.q_proj.forward_quantized(hq, hs, dtype), attn.k_proj.forward_quantized(hq, hs, dtype),
-                             attn.v_proj.forward_quantized(hq, hs, dtype)], dim=-1)  # fmt: skip
+            qkv = torch.cat([proj(attn.q_proj, hq, hs, scheme, dtype), proj(attn.k_proj, hq, hs, scheme, dtype),
+                             proj(attn.v_proj, hq, hs, scheme, dtype)], dim=-1)  # fmt: skip
         n_q, n_kv = attn.q_proj.out_features, attn.k_proj.out_features
         heads = qkv.view(*input_shape, -1, head_dim).transpose(1, 2)
         q, key, value = heads.split((n_q // head_dim, n_kv // head_dim, n_kv // head_dim), dim=1)
@@ -220,7 +249,7 @@ def _make_forward(k: Kernels):
             kwargs.setdefault("sliding_window", self.fused_llm_sliding_window)
         out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
         oq, os_ = quantize(out.reshape(-1, n_q), scheme)
-        o = attn.o_proj.forward_quantized(oq, os_, dtype).view(*input_shape, hidden)
+        o = proj(attn.o_proj, oq, os_, scheme, dtype).view(*input_shape, hidden)
 
         hq, hs, residual = add_norm_quant(o, hidden_states, post_norm.weight, post_norm.variance_epsilon,
                                           group_size=group, column_major_scales=col_major)  # fmt: skip
@@ -229,10 +258,9 @@ def _make_forward(k: Kernels):
             gu = mm(hq, hs, mlp.fused_llm_gate_up_weight, mlp.fused_llm_gate_up_scale, scheme, dtype,
                     mlp.fused_llm_gate_up_bias)  # fmt: skip
         else:
-            gu = torch.cat([mlp.gate_proj.forward_quantized(hq, hs, dtype), mlp.up_proj.forward_quantized(hq, hs, dtype)],
-                           dim=-1)  # fmt: skip
+            gu = torch.cat([proj(mlp.gate_proj, hq, hs, scheme, dtype), proj(mlp.up_proj, hq, hs, scheme, dtype)], dim=-1)
         aq, as_ = act_quant(gu, group_size=group, activation=self.fused_llm_activation, column_major_scales=col_major)
-        down = mlp.down_proj.forward_quantized(aq, as_.reshape(-1, as_.shape[-1]), dtype)
+        down = proj(mlp.down_proj, aq, as_.reshape(-1, as_.shape[-1]), scheme, dtype)
         return residual + down.view(residual.shape)
 
     return forward

@@ -9,22 +9,22 @@ Two schemes, the two that checkpoints on the Hub use:
 * ``"block"``: e4m3 weights with one scale per 128 x 128 block, activations quantized
   dynamically with one scale per 1 x 128 group of each row (transformers' fine-grained FP8,
   DeepSeek-V3 style, llm-compressor's ``FP8_BLOCK``). The GEMM is ``torch._scaled_mm`` with
-  block-wise scales (``BlockWise1x128`` x ``BlockWise128x128``, cuBLAS on sm90) where the torch
-  build has it; see :func:`gemm_backend` for the fallback.
+  block-wise scales (``BlockWise1x128`` x ``BlockWise128x128``, cuBLAS on sm90) for layers
+  whose in_features is a multiple of 512; see :func:`gemm_backend` for the others.
 
 Every dynamic scale is the kernels' (rmsnorm-fp8, swiglu-fp8): ``scale = max(amax / 448,
-1 / (512 * 448))`` in fp32 and ``q = e4m3(clamp(y * (1 / scale), -448, 448))`` with ``y`` the
-activation in its own dtype, so the fused ops of the kernelized layer (``fused_llm.decoder_fp8``)
-produce the very bytes this module's plain-torch quantization produces.
+1 / (512 * 448))`` in fp32, the quotient correctly rounded (the kernels' ``__fdiv_rn``), and
+``q = e4m3(clamp(y * (1 / scale), -448, 448))`` with ``y`` the activation in its own dtype, so
+the fused ops of the kernelized layer (``fused_llm.decoder_fp8``) produce the very bytes this
+module's plain-torch quantization produces.
 
 * :func:`quantize_fp8` — quantizes a loaded fp16 / bf16 model in place.
 * :func:`load_fp8` — a model from a compressed-tensors (``float-quantized`` /
   ``naive-quantized``) or transformers fine-grained FP8 (``quant_method: fp8``) safetensors
   checkpoint on disk, without compressed-tensors installed.
-* ``FP8Linear.forward`` quantizes its input and runs the scheme's GEMM: the plain-torch model,
-  what a user would otherwise run (eager or ``torch.compile``d). ``FP8Linear.forward_quantized``
-  takes input already quantized (with its scales): the kernelized layer's entry, so the fused
-  norm + quantization feeds the GEMM without another pass.
+* ``FP8Linear.forward`` quantizes its input and runs the scheme's GEMM (:func:`fp8_matmul`):
+  the plain-torch model, what a user would otherwise run (eager or ``torch.compile``d). The
+  kernelized layer calls the GEMM on input its fused ops quantized, without another pass.
 
 On CPU the GEMM is the reference: both operands dequantized to fp32 (``q * scale``), one fp32
 matmul, one rounding to the output dtype. ``fused_llm.kernelize`` gives decoder layers whose
@@ -109,16 +109,26 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, scheme: Scheme, dtyp
     return (qf * s).to(dtype)
 
 
+def _dynamic_scale(amax: torch.Tensor) -> torch.Tensor:
+    """``max(amax / 448, MIN_SCALE)`` in fp32, the quotient correctly rounded, as the kernels'
+    ``__fdiv_rn`` computes it. Divided in fp64 because torch's CUDA ``t / 448.0`` multiplies
+    by the fp32 ``1 / 448`` instead (``div_true_kernel_cuda`` with a CPU-scalar divisor), which
+    misrounds 55% of fp32 mantissas (every one of [1, 2) checked on CPU; 2291837 of 4194304
+    random values on an H100, torch 2.11); the fp64 quotient rounded to fp32 is exact for all
+    of them, under inductor too (which multiplies by the reciprocal, here in fp64)."""
+    return torch.clamp((amax.double() / FP8_MAX).float(), min=MIN_SCALE)
+
+
 def quantize_activation(x: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic quantization of ``x`` [M, K] (fp32 / fp16 / bf16): ``(q, scales)``, fp32 scales
-    ``[M, 1]`` (per token) or ``[M, K / 128]`` (per 1 x 128 group; K a multiple of 128).
+    ``[M, 1]`` (per token) or ``[M, K / 128]`` (per 1 x 128 group, K a multiple of 128; stored
+    groups-major, stride (1, M), the layout block-wise ``_scaled_mm`` reads).
     ``scale = max(amax / 448, 1 / (512 * 448))``, ``q = e4m3(clamp(x * (1 / scale)))``: the
-    rmsnorm-fp8 / swiglu-fp8 dynamic quantization, bit for bit."""
+    rmsnorm-fp8 / swiglu-fp8 dynamic quantization, bit for bit, on CPU and CUDA."""
     M, K = x.shape
     xf = x.float()
     if scheme == "per-token":
-        amax = xf.abs().amax(dim=1, keepdim=True)
-        scales = torch.clamp(amax / FP8_MAX, min=MIN_SCALE)
+        scales = _dynamic_scale(xf.abs().amax(dim=1, keepdim=True))
         q = (xf * scales.reciprocal()).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
         return q, scales
     if scheme != "block":
@@ -126,7 +136,7 @@ def quantize_activation(x: torch.Tensor, scheme: Scheme) -> tuple[torch.Tensor, 
     if K % BLOCK:
         raise ValueError(f"x: the block scheme quantizes activations in groups of {BLOCK}; got K = {K}")
     groups = xf.view(M, K // BLOCK, BLOCK)
-    scales = torch.clamp(groups.abs().amax(dim=2) / FP8_MAX, min=MIN_SCALE)
+    scales = _dynamic_scale(groups.transpose(0, 1).abs().amax(dim=2)).t()  # [G, M] contiguous -> [M, G]
     q = (groups * scales.reciprocal()[:, :, None]).clamp(-FP8_MAX, FP8_MAX).view(M, K).to(FP8_DTYPE)
     return q, scales
 
@@ -144,8 +154,23 @@ def dequantize_activation(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 # The GEMM: torch._scaled_mm on CUDA, the fp32 reference elsewhere
 # ---------------------------------------------------------------------------------------------
 
-# Per CUDA device index: whether torch._scaled_mm takes (BlockWise1x128, BlockWise128x128) fp32
-# scales there (cuBLAS >= 12.9 on sm90 in torch >= 2.9; the meta check of older torch refuses them).
+# Block-wise torch._scaled_mm (cuBLAS >= 12.9 on sm90), as torch 2.11 hands it to cuBLAS, is
+# right only where (measured on an H100, torch 2.11.0+cu130: max |error| / max |product|
+# against the fp32 product of the dequantized operands, distinct scales per group and block):
+# * K / 128 is a multiple of 4. cuBLAS reads the 128 x 128 weight scales K-block-major with
+#   the row stride rounded up to a multiple of 4 (L4 = round_up(ceil(K / 128), 4), the layout
+#   torch's test_matmul_cuda.py pads to in _pad_128x128_scales), while torch 2.11 accepts only
+#   the unpadded stride (is_blockwise_128x128_scaling, aten/src/ATen/native/cuda/ScaledBlas.cpp:
+#   stride(0) == ceil(K / 128)) and refuses the padded one ("Invalid scaling configuration").
+#   K = 512 and 1024: 0.002 (bf16 rounding); K = 256: 0.24-0.58; K = 640: 0.26-0.45 (wrong).
+# * M is a multiple of 4 (the columns of the [M, K / 128] groups-major x scales 16-byte
+#   aligned): M = 1, 2, 3, 5, 6, 13, 26 fail with CUBLAS_STATUS_NOT_SUPPORTED; M = 4, 8, 12, 16,
+#   20, 128, 200, and every M padded with zero rows to a multiple of 4, give 0.002-0.0035 (also
+#   with a bias, and N = 208, a partial last weight block). Rows are padded.
+BLOCKWISE_K = 4 * BLOCK
+BLOCKWISE_ROWS = 4
+# Per CUDA device index: whether block-wise torch._scaled_mm, called as _blockwise_scaled_mm
+# calls it, gives the right product there (_probe_blockwise).
 _BLOCKWISE_OK: dict[int, bool] = {}
 # The GEMM paths that ran (eager calls only): what the report and the benchmark name.
 BACKENDS_USED: set[str] = set()
@@ -153,30 +178,53 @@ BACKENDS_USED: set[str] = set()
 BACKEND_NAMES = {
     "reference": "fp32 reference (operands dequantized, one fp32 matmul; CPU)",
     "rowwise": "torch._scaled_mm, row-wise scales (per-token x, per-channel w)",
-    "blockwise": "torch._scaled_mm, block-wise scales (1x128 x, 128x128 w)",
-    "blockwise-fallback": "no block-wise torch._scaled_mm here: bf16 matmul of the dequantized operands (slow)",
-}
+    "skinny": "skinny-gemm linear_fp8 (per-token x, per-channel w): its skinny kernel where its tuning table "
+              "measured it faster than cuBLAS, torch._scaled_mm row-wise elsewhere",
+    "blockwise": f"torch._scaled_mm, block-wise scales (1x128 x, 128x128 w) for in_features % {BLOCKWISE_K} == 0",
+    "blockwise-fallback": f"bf16 matmul of the dequantized operands (slow): in_features % {BLOCKWISE_K} != 0, or "
+                          "no right block-wise torch._scaled_mm on this GPU",
+}  # fmt: skip
+
+
+def _blockwise_scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Block-wise torch._scaled_mm to bf16 [M, N] (+ bias, bf16): xq [M, K] e4m3 with x_scale
+    [M, K / 128] (any strides), wq [N, K] with w_scale [N / 128, K / 128] contiguous, K a
+    multiple of 512. Rows are padded to a multiple of 4 (zero rows, unit scales) and the scales
+    passed groups-major, as cuBLAS reads them (see BLOCKWISE_K)."""
+    M = xq.shape[0]
+    pad = -M % BLOCKWISE_ROWS
+    if pad:
+        xq = torch.nn.functional.pad(xq.view(torch.uint8), (0, 0, 0, pad)).view(FP8_DTYPE)
+        x_scale = torch.nn.functional.pad(x_scale.t(), (0, pad), value=1.0).t()  # [G, M + pad] -> groups-major
+    elif x_scale.stride(0) != 1 and x_scale.shape[1] > 1:
+        x_scale = x_scale.t().contiguous().t()
+    y = torch._scaled_mm(xq, wq.t(), scale_a=x_scale, scale_b=w_scale.t(), bias=bias, out_dtype=torch.bfloat16)
+    return y[:M] if pad else y
 
 
 @torch.compiler.disable
 def _probe_blockwise(device: torch.device) -> bool:
-    """Whether block-wise torch._scaled_mm runs on ``device`` *and* reads the scales as this
-    module lays them out: a 16 x 256 x 256 product with distinct scales per group and block,
-    checked against the reference (a layout read wrongly shows as a wrong result)."""
+    """Whether block-wise torch._scaled_mm runs on ``device`` *and* computes the right product
+    as :func:`_blockwise_scaled_mm` calls it: 13 x 512 x 384 (rows padded, three weight block
+    rows) with distinct scales per group and block and a bias, against the fp32 reference (a
+    layout read wrongly gives a wrong result: 0.24-0.58 relative, see BLOCKWISE_K). Cached per
+    device."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _BLOCKWISE_OK:
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(16, 2 * BLOCK, generator=g)
-        w = torch.randn(2 * BLOCK, 2 * BLOCK, generator=g) * torch.tensor([1.0, 8.0]).repeat_interleave(BLOCK)[None, :]
+        x = torch.randn(13, BLOCKWISE_K, generator=g) * torch.tensor([1.0, 8.0, 0.5, 3.0]).repeat_interleave(BLOCK)
+        w = torch.randn(3 * BLOCK, BLOCKWISE_K, generator=g) * torch.tensor([1.0, 8.0, 0.25]).repeat_interleave(BLOCK)[:, None]
         xq, xs = quantize_activation(x.to(device), "block")
-        wq, ws = quantize_weight(w.to(device), "block")
+        wq, ws = quantize_weight((w * torch.linspace(0.5, 4.0, BLOCKWISE_K)).to(device), "block")
+        bias = torch.randn(3 * BLOCK, generator=g).to(device, torch.bfloat16)
         try:
-            y = torch._scaled_mm(xq, wq.t(), scale_a=_col_major(xs), scale_b=ws.t(), out_dtype=torch.bfloat16).float()
-            ref = dequantize_activation(xq, xs) @ dequantize_weight(wq, ws, "block").T
+            y = _blockwise_scaled_mm(xq, xs, wq, ws, bias).float()
+            ref = dequantize_activation(xq, xs) @ dequantize_weight(wq, ws, "block").T + bias.float()
             ok = bool(((y - ref).abs().max() <= 2e-2 * ref.abs().max()).item())
             if not ok:
-                log.warning("block-wise torch._scaled_mm on %s gave a wrong result (scale layout?): the block scheme's "
-                            "GEMMs run as bf16 matmuls of the dequantized operands", device)  # fmt: skip
+                log.warning("block-wise torch._scaled_mm on %s gave a wrong result: the block scheme's GEMMs run as "
+                            "bf16 matmuls of the dequantized operands", device)  # fmt: skip
         except (RuntimeError, NotImplementedError, ValueError, TypeError) as err:
             log.warning("torch._scaled_mm has no block-wise FP8 scaling on %s (%s): the block scheme's GEMMs "
                         "run as bf16 matmuls of the dequantized operands", device, str(err).splitlines()[0])
@@ -185,24 +233,33 @@ def _probe_blockwise(device: torch.device) -> bool:
     return _BLOCKWISE_OK[index]
 
 
-def gemm_backend(device: torch.device | str, scheme: Scheme) -> str:
-    """Which GEMM an FP8Linear of ``scheme`` runs on ``device``: ``"reference"`` (not CUDA),
-    ``"rowwise"`` (per-token), ``"blockwise"`` or ``"blockwise-fallback"`` (block; the
-    fallback where torch._scaled_mm refuses block-wise scales). Probes the GPU once."""
+def _use_blockwise(xq: torch.Tensor, wq: torch.Tensor) -> bool:
+    """Whether the block GEMM of xq [M, K] and wq [N, K] (CUDA) is block-wise torch._scaled_mm.
+    The probe's cached answer is read directly: under torch.compile the probe (compiler-
+    disabled) would break the graph, so quantize_fp8 / load_fp8 / kernelize probe first."""
+    N, K = wq.shape
+    if K % BLOCKWISE_K or N % 16:
+        return False
+    ok = _BLOCKWISE_OK.get(xq.device.index)
+    if ok is None and not torch.compiler.is_compiling():
+        ok = _probe_blockwise(xq.device)
+    return bool(ok)
+
+
+def gemm_backend(device: torch.device | str, scheme: Scheme, in_features: int | None = None) -> str:
+    """Which GEMM :func:`fp8_matmul` runs for ``scheme`` on ``device``: ``"reference"`` (not
+    CUDA), ``"rowwise"`` (per-token), ``"blockwise"`` or ``"blockwise-fallback"`` (block; the
+    fallback for ``in_features`` not a multiple of 512, or where the probe found block-wise
+    torch._scaled_mm wrong or missing; ``in_features`` None: what a multiple of 512 gets).
+    Probes the GPU once."""
     device = torch.device(device)
     _check_scheme(scheme)
     if device.type != "cuda":
         return "reference"
     if scheme == "per-token":
         return "rowwise"
-    return "blockwise" if _probe_blockwise(device) else "blockwise-fallback"
-
-
-def _col_major(s: torch.Tensor) -> torch.Tensor:
-    """[M, G] scales stored groups-major (stride (1, M)), the layout _scaled_mm's 1x128 reads."""
-    if s.shape[0] == 1 or s.stride(0) == 1:
-        return s
-    return s.t().contiguous().t()
+    fits = in_features is None or in_features % BLOCKWISE_K == 0
+    return "blockwise" if fits and _probe_blockwise(device) else "blockwise-fallback"
 
 
 def fp8_matmul(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, scheme: Scheme,
@@ -217,34 +274,34 @@ def fp8_matmul(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor, w_scal
         if bias is not None:
             y = y + bias.float()
         return y.to(out_dtype)
-    return _scaled_mm_gemm(xq, x_scale, wq, w_scale, scheme, out_dtype, bias)
+    return _scaled_mm_gemm(xq, x_scale, wq, w_scale, scheme, out_dtype, bias,
+                           blockwise=scheme == "block" and _use_blockwise(xq, wq))  # fmt: skip
 
 
-def _scaled_mm_gemm(xq, x_scale, wq, w_scale, scheme, out_dtype, bias):
-    """fp8_matmul's GPU path (CPU tensors work too for the row-wise call, which torch's CPU
-    _scaled_mm has: how the tests check the scales' shapes and layouts without a GPU)."""
-    # _scaled_mm writes bf16 with row-wise / block-wise scales; another dtype is one cast more.
-    mm_dtype = torch.bfloat16
-    mm_bias = None if bias is None or out_dtype != torch.bfloat16 else bias
+def _scaled_mm_gemm(xq, x_scale, wq, w_scale, scheme, out_dtype, bias, blockwise: bool):
+    """fp8_matmul's GPU path; ``blockwise``: the block scheme through block-wise _scaled_mm, else
+    its bf16 fallback. CPU tensors work too where torch's CPU build has row-wise _scaled_mm
+    (2.13 has; 2.11's takes per-tensor scales only), which is how the tests check the call
+    without a GPU."""
+    # _scaled_mm writes bf16 with row-wise / block-wise scales; another dtype is one cast more,
+    # and the bias (in out_dtype) added after.
+    mm_bias = bias if out_dtype == torch.bfloat16 else None
     if scheme == "per-token":
         if not torch.compiler.is_compiling():
             BACKENDS_USED.add("rowwise")
-        y = torch._scaled_mm(xq, wq.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), bias=mm_bias, out_dtype=mm_dtype)
-    elif _BLOCKWISE_OK.get(xq.device.index) or (xq.device.index not in _BLOCKWISE_OK and _probe_blockwise(xq.device)):
-        # (the cached answer is read directly: under torch.compile the probe, compiler-disabled,
-        # would break the graph; quantize_fp8 / load_fp8 probe before any compile)
+        y = torch._scaled_mm(xq, wq.t(), scale_a=x_scale, scale_b=w_scale.view(1, -1), bias=mm_bias,
+                             out_dtype=torch.bfloat16)  # fmt: skip
+    elif blockwise:
         if not torch.compiler.is_compiling():
             BACKENDS_USED.add("blockwise")
-        y = torch._scaled_mm(xq, wq.t(), scale_a=_col_major(x_scale), scale_b=w_scale.t(), bias=mm_bias,
-                             out_dtype=mm_dtype)  # fmt: skip
+        y = _blockwise_scaled_mm(xq, x_scale, wq, w_scale, mm_bias)
     else:
         if not torch.compiler.is_compiling():
             BACKENDS_USED.add("blockwise-fallback")
         x = dequantize_activation(xq, x_scale).to(torch.bfloat16)
         y = torch.nn.functional.linear(x, dequantize_weight(wq, w_scale, scheme, torch.bfloat16), mm_bias)
-    if bias is not None and mm_bias is None:
-        y = y.to(out_dtype) + bias.to(out_dtype)
-    return y.to(out_dtype)
+    y = y.to(out_dtype)
+    return y + bias.to(out_dtype) if bias is not None and mm_bias is None else y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,8 +315,7 @@ class FP8Linear(nn.Module):
     Buffers: ``weight`` [N, K] e4m3, ``weight_scale`` fp32 ([N] per-token, or [N / 128,
     K / 128] block), ``bias`` [N] in the activation dtype or None. ``forward(x)`` takes x
     ``[..., K]`` (the model's fp16 / bf16), quantizes it per token or per 1 x 128 group
-    (:func:`quantize_activation`) and runs :func:`fp8_matmul`; ``forward_quantized(xq,
-    x_scale, out_dtype)`` skips the quantization (the fused layer's entry). Inference only."""
+    (:func:`quantize_activation`) and runs :func:`fp8_matmul`. Inference only."""
 
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, scheme: Scheme, bias: torch.Tensor | None = None):
         super().__init__()
@@ -320,11 +376,6 @@ class FP8Linear(nn.Module):
         y = fp8_matmul(xq, xs, self.weight, self.weight_scale, self.scheme, x.dtype, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def forward_quantized(self, xq: torch.Tensor, x_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        """The GEMM on input already quantized by the scheme: xq [M, K] e4m3, x_scale [M, 1] or
-        [M, K / 128] fp32 (row- or column-major). Returns [M, N] in ``out_dtype``."""
-        return fp8_matmul(xq, x_scale, self.weight, self.weight_scale, self.scheme, out_dtype, self.bias)
-
 
 # ---------------------------------------------------------------------------------------------
 # quantize_fp8
@@ -352,6 +403,17 @@ class FP8Report:
 
 def _bytes(layer: FP8Linear) -> int:
     return layer.weight.numel() + layer.weight_scale.numel() * 4
+
+
+def _gemm_note(model: nn.Module, names: list[str], scheme: Scheme) -> str:
+    """Which GEMM the swapped layers run in the plain-torch model (probes the GPU once)."""
+    layers = [model.get_submodule(n) for n in names]
+    device = layers[0].weight.device
+    counts: dict[str, int] = {}
+    for layer in layers:
+        backend = gemm_backend(device, scheme, layer.in_features)
+        counts[backend] = counts.get(backend, 0) + 1
+    return f"GEMM on {device}: " + "; ".join(f"{n} x {BACKEND_NAMES[b]}" for b, n in counts.items())
 
 
 def quantize_fp8(model: nn.Module, scheme: Scheme = "per-token", *, source: Source = "local") -> FP8Report:
@@ -389,8 +451,7 @@ def quantize_fp8(model: nn.Module, scheme: Scheme = "per-token", *, source: Sour
         _set_module(model, name, layer)
         report.swapped.append(name)
     if report.swapped:
-        report.notes.append(f"GEMM on {next(model.parameters()).device}: "
-                            f"{BACKEND_NAMES[gemm_backend(model.get_submodule(report.swapped[0]).weight.device, scheme)]}")  # fmt: skip
+        report.notes.append(_gemm_note(model, report.swapped, scheme))
     return report
 
 
@@ -553,5 +614,5 @@ def load_fp8(checkpoint_dir, *, dtype: torch.dtype | None = None, device="cpu", 
     if not report.swapped:
         raise ValueError(f"checkpoint_dir: no FP8 ({FP8_DTYPE}) linear layer found in {directory}")
     model = finish_load(model, config, tensors, dtype, device)
-    report.notes.append(f"GEMM on {torch.device(device)}: {BACKEND_NAMES[gemm_backend(device, scheme)]}")
+    report.notes.append(_gemm_note(model, report.swapped, scheme))
     return model, report

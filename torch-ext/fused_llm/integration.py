@@ -227,7 +227,8 @@ def kernelize(
             decoder.install(layer, kernels)
     fp8_fusable = [(name, layer) for name, layer in fusable if decoder_fp8.is_fp8_layer(layer)]
     if fp8_fusable:
-        kernels_fp8 = decoder_fp8.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "swiglu-fp8")))
+        kernels_fp8 = decoder_fp8.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "swiglu-fp8",
+                                                                           "skinny-gemm")))
         for _, layer in fp8_fusable:
             decoder_fp8.install(layer, kernels_fp8)
     report = _report(model, [name for name, _ in fusable])
