@@ -374,11 +374,12 @@ def ratios(result: dict) -> list[dict]:
     return out
 
 
-def write_files(stem: Path, result: dict, bars: tuple[tuple[str, str], tuple[str, str]], ylabel: str,
+def write_files(stem: Path, result: dict, bars: tuple[tuple[str, str], ...], ylabel: str,
                 title: str, width_per_bar: float = 0.7) -> Path:  # fmt: skip
-    """``stem``.json (the whole result), .csv (its rows) and .png: two bars per entry of
-    ``result["ratios"]``, each ``(ratio key, legend label)`` of ``bars``. Shared by every e2e
-    bench (bf16, --w4a16)."""
+    """``stem``.json (the whole result), .csv (its rows) and .png: one or two bars per entry of
+    ``result["ratios"]``, each ``(ratio key, legend label)`` of ``bars``, and an entry's
+    ``"target"``, where it has one, as a red mark. Shared by every e2e bench (bf16, --w4a16,
+    --fp8)."""
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     with stem.with_suffix(".csv").open("w", newline="") as f:
         keys = sorted({k for r in result["rows"] for k in r})
@@ -395,8 +396,11 @@ def write_files(stem: Path, result: dict, bars: tuple[tuple[str, str], tuple[str
         labels = [f"{r['stage']} {r['setting']}\nB={r['batch']} T={r['tokens']}" for r in rats]
         fig, ax = plt.subplots(figsize=(max(8, len(rats) * width_per_bar), 5))
         xs = range(len(rats))
-        for offset, (key, label) in zip((-0.2, 0.2), bars):
+        for offset, (key, label) in zip((0.0,) if len(bars) == 1 else (-0.2, 0.2), bars):
             ax.bar([x + offset for x in xs], [r.get(key, 0) for r in rats], 0.4, label=label)
+        marked = [(x, r["target"]) for x, r in zip(xs, rats) if r.get("target")]
+        if marked:
+            ax.scatter(*zip(*marked), marker="_", s=600, color="r", label="target", zorder=3)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(list(xs), labels, rotation=70, fontsize=7)
         ax.set_ylabel(ylabel)

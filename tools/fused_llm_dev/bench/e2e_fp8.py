@@ -29,20 +29,19 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import datetime
 import gc
-import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from fused_llm import fp8, integration, packages
+from fused_llm import fp8, packages
 
 from ..models import MODEL_PRESETS, build_model
+from . import e2e
+from .e2e_w4a16 import Clock, _kernelize_alone, _rounds, _step_ms
 
 # (batch, tokens) of the prefill stage, the decode batch, its prompt and the two lengths.
 PREFILL = (4, 2048)
@@ -62,95 +61,37 @@ TARGETS = {
 AGREEMENT_TARGET_POINTS = 0.5  # kernelized top-1 agreement at most this many points below the plain FP8 model's
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_ms(fn, device: torch.device, warmup: int, reps: int) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def _prefill(model, ids):
-    with torch.inference_mode():
-        return model(ids, use_cache=False, logits_to_keep=1)
-
-
-def prefill_ms(runners: dict, ids, device, reps: int, rounds: int) -> dict[str, dict]:
+def prefill_ms(runners: dict, ids, clock: Clock, reps: int, rounds: int) -> dict[str, dict]:
     """Each runner's prefill: median over ``rounds`` (the runners take turns, alternating order)
     of a median of ``reps``; (min, max) over rounds; peak MiB on a GPU."""
     peaks = {}
     for name, runner in runners.items():  # warm-up (the compile, for compiled runners)
-        if device.type == "cuda":
+        if clock.cuda:
             torch.cuda.reset_peak_memory_stats()
-        _median_ms(lambda r=runner: _prefill(r, ids), device, 2, 1)
-        peaks[name] = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for i in range(rounds):
-        for name in list(runners)[::1 if i % 2 == 0 else -1]:
-            times[name].append(_median_ms(lambda r=runners[name]: _prefill(r, ids), device, 1, reps))
+        with e2e._running(name):
+            clock.median_ms(lambda r=runner: e2e._prefill(r, ids), 2, 1)
+        peaks[name] = torch.cuda.max_memory_allocated() / 2**20 if clock.cuda else None
+    times = _rounds(runners, rounds, lambda name, r: clock.median_ms(lambda: e2e._prefill(r, ids), 1, reps))
     return {name: dict(ms=statistics.median(v), ms_min=min(v), ms_max=max(v), peak_mib=peaks[name]) for name, v in times.items()}
 
 
-def _generate_ms(model, prompt, new_tokens: int, cache, device) -> float:
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                  past_key_values=cache)  # fmt: skip
-    with torch.inference_mode():
-        cache.reset()
-        _sync(device)
-        t0 = time.perf_counter()
-        model.generate(prompt, **kwargs)
-        _sync(device)
-    return (time.perf_counter() - t0) * 1e3
-
-
-def decode_static_ms(models: dict, prompt, n1: int, n2: int, rounds: int, device) -> dict[str, float]:
+def decode_static_ms(models: dict, prompt, clock: Clock, n1: int, n2: int, rounds: int) -> dict[str, float]:
     """ms per step of each model with a StaticCache sized for n2 (transformers compiles the
     decode forward on a GPU): two warm-ups each, then ``rounds`` rounds in turn; the median."""
     from transformers import StaticCache
 
     caches = {name: StaticCache(config=m.config, max_cache_len=prompt.shape[1] + n2 + 1) for name, m in models.items()}
-
-    def step(name):
-        t1 = _generate_ms(models[name], prompt, n1, caches[name], device)
-        t2 = _generate_ms(models[name], prompt, n2, caches[name], device)
-        return (t2 - t1) / (n2 - n1)
-
-    for name in models:
-        for _ in range(2):
-            step(name)
-    steps: dict[str, list[float]] = {name: [] for name in models}
-    for i in range(rounds):
-        for name in list(models)[::1 if i % 2 == 0 else -1]:
-            steps[name].append(step(name))
-    return {name: statistics.median(v) for name, v in steps.items()}
+    for name, m in models.items():
+        with e2e._running(name):
+            for _ in range(2):
+                _step_ms(clock, m, prompt, n1, n2, caches[name])
+    times = _rounds(models, rounds, lambda name, m: _step_ms(clock, m, prompt, n1, n2, caches[name]))
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def _logits(model, ids) -> torch.Tensor:
     with torch.inference_mode():
         return model(ids).logits.float()
-
-
-def agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
-    """Share of positions whose top-1 token agrees, with its binomial standard error."""
-    p = (a == b).float().mean().item()
-    return dict(agreement=round(p, 4), stderr=round((p * (1 - p) / a.numel()) ** 0.5, 4), positions=a.numel())
 
 
 def numerics(logits: dict[str, torch.Tensor], reference: torch.Tensor) -> dict[str, dict]:
@@ -163,7 +104,7 @@ def numerics(logits: dict[str, torch.Tensor], reference: torch.Tensor) -> dict[s
         d = (lg - reference).abs()
         out[name] = dict(rel_err=round(((lg - reference).norm() / reference.norm()).item(), 5),
                          max_abs_over_scale=round(d.max().item() / scale, 5), mean_abs=round(d.mean().item(), 5),
-                         **agreement(lg.argmax(-1), ref_top))  # fmt: skip
+                         **e2e.agreement(lg.argmax(-1), ref_top))  # fmt: skip
     return out
 
 
@@ -174,6 +115,7 @@ def run(args) -> dict:
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     tiny = not gpu
+    clock = Clock(device)
     for name in packages.kernel_packages():
         packages.use_local_build(name)
     if tiny:
@@ -190,7 +132,10 @@ def run(args) -> dict:
     plain = copy.deepcopy(bf16)
     quant_report = fp8.quantize_fp8(plain, args.fp8)
     kern = copy.deepcopy(plain)
-    kern_report = integration.kernelize(kern)
+    # the peers keep transformers' rotary function, which kernelize swaps process-wide
+    kern_report = _kernelize_alone("fp8 kernelized", kern)
+    if "fp8 kernelized" in e2e._GLOBALS:
+        e2e._GLOBALS["fp8 kernelized compiled"] = e2e._GLOBALS["fp8 kernelized"]
     if len(kern_report.fused_fp8_decoders) != layers:
         raise RuntimeError(f"kernelize fused {len(kern_report.fused_fp8_decoders)} of {layers} decoder layers:\n{kern_report}")
     console.print(str(quant_report))
@@ -209,7 +154,7 @@ def run(args) -> dict:
         batch, seq = prefill_shape
         ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
         console.print(f"prefill {batch} x {seq}: {', '.join(runners)}")
-        for name, r in prefill_ms(runners, ids, device, reps, rounds).items():
+        for name, r in prefill_ms(runners, ids, clock, reps, rounds).items():
             rows.append(dict(stage="prefill", model=name, batch=batch, tokens=seq, **r,
                              tokens_per_s=batch * seq / r["ms"] * 1e3))  # fmt: skip
         del runners
@@ -219,7 +164,7 @@ def run(args) -> dict:
         prompt = torch.randint(0, cfg.vocab_size, (DECODE_BATCH, prompt_len), generator=gen).to(device)
         models = {"bf16": bf16, "fp8 torch": plain, "fp8 kernelized": kern}
         console.print(f"decode batch {DECODE_BATCH}, static cache, {prompt_len}-token prompt: {', '.join(models)}")
-        for name, ms in decode_static_ms(models, prompt, n1, n2, rounds, device).items():
+        for name, ms in decode_static_ms(models, prompt, clock, n1, n2, rounds).items():
             rows.append(dict(stage="decode-static", model=name, batch=DECODE_BATCH, tokens=1, ms=ms,
                              tokens_per_s=DECODE_BATCH / ms * 1e3))  # fmt: skip
         for model in models.values():
@@ -232,12 +177,14 @@ def run(args) -> dict:
         ids = torch.randint(0, cfg.vocab_size, agree_shape, generator=gen).to(device)
         console.print(f"agreement and numerics over {agree_shape[0]} x {agree_shape[1]} tokens")
         ref = _logits(bf16, ids)
-        lg = {"fp8 torch": _logits(plain, ids), "fp8 kernelized": _logits(kern, ids)}
+        lg = {"fp8 torch": _logits(plain, ids)}
+        with e2e._running("fp8 kernelized"):
+            lg["fp8 kernelized"] = _logits(kern, ids)
         floor = {}
         if compile_:
             floor["bf16 compiled (noise floor)"] = _logits(torch.compile(bf16, dynamic=False), ids)
             torch._dynamo.reset()
-        agree = {name: agreement(t.argmax(-1), ref.argmax(-1)) for name, t in {**floor, **lg}.items()}
+        agree = {name: e2e.agreement(t.argmax(-1), ref.argmax(-1)) for name, t in {**floor, **lg}.items()}
         exact = copy.deepcopy(bf16).float()
         exact_logits = _logits(exact, ids)
         del exact
@@ -282,9 +229,9 @@ def ratios(result: dict) -> list[dict]:
                 continue
             ratio = r["ms"] / ours["ms"]
             target = TARGETS.get((stage, name))
-            out.append(dict(stage=stage, peer=name, kernelized_ms=round(ours["ms"], 4), peer_ms=round(r["ms"], 4),
-                            ratio=round(ratio, 3), target=target,
-                            met=None if target is None else ratio >= target))  # fmt: skip
+            out.append(dict(stage=stage, setting=f"vs {name}", batch=r["batch"], tokens=r["tokens"], peer=name,
+                            kernelized_ms=round(ours["ms"], 4), peer_ms=round(r["ms"], 4), ratio=round(ratio, 3),
+                            target=target, met=None if target is None else ratio >= target))  # fmt: skip
     return out
 
 
@@ -306,37 +253,9 @@ def write(result: dict, out_dir: Path) -> Path:
     stem = out_dir / f"e2e_fp8-{result['scheme']}_{result['model']}{result['layers']}L{quick}{part}_{gpu}"
     result["ratios"] = ratios(result)
     result["agreement_target"] = agreement_check(result)
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    with stem.with_suffix(".csv").open("w", newline="") as f:
-        keys = sorted({k for r in result["rows"] for k in r})
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(result["rows"])
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        rats = result["ratios"]
-        if rats:
-            fig, ax = plt.subplots(figsize=(max(7, len(rats) * 0.9), 4.5))
-            xs = range(len(rats))
-            ax.bar(list(xs), [r["ratio"] for r in rats], 0.6, label="kernelized FP8 speed ratio")
-            ax.scatter([x for x, r in zip(xs, rats) if r["target"]], [r["target"] for r in rats if r["target"]],
-                       marker="_", s=600, color="r", label="target", zorder=3)  # fmt: skip
-            ax.axhline(1.0, color="k", lw=0.8)
-            ax.set_xticks(list(xs), [f"{r['stage']}\nvs {r['peer']}" for r in rats], rotation=60, fontsize=7)
-            ax.set_ylabel("peer time / kernelized time")
-            ax.set_title(f"FP8 {result['scheme']}, {result['model']} {result['layers']} layers, {result['gpu']}, {result['date']}",
-                         fontsize=9)  # fmt: skip
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            fig.savefig(stem.with_suffix(".png"), dpi=110)
-            plt.close(fig)
-    except ImportError:
-        pass
-    return stem
+    return e2e.write_files(stem, result, (("ratio", "kernelized FP8 speed ratio"),), "peer time / kernelized time",
+                           f"FP8 {result['scheme']}, {result['model']} {result['layers']} layers, {result['gpu']}, "
+                           f"{result['date']}", width_per_bar=0.9)  # fmt: skip
 
 
 def print_summary(result: dict) -> None:
