@@ -10,7 +10,11 @@ the plain-torch path and of the fused ops, on CPU and CUDA.
 
 Model logits (``assert_logits_close``). On CPU both sides compute the same bytes with the same
 fp32 reference GEMM: observed difference 0; 1% of the logits' scale leaves room for fp32
-summation order. On CUDA the two sides differ below one bf16 ulp (the fused [W_q; W_k; W_v] /
+summation order. Not so under TRITON_INTERPRET=1 (the package conftests set it for a whole
+pytest run of the checkout, CI's): rope-triton's rotary then runs its Triton kernel in the
+interpreter, whose bf16 roundings differ from transformers' in 53% of the values (measured on
+q; on a GPU the kernel matches transformers bit for bit), and the noise floor below applies.
+On CUDA the two sides differ below one bf16 ulp (the fused [W_q; W_k; W_v] /
 [W_gate; W_up] GEMMs and skinny-gemm against separate torch._scaled_mm calls, cuBLAS against
 the fp32 reference, the norm kernels' rsqrt and sum order), and dynamic FP8 re-quantization
 amplifies any such difference, layer after layer, to the size of the FP8 rounding noise
@@ -19,7 +23,7 @@ seeds per scheme), perturbing every GEMM output of the plain-torch FP8 model by 
 2^-12 (what two fp32 summation orders differ by) moved the logits by up to 5.5% (block) / 6.0%
 (per-token) of their scale at the worst position and 4.5% / 4.3% in relative Frobenius norm;
 by 2^-9 (half a bf16 ulp): 6.4% / 6.6% and 4.9% / 5.4%, while the FP8 model is ~7% from the
-bf16 one. The H100 run of 2026-11-24 measured 3-5%. CUDA_LOGITS allows ~1.4x the measured
+bf16 one. The H100 run of 2026-11-24 measured 3-5%. NOISE_FLOOR allows ~1.4x the measured
 worst case; top-1 agreement is not asserted there (it fell to 0.67 of 18 positions in that
 experiment: random weights give flat logits).
 """
@@ -60,18 +64,26 @@ def tokens(batch=2, seq=13, seed=1):
     return torch.randint(0, SIZES["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
-# CUDA: (max |diff| / max |logit|, relative Frobenius norm) per scheme; the module docstring
-# gives the measured noise floor (worst: 6.6% / 5.4% per-token, 6.4% / 4.9% block).
-CUDA_LOGITS = {"per-token": (0.09, 0.075), "block": (0.09, 0.07)}
+# (max |diff| / max |logit|, relative Frobenius norm) per scheme where the two sides are not
+# the same bytes; the module docstring gives the measured noise floor (worst: 6.6% / 5.4%
+# per-token, 6.4% / 4.9% block).
+NOISE_FLOOR = {"per-token": (0.09, 0.075), "block": (0.09, 0.07)}
+
+
+def _same_bytes() -> bool:
+    """Whether the kernelized and the plain-torch model compute the same bytes: on CPU, unless
+    rope-triton runs its Triton kernel in Triton's interpreter (module docstring)."""
+    return DEVICE == "cpu" and not packages.get_kernel("rope-triton").triton_enabled_for(torch.empty(0))
 
 
 def assert_logits_close(got, expected, name, scheme, frac=1e-2, top1=None):
-    """Within ``frac`` of the logits' scale and ``top1`` agreement on CPU; within the FP8 noise
-    floor (CUDA_LOGITS) on CUDA."""
+    """Within ``frac`` of the logits' scale and ``top1`` agreement where both sides compute the
+    same bytes but for fp32 summation order (CPU); within the FP8 noise floor (NOISE_FLOOR)
+    otherwise."""
     err = (got - expected).abs().max().item()
     scale = expected.abs().max().item()
-    if DEVICE != "cpu":
-        frac, frob = CUDA_LOGITS[scheme]
+    if not _same_bytes():
+        frac, frob = NOISE_FLOOR[scheme]
         rel = ((got - expected).norm() / expected.norm()).item()
         assert rel <= frob, f"{name}: relative Frobenius difference {rel:.3g} > {frob}"
         top1 = None
@@ -344,10 +356,11 @@ def test_kernelize_fp8_ci():
 
 @pytest.mark.parametrize("scheme", fp8.SCHEMES)
 def test_kernelize_fp8_generate(scheme):
-    """A few greedy decode steps through the cache. On CPU the kernelized model picks the plain
-    one's tokens. On CUDA, where the two differ by the FP8 noise floor (module docstring) and
-    flat logits let greedy paths part: the logits of each step, computed through the cache,
-    against the plain model's full forward over the same tokens."""
+    """A few greedy decode steps through the cache. Where both compute the same bytes (CPU) the
+    kernelized model picks the plain one's tokens. Elsewhere, where the two differ by the FP8
+    noise floor (module docstring) and flat logits let greedy paths part: the logits of each
+    step, computed through the cache, against the plain model's full forward over the same
+    tokens."""
     model = small_model("llama")
     fused_llm.quantize_fp8(model, scheme)
     plain = copy.deepcopy(model)
@@ -356,7 +369,7 @@ def test_kernelize_fp8_generate(scheme):
     kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
         out = model.generate(prompt, **kw, output_logits=True, return_dict_in_generate=True)
-        if DEVICE == "cpu":
+        if _same_bytes():
             assert torch.equal(out.sequences, plain.generate(prompt, **kw))
             return
         full = plain(out.sequences[:, :-1]).logits.float()[:, prompt.shape[1] - 1:]
