@@ -5,6 +5,7 @@ a rebuild of an unchanged package reported as up to date."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -148,3 +149,36 @@ def test_a_changed_package_is_built_again(tmp_path):
     again = builder.build_package(root)
     assert not any(r.up_to_date for r in again)
     assert all((r.variant_dir / "__init__.py").read_text().endswith("# changed\n") for r in again)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny CPU run of a machine without a CUDA GPU")
+def test_bench_e2e_fp8_quick_runs_on_cpu(capsys, tmp_path):
+    """`bench e2e --fp8 SCHEME --quick` without a GPU runs every stage on a tiny model and
+    writes its files (as a user runs it: a subprocess without TRITON_INTERPRET, which the
+    package conftests set for this session and under which rope-triton's interpreted rotary
+    is not transformers' bit for bit); without --quick it says it needs a CUDA GPU."""
+    assert cli.main(["bench", "e2e", "--fp8", "block"]) == 2
+    assert "CUDA GPU" in " ".join(capsys.readouterr().out.split())
+    env = {k: v for k, v in ENV.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "fused_llm_dev.cli", "bench", "e2e", "--fp8", "block", "--quick",
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = " ".join(proc.stdout.split())
+    assert "fused FP8 decoder layer (block)" in out and "silu_and_mul_dynamic_fp8" in out, out
+    result = json.loads((tmp_path / "e2e_fp8-block_llama2L_quick_CPU-tiny.json").read_text())
+    assert {(r["stage"], r["model"]) for r in result["rows"]} == {
+        ("prefill", "bf16 eager"), ("prefill", "fp8 torch eager"), ("prefill", "fp8 kernelized"),
+        ("decode-static", "bf16"), ("decode-static", "fp8 torch"), ("decode-static", "fp8 kernelized")}
+    assert {r["peer"] for r in result["ratios"]} >= {"bf16 eager", "fp8 torch eager", "bf16"}
+    # on CPU the kernelized layer computes the plain-torch FP8 model's logits
+    assert result["numerics"]["kernelized vs fp8 torch"]["fp8 kernelized"]["agreement"] == 1.0
+    assert result["agreement_target"]["met"]
+    assert (tmp_path / "e2e_fp8-block_llama2L_quick_CPU-tiny.csv").is_file()
+
+
+def test_bench_e2e_fp8_help(capsys):
+    assert _exit_code(["bench", "e2e", "--fp8", "per-token", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: fused-llm bench e2e --fp8") and "--only" in out
+    assert _exit_code(["bench", "e2e", "--help"]) == 0
+    assert "--fp8 {per-token,block}" in capsys.readouterr().out

@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import e2e_skinny  # with and without skinny-gemm's projections: its own options and report
 
         return e2e_skinny.main(argv[2:])
+    if argv[:2] == ["bench", "e2e"] and any(a == "--fp8" or a.startswith("--fp8=") for a in argv[2:]):
+        from .bench import e2e_fp8  # an FP8 model against its peers: its own stages and options
+
+        return e2e_fp8.main(argv[2:])
     if argv[:2] == ["bench", "e2e"]:  # its own options (and --help), parsed by bench.e2e
         from .bench import e2e
 

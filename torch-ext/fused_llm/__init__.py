@@ -26,12 +26,15 @@ _EXPORTS = {
     "kernel_config": "transformers_config",
     "load_w4a16": "w4a16",
     "quantize_w4a16": "w4a16",
+    "FP8Linear": "fp8",
+    "load_fp8": "fp8",
+    "quantize_fp8": "fp8",
 }
-_SUBMODULES = ("decoder", "integration", "packages", "skinny", "transformers_config", "w4a16")
+_SUBMODULES = ("decoder", "decoder_fp8", "fp8", "integration", "packages", "skinny", "transformers_config", "w4a16")
 
 __all__ = [
     "LAYERS", "KernelizeReport", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize",
-    "load_w4a16", "quantize_w4a16",
+    "load_w4a16", "quantize_w4a16", "FP8Linear", "load_fp8", "quantize_fp8",
 ]
 
 

@@ -88,6 +88,8 @@ class KernelizeReport:
     skinny: list = field(default_factory=list)
     skinny_kept: list = field(default_factory=list)
     skinny_table: str = ""
+    # Decoder layers running fused_llm.decoder_fp8's forward: (module, class, FP8 scheme, device).
+    fused_fp8_decoders: list[tuple[str, str, str, str]] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -103,6 +105,13 @@ class KernelizeReport:
         if self.fused_decoders:
             classes = sorted({cls for _, cls in self.fused_decoders})
             lines.append(f"  {len(self.fused_decoders):3d} x {', '.join(classes)} -> fused decoder layer ({STEPS})")
+        for scheme, device in sorted({(s, d) for _, _, s, d in self.fused_fp8_decoders}):
+            from .decoder_fp8 import steps
+
+            group = [(n, c) for n, c, s, d in self.fused_fp8_decoders if (s, d) == (scheme, device)]
+            classes = sorted({cls for _, cls in group})
+            lines.append(f"  {len(group):3d} x {', '.join(classes)} -> fused FP8 decoder layer ({scheme}), step by step:")
+            lines += [f"        {step}: {op}" for step, op in steps(scheme, device)]
         for name, cls, reason in self.unfused_decoders:
             lines.append(f"  {name} ({cls}) keeps its forward: {reason}")
         lines += [f"  {n:3d} x {what}" for what, n in self.counts().items()]
@@ -189,10 +198,12 @@ def kernelize(
     ``rocm`` or ``cpu``). Only our mapping is active inside the call. With
     ``fuse_decoder_layers`` (default), Llama / Mistral / Qwen2 / Qwen3 decoder layers in
     float16 / bfloat16 get `fused_llm.decoder`'s forward (fused residual add + RMSNorm, one QKV
-    GEMM, rope-triton, gated-mlp); the others keep theirs with the module-level swaps.
-    With ``skinny`` (default, inference modes), the projection GEMMs left on cuBLAS after
-    that (QKV, o_proj, down_proj, gate / up where gated-mlp does not take them, lm_head) whose
-    shapes skinny-gemm's tuning table lists for this GPU and dtype run through
+    GEMM, rope-triton, gated-mlp); layers whose seven projections are ``fused_llm.fp8.FP8Linear``
+    of one scheme (``quantize_fp8`` / ``load_fp8``) get `fused_llm.decoder_fp8`'s forward (fused
+    norm + dynamic FP8 quantization, FP8 GEMMs, swiglu-fp8); the others keep theirs with the
+    module-level swaps. With ``skinny`` (default, inference modes), the projection GEMMs left on
+    cuBLAS after that (QKV, o_proj, down_proj, gate / up where gated-mlp does not take them,
+    lm_head) whose shapes skinny-gemm's tuning table lists for this GPU and dtype run through
     ``skinny_gemm.linear`` (`fused_llm.skinny`); ``skinny=False`` leaves them all on cuBLAS
     (it does not undo an earlier call's routing, as ``fuse_decoder_layers=False`` does not
     unfuse layers).
@@ -202,7 +213,7 @@ def kernelize(
     from kernels import Mode, use_kernel_mapping
     from kernels import kernelize as hub_kernelize
 
-    from . import decoder
+    from . import decoder, decoder_fp8
 
     mode = Mode.INFERENCE if mode is None else mode
     mapping = kernel_mapping(source)
@@ -231,26 +242,39 @@ def kernelize(
             hub_kernelize(model, mode=mode, device=device, use_fallback=use_fallback)
     finally:
         kernels_log.setLevel(level)
-    if fusable:
+    bf16_fusable = [(name, layer) for name, layer in fusable if not decoder_fp8.is_fp8_layer(layer)]
+    if bf16_fusable:
         kernels = decoder.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "gated-mlp")))
-        for _, layer in fusable:
+        for _, layer in bf16_fusable:
             decoder.install(layer, kernels)
+    fp8_fusable = [(name, layer) for name, layer in fusable if decoder_fp8.is_fp8_layer(layer)]
+    if fp8_fusable:
+        kernels_fp8 = decoder_fp8.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "swiglu-fp8",
+                                                                           "skinny-gemm")))
+        for _, layer in fp8_fusable:
+            decoder_fp8.install(layer, kernels_fp8)
     report = _report(model, [name for name, _ in fusable])
-    report.fused_decoders = [(name, type(layer).__name__) for name, layer in fusable]
+    report.fused_decoders = [(name, type(layer).__name__) for name, layer in bf16_fusable]
+    report.fused_fp8_decoders = [(name, type(layer).__name__, layer.fused_llm_fp8_scheme, layer.self_attn.q_proj.weight.device.type)
+                                 for name, layer in fp8_fusable]  # fmt: skip
     report.unfused_decoders = [(name, type(layer).__name__, reason) for name, layer, reason in layers if reason is not None]
     if skinny and not (mode & Mode.TRAINING):
         from . import skinny as routing
 
-        report.skinny, report.skinny_kept = routing.route(model, _load("skinny-gemm", source), dict(fusable))
+        # The FP8 layers' GEMMs are FP8Linear (decoder_fp8 gives them skinny-gemm's linear_fp8).
+        report.skinny, report.skinny_kept = routing.route(model, _load("skinny-gemm", source), dict(bf16_fusable))
         report.skinny_table = routing.table_key(model)
     return report
 
 
 def _decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module, str | None]]:
-    from . import decoder
+    """(name, layer, why it keeps its forward or None): the bf16 fused layer's reasons, or the
+    FP8 one's (fused_llm.decoder_fp8) for layers with FP8Linear projections."""
+    from . import decoder, decoder_fp8
 
     classes = decoder.decoder_classes()
-    return [(name, m, decoder.unsupported_reason(m)) for name, m in model.named_modules() if isinstance(m, classes)]
+    return [(name, m, decoder_fp8.unsupported_reason(m) if decoder_fp8.is_fp8_layer(m) else decoder.unsupported_reason(m))
+            for name, m in model.named_modules() if isinstance(m, classes)]  # fmt: skip
 
 
 def _all_inside(model: nn.Module, prefixes: list[str], layer_names: tuple[str, ...]) -> bool:

@@ -220,6 +220,15 @@ def load_w4a16(checkpoint_dir, *, dtype: torch.dtype | None = None, device="cpu"
         report.packed_bytes += layer.quantized_weight().nbytes()
     if not report.swapped:
         raise ValueError(f"checkpoint_dir: no {fmt} quantized layer found in {directory}")
+    return finish_load(model, config, tensors, dtype, device), report
+
+
+def finish_load(model: nn.Module, config, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device) -> nn.Module:
+    """The last steps of a loader that built ``model`` on the meta device and swapped its
+    quantized layers in: load the remaining (dense) ``tensors`` in ``dtype``, tie the
+    embeddings, rebuild the modules whose non-persistent buffers are still on meta (the rotary
+    inv_freq), check that nothing is missing or left over; returns the model ``.eval()`` on
+    ``device`` (load_w4a16, fused_llm.fp8.load_fp8)."""
     rest = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
     missing, unexpected = model.load_state_dict(rest, strict=False, assign=True)
     if getattr(config, "tie_word_embeddings", False):
@@ -232,4 +241,4 @@ def load_w4a16(checkpoint_dir, *, dtype: torch.dtype | None = None, device="cpu"
     left = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.device.type == "meta"]
     if left or unexpected:
         raise ValueError(f"checkpoint: tensors missing from the checkpoint {left[:8]}, or unknown to the model {unexpected[:8]}")
-    return model.to(device).eval(), report
+    return model.to(device).eval()

@@ -420,11 +420,12 @@ def ratios(result: dict) -> list[dict]:
     return out
 
 
-def write_files(stem: Path, result: dict, bars: tuple[tuple[str, str], tuple[str, str]], ylabel: str,
+def write_files(stem: Path, result: dict, bars: tuple[tuple[str, str], ...], ylabel: str,
                 title: str, width_per_bar: float = 0.7) -> Path:  # fmt: skip
-    """``stem``.json (the whole result), .csv (its rows) and .png: two bars per entry of
-    ``result["ratios"]``, each ``(ratio key, legend label)`` of ``bars``. Shared by every e2e
-    bench (bf16, --w4a16, --skinny)."""
+    """``stem``.json (the whole result), .csv (its rows) and .png: one or two bars per entry of
+    ``result["ratios"]``, each ``(ratio key, legend label)`` of ``bars``, and an entry's
+    ``"target"``, where it has one, as a red mark. Shared by every e2e bench (bf16, --w4a16,
+    --skinny, --fp8)."""
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
     with stem.with_suffix(".csv").open("w", newline="") as f:
         keys = sorted({k for r in result["rows"] for k in r})
@@ -441,8 +442,11 @@ def write_files(stem: Path, result: dict, bars: tuple[tuple[str, str], tuple[str
         labels = [f"{r['stage']} {r['setting']}\nB={r['batch']} T={r['tokens']}" for r in rats]
         fig, ax = plt.subplots(figsize=(max(8, len(rats) * width_per_bar), 5))
         xs = range(len(rats))
-        for offset, (key, label) in zip((-0.2, 0.2), bars):
+        for offset, (key, label) in zip((0.0,) if len(bars) == 1 else (-0.2, 0.2), bars):
             ax.bar([x + offset for x in xs], [r.get(key, 0) for r in rats], 0.4, label=label)
+        marked = [(x, r["target"]) for x, r in zip(xs, rats) if r.get("target")]
+        if marked:
+            ax.scatter(*zip(*marked), marker="_", s=600, color="r", label="target", zorder=3)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(list(xs), labels, rotation=70, fontsize=7)
         ax.set_ylabel(ylabel)
@@ -496,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
                         "bench/e2e_w4a16.py, which the fused-llm CLI runs for this flag (its --help)")  # fmt: skip
     parser.add_argument("--skinny", action="store_true", help="the kernelized model with and without skinny-gemm's "
                         "decode projections instead: bench/e2e_skinny.py, which the fused-llm CLI runs for this flag (its --help)")  # fmt: skip
+    parser.add_argument("--fp8", choices=["per-token", "block"], help="an FP8 model (fused_llm.quantize_fp8) instead: "
+                        "bench/e2e_fp8.py, which the fused-llm CLI runs for this flag (its --help)")  # fmt: skip
     parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
@@ -505,9 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-liger", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
     args = parser.parse_args(argv)
-    if args.w4a16 or args.skinny:
-        flag = "w4a16" if args.w4a16 else "skinny"
-        parser.error(f"--{flag}: run it through the CLI (fused-llm bench e2e --{flag}) or bench.e2e_{flag}.main")
+    for flag in ("w4a16", "skinny", "fp8"):
+        if getattr(args, flag):
+            parser.error(f"--{flag}: run it through the CLI (fused-llm bench e2e --{flag}) or bench.e2e_{flag}.main")
     if not torch.cuda.is_available():
         print("fused-llm bench e2e times models on a CUDA GPU; none is visible to torch here.")
         return 2
