@@ -536,3 +536,16 @@ def test_deterministic_split_k(M):
     ref = reference(x, w)
     for _ in range(3):
         assert_gemm_close(sg.gemm(x, w, deterministic=False), ref, "atomic")
+
+
+def test_reserve_workspaces():
+    """The split-K buffers exist at the reserved sizes before any call (what kernelize does so
+    that no first call inside a compiled CUDA graph allocates them); a no-op off CUDA."""
+    sg.reserve_workspaces("cpu")
+    if DEVICE != "cuda":
+        return
+    kern = sg._triton_kernels()
+    sg.reserve_workspaces("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    assert kern._COUNTERS[dev].numel() >= 1 << 14 and kern._WORKSPACES[dev].numel() >= 1 << 22
+    assert not kern._COUNTERS[dev].any() and not kern._WORKSPACES[dev].any()

@@ -191,6 +191,8 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     layer.fused_llm_sliding_window = window
     if layer.fused_llm_fp8_scheme == "block" and attn.q_proj.weight.is_cuda:
         fp8.gemm_backend(attn.q_proj.weight.device, "block")  # the GPU probed now, not under torch.compile
+    if attn.q_proj.weight.is_cuda:  # linear_fp8's split-K buffers made now, not inside a compiled CUDA graph
+        kernels.skinny.reserve_workspaces(attn.q_proj.weight.device)
     layer.forward = types.MethodType(_make_forward(kernels), layer)
     layer.fused_llm_decoder = True
 

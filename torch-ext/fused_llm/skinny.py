@@ -115,6 +115,9 @@ def route(model: nn.Module, skinny: types.ModuleType, fused: dict[str, nn.Module
         if served(name, module.weight):
             # What kernels.kernelize does with a hub layer: the instance's forward, bound.
             module.forward = types.MethodType(skinny.layers.Linear.forward, module)
+    # The split-K buffers made now, not on a first call inside a compiled CUDA graph.
+    for device in {weight_of(model, r.name).device for r in routed}:
+        skinny.reserve_workspaces(device)
     return routed, kept
 
 

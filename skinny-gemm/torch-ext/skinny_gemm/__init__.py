@@ -44,6 +44,7 @@ __all__ = [
     "layers",
     "linear",
     "linear_fp8",
+    "reserve_workspaces",
     "skinny_config",
     "triton_enabled_for",
 ]
@@ -53,6 +54,25 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+
+
+def reserve_workspaces(device: torch.device | str, tiles: int = 1 << 14, workspace: int = 1 << 22) -> None:
+    """Allocate ``device``'s split-K reduction buffers now: zeroed int32 arrival counters for
+    ``tiles`` output tiles and an fp32 atomic workspace of ``workspace`` elements (16 MiB by
+    default: Llama-3 lm_head's 128256 outputs at the widest tuned tile need 2M). The kernels
+    otherwise make them on the first call that needs them; when that call runs inside a
+    torch.compile'd CUDA graph (cudagraph trees: the static-cache decode of transformers'
+    generate) they come from the graph's pool and outlive it, which cudagraph trees refuses
+    ("tensor(s) in the cudagraph pool not tracked as outputs"). ``fused_llm.kernelize`` calls
+    this for the model's device. A no-op off CUDA."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not triton_enabled_for(torch.empty(0, device=dev)):
+        return
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    kern = _triton_kernels()
+    kern._cached_zeros(kern._COUNTERS, dev, tiles, torch.int32)
+    kern._cached_zeros(kern._WORKSPACES, dev, workspace, torch.float32)
 
 
 def _triton_kernels():
