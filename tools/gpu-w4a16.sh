@@ -2,7 +2,7 @@
 # machete-w4a16's first GPU run, in one call on the device machine (the environment of
 # tools/gpu-session.sh: the carried wheels in .whl/, installed into /tmp/site; logs to $OUT):
 #   bash tools/gpu-w4a16.sh
-# 1. builds machete-w4a16 alone (noarch: a copy, no compile) and runs its tests on CUDA plus the
+# 1. builds machete-w4a16 alone (its CUDA kernel: about 50 s) and runs its tests on CUDA plus the
 #    fused_llm integration tests that need no other package's build (--noconftest: the root
 #    conftest would build every package, minutes of nvcc); FULL=1 builds everything first and
 #    runs the kernelize composition test too;
