@@ -494,6 +494,42 @@ def print_summary(result: dict) -> None:
         console.print("host ms per decode step (dynamic cache):", host)
 
 
+def variant_parser(flag: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of a variant bench (``--w4a16``, ``--skinny``) with the options they share
+    before their own: the flag itself (how the CLI routes here), --model, --layers, --dtype."""
+    parser = argparse.ArgumentParser(prog=f"fused-llm bench e2e --{flag}", description=doc.split("\n\n")[0])
+    parser.add_argument(f"--{flag}", action="store_true", help="this comparison (how bench e2e routes here)")
+    parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    return parser
+
+
+def add_variant_tail(parser: argparse.ArgumentParser, batches: list[int]) -> None:
+    """The options a variant bench's parser ends with: --batches (default ``batches``), --tiny,
+    --out."""
+    parser.add_argument("--batches", default=",".join(map(str, batches)),
+                        help="decode batch sizes (default: %(default)s; static-cache decode compiles per model and batch)")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer hidden-256 model and short sequences; runs on a "
+                        "CPU too (a smoke test of the command, not a measurement)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
+
+
+def parse_variant_args(parser: argparse.ArgumentParser, argv: list[str] | None, flag: str) -> argparse.Namespace | None:
+    """A variant bench's arguments, --batches as ints; None (after saying why) without a GPU
+    unless --tiny."""
+    args = parser.parse_args(argv)
+    try:
+        args.batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
+    if not torch.cuda.is_available() and not args.tiny:
+        print(f"fused-llm bench e2e --{flag} times models on a CUDA GPU; none is visible to torch here "
+              "(--tiny runs a small model on the CPU).")  # fmt: skip
+        return None
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-llm bench e2e", description=__doc__.split("\n\n")[0])
     parser.add_argument("--w4a16", action="store_true", help="a 4-bit copy next to the bf16 model instead: "

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from fused_llm import integration, packages
 from fused_llm import skinny as routing
 
-from ..models import MODEL_PRESETS, build_model, tiny_model
+from ..models import build_model, tiny_model
 from . import e2e
 
 EAGER, WITHOUT, KERNELIZED = "eager", "kernelized without skinny", "kernelized"
@@ -202,34 +202,19 @@ def print_summary(result: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fused-llm bench e2e --skinny", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--skinny", action="store_true", help="this comparison (how bench e2e routes here)")
-    parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser = e2e.variant_parser("skinny", __doc__)
     parser.add_argument("--quick", action="store_true", help="fewer decode steps and rounds")
     parser.add_argument("--only", choices=["decode", "decode-static", "decode-dynamic"],
                         help="one cache setting (split a full run over several 10-minute GPU calls)")
-    parser.add_argument("--batches", default=",".join(map(str, DECODE_BATCHES)),
-                        help="decode batch sizes (default: %(default)s; static-cache decode compiles per model and batch)")
     parser.add_argument("--no-eager", action="store_true", help="leave out the model that is not kernelized "
                         "(one static-cache compile less per batch)")  # fmt: skip
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer hidden-256 model and short sequences; runs on a "
-                        "CPU too (a smoke test of the command, not a measurement)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
+    e2e.add_variant_tail(parser, DECODE_BATCHES)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.batches = [int(b) for b in args.batches.split(",")]
-    except ValueError:
-        parser.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
-    if not torch.cuda.is_available() and not args.tiny:
-        print("fused-llm bench e2e --skinny times models on a CUDA GPU; none is visible to torch here "
-              "(--tiny runs a small model on the CPU).")  # fmt: skip
+    args = e2e.parse_variant_args(build_parser(), argv, "skinny")
+    if args is None:
         return 2
     result = run(args)
     stem = write(result, args.out or packages.repo_root() / "benchmarks" / "results")

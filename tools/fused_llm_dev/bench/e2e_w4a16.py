@@ -43,7 +43,7 @@ from torch import nn
 from fused_llm import integration, packages
 from fused_llm import w4a16 as fw
 
-from ..models import MODEL_PRESETS, build_model
+from ..models import build_model
 from . import e2e
 
 MODELS = ("bf16 eager", "bf16 kernelized", "w4 eager", "w4 kernelized")
@@ -310,11 +310,7 @@ def print_summary(result: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fused-llm bench e2e --w4a16", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--w4a16", action="store_true", help="this comparison (how bench e2e routes here)")
-    parser.add_argument("--model", default="llama", choices=sorted(MODEL_PRESETS))
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser = e2e.variant_parser("w4a16", __doc__)
     parser.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128, -1], help="default: %(default)s")
     parser.add_argument("--zero-point", action="store_true", help="asymmetric 4-bit (default: symmetric, uint4b8)")
     parser.add_argument("--lm-head", action="store_true", help="quantize lm_head too (quantize_w4a16 leaves it 16-bit; "
@@ -322,24 +318,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="fewer decode steps, repetitions and rounds")
     parser.add_argument("--only", choices=["prefill", "decode", "decode-dynamic", "decode-static"],
                         help="one stage (split a full run over several 10-minute GPU calls)")
-    parser.add_argument("--batches", default=",".join(map(str, DECODE_BATCHES)),
-                        help="decode batch sizes (default: %(default)s; static-cache decode compiles per model and batch)")
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer hidden-256 model and short sequences; runs on a "
-                        "CPU too (a smoke test of the command, not a measurement)")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
+    e2e.add_variant_tail(parser, DECODE_BATCHES)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.batches = [int(b) for b in args.batches.split(",")]
-    except ValueError:
-        parser.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
-    if not torch.cuda.is_available() and not args.tiny:
-        print("fused-llm bench e2e --w4a16 times models on a CUDA GPU; none is visible to torch here "
-              "(--tiny runs a small model on the CPU).")  # fmt: skip
+    args = e2e.parse_variant_args(build_parser(), argv, "w4a16")
+    if args is None:
         return 2
     try:
         result = run(args)
