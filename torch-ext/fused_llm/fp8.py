@@ -33,16 +33,14 @@ projections are all ``FP8Linear`` of one scheme the fused FP8 forward (``decoder
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import nn
 
-from .w4a16 import _read_safetensors, _set_module, finish_load, projection_names
+from .w4a16 import _read_safetensors, _set_module, finish_load, meta_model, projection_names, read_quantization_config
 
 SCHEMES = ("per-token", "block")
 BLOCK = 128  # the block scheme's weight block (128 x 128) and activation group (1 x 128)
@@ -565,29 +563,11 @@ def load_fp8(checkpoint_dir, *, dtype: torch.dtype | None = None, device="cpu", 
     dequantization ``weight * weight_scale_inv`` per block). Every linear layer stored in FP8
     becomes an ``FP8Linear``; the others load as usual. ``dtype``: the activation dtype
     (default: the config's, else bfloat16). Returns ``(model, report)``."""
-    import transformers
-
-    directory = Path(checkpoint_dir)
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"checkpoint_dir: expected {config_path}")
     if source not in ("local", "hub"):
         raise ValueError(f"source: expected 'local' or 'hub', got {source!r}")
-    raw = json.loads(config_path.read_text())
-    quant_config = raw.get("quantization_config")
-    if quant_config is None:
-        raise ValueError(f"checkpoint_dir: {config_path} has no quantization_config (not a quantized checkpoint)")
+    directory, quant_config = read_quantization_config(checkpoint_dir)
     fmt, scheme, notes = checkpoint_scheme(quant_config)
-    config = transformers.AutoConfig.from_pretrained(str(directory))
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # built here, not by transformers' quantizers
-    if dtype is None:
-        dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or torch.bfloat16
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"dtype: expected float16 or bfloat16, got {dtype}")
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    config, dtype, model = meta_model(directory, dtype, torch.bfloat16)
     tensors = _read_safetensors(directory, device)
     report = FP8Report(scheme=scheme, format=fmt, notes=list(notes))
     for name, module in list(model.named_modules()):

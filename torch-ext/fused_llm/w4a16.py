@@ -179,28 +179,10 @@ def load_w4a16(checkpoint_dir, *, dtype: torch.dtype | None = None, device="cpu"
     them); the other tensors load as usual. ``dtype``: the activation dtype (default: the
     config's ``torch_dtype``, else the scales'); scales stored in another 16-bit dtype are
     converted (rounded) to it. Returns ``(model, report)``."""
-    import transformers
-
-    directory = Path(checkpoint_dir)
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"checkpoint_dir: expected {config_path}")
-    raw = json.loads(config_path.read_text())
-    quant_config = raw.get("quantization_config")
-    if quant_config is None:
-        raise ValueError(f"checkpoint_dir: {config_path} has no quantization_config (not a quantized checkpoint)")
+    directory, quant_config = read_quantization_config(checkpoint_dir)
     fmt = checkpoint_format(quant_config)
     w4 = _package(source)
-    config = transformers.AutoConfig.from_pretrained(str(directory))
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # built here, not by transformers' quantizers
-    if dtype is None:
-        dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or torch.float16
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    if dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"dtype: expected float16 or bfloat16, got {dtype}")
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    config, dtype, model = meta_model(directory, dtype, torch.float16)
     tensors = _read_safetensors(directory, device)
     report = W4A16Report(format=fmt)
     for name, module in list(model.named_modules()):
@@ -221,6 +203,40 @@ def load_w4a16(checkpoint_dir, *, dtype: torch.dtype | None = None, device="cpu"
     if not report.swapped:
         raise ValueError(f"checkpoint_dir: no {fmt} quantized layer found in {directory}")
     return finish_load(model, config, tensors, dtype, device), report
+
+
+def read_quantization_config(checkpoint_dir) -> tuple[Path, dict]:
+    """The first step of a loader of a quantized checkpoint directory: the directory and its
+    config.json's ``quantization_config`` (raises naming what is missing; load_w4a16,
+    fused_llm.fp8.load_fp8)."""
+    directory = Path(checkpoint_dir)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"checkpoint_dir: expected {config_path}")
+    quant_config = json.loads(config_path.read_text()).get("quantization_config")
+    if quant_config is None:
+        raise ValueError(f"checkpoint_dir: {config_path} has no quantization_config (not a quantized checkpoint)")
+    return directory, quant_config
+
+
+def meta_model(directory: Path, dtype: torch.dtype | None, default_dtype: torch.dtype) -> tuple[object, torch.dtype, nn.Module]:
+    """The checkpoint's transformers config without its quantization_config (the quantized
+    layers are built here, not by transformers' quantizers), the activation dtype (``dtype``,
+    else the config's, else ``default_dtype``; float16 or bfloat16) and the causal LM built on
+    the meta device (load_w4a16, fused_llm.fp8.load_fp8)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(str(directory))
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    if dtype is None:
+        dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or default_dtype
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype: expected float16 or bfloat16, got {dtype}")
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return config, dtype, model
 
 
 def finish_load(model: nn.Module, config, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device) -> nn.Module:
