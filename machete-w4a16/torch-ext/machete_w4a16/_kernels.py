@@ -41,11 +41,22 @@ import triton
 import triton.language as tl
 
 from . import _config, _tuning
-from ._ops import ops
 from ._triton_launch import PlanTable, aligned16, device_name
 
-# The CUDA build's compiled small-M kernel (csrc/w4a16_mma.cu); absent from CPU / ROCm builds.
-_HAS_MMA = hasattr(ops, "w4a16_mma")
+_MMA_OP: list = []
+
+
+def _mma_op():
+    """The CUDA build's compiled small-M kernel (csrc/w4a16_mma.cu, op ``w4a16_mma``), or None
+    (CPU / ROCm builds). Looked up on first use, not at import: ``fused-llm check-targets``
+    loads this module without a build's ``_ops.py``."""
+    if not _MMA_OP:
+        try:
+            from ._ops import ops
+        except ImportError:
+            ops = None
+        _MMA_OP.append(getattr(ops, "w4a16_mma", None))
+    return _MMA_OP[0]
 
 
 @triton.jit
@@ -416,7 +427,9 @@ def mma_supported(x: torch.Tensor, M: int, K: int, group_size: int) -> bool:
     """Whether the compiled small-M kernel can run this call: the CUDA build on a GPU of
     capability >= 8.0 (bf16 mma.sync), 1 <= M <= 32, K a multiple of 128 (a lane's window), a
     group of >= 32 columns or one per channel (a lane's 32 columns of a window in one group)."""
-    if not (_HAS_MMA and x.is_cuda and 1 <= M <= _config.MMA_MAX_M and K % 128 == 0 and (group_size == -1 or group_size >= 32)):
+    if not (x.is_cuda and 1 <= M <= _config.MMA_MAX_M and K % 128 == 0 and (group_size == -1 or group_size >= 32)):
+        return False
+    if _mma_op() is None:
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     capable = _CAPABLE.get(index)
@@ -485,19 +498,19 @@ class _MmaPlan:
     call does to x first (act order: the packed column k' reads x[:, perm[k']], so x is
     gathered once; a layout the kernel cannot read in 16-byte units is copied)."""
 
-    __slots__ = ("counters", "group_size", "row_tiles", "split", "warps")
+    __slots__ = ("counters", "group_size", "op", "row_tiles", "split", "warps")
 
     def __init__(self, cfg: dict, counters: torch.Tensor | None, group_size: int):
         self.split, self.warps, self.row_tiles = cfg["SPLIT_K"], cfg["num_warps"], cfg["ROW_TILES"]
-        self.counters, self.group_size = counters, group_size
+        self.counters, self.group_size, self.op = counters, group_size, _mma_op()
 
     def __call__(self, x, qweight, scales, zeros, perm, bias, out) -> None:
         if perm is not None:
             x = x.index_select(1, perm)
         elif x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
             x = x.clone(memory_format=torch.contiguous_format)
-        ops.w4a16_mma(out, x, qweight, scales, zeros, bias, self.group_size, self.split, self.warps, self.row_tiles,
-                      self.counters)  # fmt: skip
+        self.op(out, x, qweight, scales, zeros, bias, self.group_size, self.split, self.warps, self.row_tiles,
+                self.counters)  # fmt: skip
 
 
 class _TiledPlan:
