@@ -9,10 +9,10 @@ mma.sync with the weights dequantized straight into A fragments), which ``select
 where :func:`mma_supported` (M <= 32, K % 128 == 0, groups >= 32); ``launch_w4a16`` runs it
 through an ``_MmaPlan``.
 
-Both Triton kernels compute ``out = x @ dequantize(qw)^T (+ bias)`` with fp32 accumulation, reading the
-package's one weight layout (``_format``): qweight int32 [N, K/8] (K contiguous, 8 codes per
-int32, column 8j + c in nibble slot c // 2 + 4 (c % 2)), scales [K/G, N], zeros uint8 [K/G, N] or None (zero 8), perm [K] or
-None. A weight tile is dequantized in registers to exactly ``dequantize()``'s values (x's
+Both Triton kernels compute ``out = x @ dequantize(qw)^T (+ bias)`` with fp32 accumulation,
+reading the package's one weight layout (``_format``): qweight int32 [N, K/8] (K contiguous, 8
+codes per int32, column 8j + c in nibble slot c // 2 + 4 (c % 2)), scales [K/G, N], zeros uint8
+[K/G, N] or None (zero 8), perm [K] or None. A weight tile is dequantized in registers to exactly ``dequantize()``'s values (x's
 dtype) and multiplied by ``tl.dot`` (or FMAs):
 
 * ``_w4a16_splitk_kernel`` (small M, the weight stream is the whole cost): one program per
@@ -268,8 +268,8 @@ def _w4a16_splitk_kernel(
             acc = tl.dot(w, tl.trans(x), acc)
     else:
         # BLOCK_M == 1 (GEMV), nibble planes: packed column j holds inputs 8j .. 8j+7, nibble
-        # slot i input 8j + SLOT_COLUMNS[i]. Unpacking a [BLOCK_N, BLOCK_K] tile is a reshape that Triton lowers to a
-        # layout conversion through shared memory (21.5 us at 8B QKV, M = 1, H100); each plane
+        # slot i input 8j + SLOT_COLUMNS[i]. Unpacking a [BLOCK_N, BLOCK_K] tile is a reshape
+        # that Triton lowers to a layout conversion through shared memory (21.5 us at 8B QKV, M = 1, H100); each plane
         # [BLOCK_N, BLOCK_K / 8] times the matching x entries 8j + i (a strided load of the one x
         # row) keeps the packed tile's layout: 15.9 us at its best configuration (2026-11-24).
         # The same products, summed in another order.
@@ -439,10 +439,10 @@ def mma_supported(x: torch.Tensor, M: int, K: int, group_size: int) -> bool:
 
 
 def mma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
-    """The compiled kernel's default launch, from a sweep of split {1, 2, 4} x warps {4, 8} x
-    windows in flight {2, 4} over the eight Llama-3 8B / 70B projections at M = 1 and 16 (H100,
-    2026-11-24, graph-replayed, L2-rotated; benchmarks/results/INDEX.md): no K split (it won
-    everywhere but 70B down at M = 1, by 2%), 8 warps a block up to 384 row tiles at M <= 8 and
+    """The compiled kernel's default launch, from two sweeps over the eight Llama-3 8B / 70B
+    projections at M = 1 and 16 (split {1, 2, 4} x warps {4, 8} x windows in flight {2, 4}, then
+    split {1, 2} x warps x row tiles {1, 2}; H100, 2026-11-24, graph-replayed, L2-rotated;
+    benchmarks/results/INDEX.md): no K split (it won everywhere but 70B down at M = 1, by 2%), 8 warps a block up to 384 row tiles at M <= 8 and
     256 beyond (8B QKV at M = 16: 13.3 us with 4 warps, 17.0 with 8), 4 warps on larger N; two
     row tiles per warp past 8 tokens (each x fragment feeds two mmas: one row tile held L1 at
     88% of its throughput there)."""
