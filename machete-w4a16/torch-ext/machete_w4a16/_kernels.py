@@ -269,9 +269,10 @@ def _w4a16_splitk_kernel(
     else:
         # BLOCK_M == 1 (GEMV), nibble planes: packed column j holds inputs 8j .. 8j+7, nibble
         # slot i input 8j + SLOT_COLUMNS[i]. Unpacking a [BLOCK_N, BLOCK_K] tile is a reshape
-        # that Triton lowers to a layout conversion through shared memory (21.5 us at 8B QKV, M = 1, H100); each plane
-        # [BLOCK_N, BLOCK_K / 8] times the matching x entries 8j + i (a strided load of the one x
-        # row) keeps the packed tile's layout: 15.9 us at its best configuration (2026-11-24).
+        # that Triton lowers to a layout conversion through shared memory (21.5 us at 8B QKV,
+        # M = 1, H100); each plane [BLOCK_N, BLOCK_K / 8] times the matching x entries (a
+        # strided load of the one x row) keeps the packed tile's layout: 15.9 us at its best
+        # configuration (2026-11-24).
         # The same products, summed in another order.
         J: tl.constexpr = BLOCK_K // 8
         js = tl.arange(0, J)
