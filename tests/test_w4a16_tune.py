@@ -46,14 +46,18 @@ def test_bad_options_exit_with_the_reason(capsys, argv, message):
 
 @pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
 def test_every_candidate_is_a_valid_entry(quick):
-    """For every shape and bucket: the default is w4a16_config's choice, the candidates are valid
-    table entries, distinct from it and from each other, splits within the K steps, tiled tiles
-    within the shared-memory bound; phase 2's neighbours too."""
+    """For every shape and bucket, with and without the compiled kernel: the default is
+    mma_config's choice where that kernel runs (M <= 32) and w4a16_config's elsewhere, the
+    candidates are valid table entries, distinct from it and from each other, splits within the
+    K steps, tiled tiles within the shared-memory bound; phase 2's neighbours too."""
     kern = w4._triton_kernels()
     for N, K in SHAPES.values():
-        for M in cfg_mod.BUCKETS:
-            default, cands = tune.phase1(kern, M, N, K, 128, 132, quick)
-            assert default == cfg_mod.entry_of(kern.w4a16_config(M, N, K, 128, 132))
+        for M, mma in ((M, mma) for M in cfg_mod.BUCKETS for mma in (False, True)):
+            default, cands = tune.phase1(kern, M, N, K, 128, 132, quick, mma)
+            expected = kern.mma_config(M, N, K, 132) if mma and M <= 32 else kern.w4a16_config(M, N, K, 128, 132)
+            assert default == cfg_mod.entry_of(expected)
+            if M < 32:  # the compiled kernel's launches replace the Triton split-K kernel's
+                assert all(e[0] == "mma" for e in cands) == mma
             keys = [tuple(e) for e in [default, *cands]]
             assert len(set(keys)) == len(keys), (M, N, K)
             assert quick or cands, f"no candidate at M={M}, N={N}, K={K}"
@@ -61,6 +65,8 @@ def test_every_candidate_is_a_valid_entry(quick):
                 cfg_mod.check_entry(entry)
                 if entry[0] == "splitk":
                     assert entry[4] <= -(-K // entry[3]) and (entry[1] == 1) == (M == 1)
+                elif entry[0] == "mma":
+                    assert entry[1] <= K // 128 and tune.neighbours(entry, 128) == []
                 else:
                     assert tune._smem(entry) <= tune.SMEM_BOUND
 
@@ -68,7 +74,7 @@ def test_every_candidate_is_a_valid_entry(quick):
 def test_dry_run_lists_the_sweep_without_a_gpu(capsys):
     assert tune.main(["--dry-run", "--shapes", "8B-qkv,70B-down", "--tokens", "1,64,4096", "--sms", "132"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 7 and lines[0].startswith("bfloat16 8B-qkv [N=6144, K=4096] M=1: default ['splitk', 1,")
+    assert len(lines) == 7 and lines[0].startswith("bfloat16 8B-qkv [N=6144, K=4096] M=1: default ['mma', 1,")
     assert lines[-1].startswith("6 points, ") and "min (assuming" in lines[-1] and "phase 2" in lines[-1]
 
 

@@ -12,9 +12,12 @@ harness's ``time_us``):
   targets, >= 3.3x at M <= 16 and >= 0.95x at M >= 256);
 * tinygemm: ``torch.ops.aten._weight_int4pack_mm`` on the same codes and scales (bf16 only; a
   shape or torch it refuses is reported, not tuned against);
-* our structural default (``_kernels.w4a16_config``), then a sweep in two phases, each
-  configuration's result checked against cuBLAS first (1% of the output's scale):
-  1. tiles and split: the split-K kernel for M <= 128 (BLOCK_N 32 / 64 / 128 rows, the K split
+* our structural default (``_kernels.mma_config`` where the compiled kernel runs, else
+  ``_kernels.w4a16_config``), then a sweep in two phases, each configuration's result checked
+  against cuBLAS first (1% of the output's scale):
+  1. the compiled kernel's whole launch space where it runs (M <= 32, K % 128 == 0, groups
+     >= 32: K split 1 / 2 / 4, 4 / 8 warps, 1 / 2 row tiles); tiles and split: the Triton
+     split-K kernel for M <= 128 elsewhere (BLOCK_N 32 / 64 / 128 rows, the K split
      from 1 / 2 / 4 / 8 / 16 that puts 2-8 programs on each SM) and the tiled kernel for
      M >= 32 (BLOCK_M 64 / 128 up to M, BLOCK_N 64 / 128 / 256, BLOCK_K 64 / 128, within a
      rough shared-memory bound);
@@ -95,6 +98,19 @@ def splitk_candidates(M: int, N: int, K: int, group: int, sms: int, quick: bool)
     return out
 
 
+def mma_eligible(M: int, K: int, group: int) -> bool:
+    """Where the compiled small-M kernel can run (``_kernels.mma_supported`` on a CUDA build of
+    a GPU of capability >= 8.0): M <= 32, K % 128 == 0, groups >= 32 or per channel."""
+    return 1 <= M <= 32 and K % 128 == 0 and (group == -1 or group >= 32)
+
+
+def mma_candidates(quick: bool) -> list[list]:
+    """Phase 1 of the compiled kernel: its whole launch space (K split 1 / 2 / 4 x 4 / 8 warps x
+    1 / 2 row tiles per warp; --quick: no K split). No compile: every entry is instantiated."""
+    splits = (1,) if quick else (1, 2, 4)
+    return [["mma", s, w, rt] for s in splits for w in (4, 8) for rt in (1, 2)]
+
+
 def tiled_candidates(M: int, quick: bool) -> list[list]:
     """Phase 1 of the tiled kernel, (BLOCK_M, BLOCK_N, BLOCK_K) by M: 64-row tiles up to 512 rows
     (at M = 512 on N = 4096, 128 x 128 tiles are under one wave of 132 SMs), 128-row tiles from
@@ -114,12 +130,18 @@ def tiled_candidates(M: int, quick: bool) -> list[list]:
     return out
 
 
-def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool) -> tuple[list, list[list]]:
-    """(the structural default's entry, the phase-1 candidates without it)."""
+def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool, mma: bool) -> tuple[list, list[list]]:
+    """(the structural default's entry, the phase-1 candidates without it). ``mma``: the
+    compiled kernel exists here (CUDA build, capability >= 8.0); where it can run it is the
+    default and its launches replace the Triton split-K kernel's (1.7-2x slower at M <= 32 on
+    the H100, benchmarks/results)."""
     cfg = import_module(kern.__name__.rpartition(".")[0] + "._config")
-    default = cfg.entry_of(kern.w4a16_config(M, N, K, group, sms))
+    compiled = mma and mma_eligible(M, K, group)
+    default = cfg.entry_of(kern.mma_config(M, N, K, sms) if compiled else kern.w4a16_config(M, N, K, group, sms))
     cands = []
-    if M <= 64:
+    if compiled:
+        cands += mma_candidates(quick)
+    elif M <= 64:
         cands += splitk_candidates(M, N, K, group, sms, quick)
     elif M == 128:  # the crossover: the split-K kernel's 64-row tiles, nearest 4 programs per SM
         cands += splitk_candidates(M, N, K, group, sms, True)
@@ -135,7 +157,10 @@ def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool) -> t
 
 def neighbours(entry: list, group: int) -> list[list]:
     """Phase 2 around ``entry``: BLOCK_K halved and doubled (16..256, dividing or divided by the
-    group), the other warp count, 2 and 4 stages."""
+    group), the other warp count, 2 and 4 stages; none for the compiled kernel (phase 1 covers
+    its launches)."""
+    if entry[0] == "mma":
+        return []
     kernel, bm, bn, bk, p4, warps, stages = entry
     out = []
     for k2 in (bk // 2, bk * 2):
@@ -202,10 +227,11 @@ def dry_run(args, kern, sms: int, out=print) -> dict:
         for shape in args.shapes:
             N, K = ref.SHAPES[shape]
             for M in args.tokens:
-                default, cands = phase1(kern, M, N, K, args.group_size, sms, args.quick)
+                # As on a CUDA build of an sm80+ GPU: the compiled kernel where it can run.
+                default, cands = phase1(kern, M, N, K, args.group_size, sms, args.quick, mma=True)
                 points += 1
                 timings += 1 + len(cands)
-                compiled |= {(dtype, tuple(e), _spec(M)) for e in [default, *cands]}
+                compiled |= {(dtype, tuple(e), _spec(M)) for e in [default, *cands] if e[0] != "mma"}
                 out(f"{dtype} {shape} [N={N}, K={K}] M={M}: default {default}, {len(cands)} candidates: "
                     + " ".join(f"{e[0]}{e[1:]}" for e in cands))  # fmt: skip
     estimate = len(compiled) * COMPILE_S + timings * TIMING_S + points * 2 * PEER_S
@@ -291,7 +317,8 @@ def _ours(point: Point, kern, cfg_mod, entry: list):
     return make
 
 
-def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float, log, phase2=lambda: True) -> dict:
+def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float, log, phase2=lambda: True,
+               mma: bool = False) -> dict:  # fmt: skip
     """Time the peers, the default and the sweep at one point (phase 2 unless ``quick`` or
     ``phase2()`` says no: the time budget); the row of the results file."""
     import torch
@@ -333,7 +360,7 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
                 log(f"  {entry}: {type(exc).__name__}: {str(exc)[:120]}")
         return times[key]
 
-    default, cands = phase1(kern, point.M, point.N, point.K, point.G, sms, quick)
+    default, cands = phase1(kern, point.M, point.N, point.K, point.G, sms, quick, mma)
     t_default = measure(default)
     for entry in cands:
         measure(entry)
@@ -391,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpu is None:
         raise SystemExit("tune.py measures on a GPU; none is visible (--dry-run prints the sweep without one)")
     ref = _ref()
+    mma = kern._mma_op() is not None and torch.cuda.get_device_capability(0)[0] >= 8
     table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
     t0 = time.time()
     points = len(args.shapes) * len(args.tokens)
@@ -418,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                     return within_budget()
 
                 row = tune_point(Point(kernel, dtype, N, K, M, args.group_size), kern, cfg_mod, sms, args.quick,
-                                 args.margin, print, phase2)  # fmt: skip
+                                 args.margin, print, phase2, mma)  # fmt: skip
                 rows.append(dict(shape=shape, dtype=dtype_name, **row))
                 buckets[M] = row["chosen"]
                 tg = f", tinygemm {row['tinygemm_us']:.1f} us" if row["tinygemm_us"] else ""
