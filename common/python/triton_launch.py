@@ -297,6 +297,28 @@ class HostDescriptor:
         self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, padding
 
 
+# Buffers zeroed_buffer replaced by larger ones stay alive: a captured CUDA graph may still
+# point at them.
+_RETIRED: list[torch.Tensor] = []
+
+
+def zeroed_buffer(cache: dict, device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``cache[device]``, a zeroed buffer of at least n (and 4096) elements that the kernels
+    leave zeroed (the last program of a tile resets what it used: split-K arrival counters,
+    atomic workspaces), so a call costs no memset; made or grown here. Made inside a
+    torch.compile'd CUDA graph (cudagraph trees), it would come from the graph's pool and
+    outlive it, which cudagraph trees refuses: make it before (skinny-gemm's
+    reserve_workspaces). Calls on concurrent streams of one device share it: one stream at a
+    time per device."""
+    buf = cache.get(device)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.zeros(max(n, 4096), dtype=dtype, device=device)
+        cache[device] = buf
+    return buf
+
+
 def aligned16(*tensors: torch.Tensor) -> tuple[bool, ...]:
     """Whether each tensor's address is a multiple of 16 bytes (Triton's pointer specialization)."""
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)
@@ -356,5 +378,5 @@ def check_override(cfg: Any, *classes: type) -> None:
 
 __all__ = [
     "MAX_PLANS", "Address", "HostDescriptor", "LaunchPlan", "PlanTable", "SignatureTable", "aligned16",
-    "check_config", "check_override", "plans_enabled",
+    "check_config", "check_override", "plans_enabled", "zeroed_buffer",
 ]  # fmt: skip

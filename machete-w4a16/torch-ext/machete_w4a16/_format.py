@@ -205,8 +205,7 @@ class QuantizedWeight:
 def dequantize(qw: QuantizedWeight) -> torch.Tensor:
     """``[N, K]`` in the scales' dtype: ``(q - z) * s`` per element, rounded once, columns in
     the original (un-permuted) order."""
-    N, K = qw.N, qw.K
-    G = K if qw.group_size == -1 else qw.group_size
+    G = qw.K if qw.group_size == -1 else qw.group_size
     q = unpack_int4(qw.qweight)  # [N, K], packed column order
     s = qw.scales.float().t().repeat_interleave(G, dim=1)  # [N, K]
     z = SYMMETRIC_ZERO if qw.zeros is None else qw.zeros.t().to(torch.int32).repeat_interleave(G, dim=1)

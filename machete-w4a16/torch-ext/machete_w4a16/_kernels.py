@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from . import _config, _tuning
-from ._triton_launch import PlanTable, aligned16, device_name
+from ._triton_launch import PlanTable, aligned16, device_name, zeroed_buffer
 
 _MMA_OP: list = []
 
@@ -525,17 +525,6 @@ class _TiledPlan:
                     bias if bias is not None else out, out)  # fmt: skip
 
 
-def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """The split-K arrival counters: zeroed once per device and left zeroed by the kernel (the
-    last program of a tile resets its counter), so a call costs no memset. Calls on concurrent
-    streams of one device would share them: one stream at a time."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
-
-
 def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cfg: dict | None = None) -> None:
     """x [M, K] (any strides), qweight int32 [N, K/8], scales [K/G, N], zeros uint8 [K/G, N] or
     None, perm int32 [K] or None, bias [N] or None, out [M, N] (unit last stride). ``cfg``:
@@ -566,7 +555,7 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
                              "K % 128 == 0, group size >= 32 or -1)")  # fmt: skip
         # No counters without a K split: a lazily made buffer inside a torch.compile'd CUDA graph
         # (cudagraph trees) would be an untracked allocation of its pool.
-        counters = _split_counters(dev, triton.cdiv(N, 16)) if cfg["SPLIT_K"] > 1 else None
+        counters = zeroed_buffer(_COUNTERS, dev, triton.cdiv(N, 16), torch.int32) if cfg["SPLIT_K"] > 1 else None
         plan = _MmaPlan(cfg, counters, group_size)
         if key is not None:
             _MMA_PLANS[key] = plan
@@ -586,7 +575,7 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         num_n, num_m = triton.cdiv(N, block_n), triton.cdiv(M, block_m)
         if split > 1:
             part = torch.empty((num_n * num_m, split, block_m, block_n), dtype=torch.float32, device=dev)
-            counters = _split_counters(dev, num_n * num_m)
+            counters = zeroed_buffer(_COUNTERS, dev, num_n * num_m, torch.int32)
         else:
             part = counters = out  # not read
         use_dot = cfg.pop("USE_DOT", block_m > 1)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from . import _reference, _tuning
 from ._config import SkinnyConfig, skinny_config
 from ._light_ops import define_op
-from ._triton_launch import device_name, triton_enabled_for
+from ._triton_launch import device_name, triton_enabled_for, zeroed_buffer
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -71,8 +71,8 @@ def reserve_workspaces(device: torch.device | str, tiles: int = 1 << 14, workspa
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     kern = _triton_kernels()
-    kern._cached_zeros(kern._COUNTERS, dev, tiles, torch.int32)
-    kern._cached_zeros(kern._WORKSPACES, dev, workspace, torch.float32)
+    zeroed_buffer(kern._COUNTERS, dev, tiles, torch.int32)
+    zeroed_buffer(kern._WORKSPACES, dev, workspace, torch.float32)
 
 
 def _triton_kernels():

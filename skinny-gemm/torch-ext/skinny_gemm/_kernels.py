@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ._config import SkinnyConfig, skinny_config
-from ._triton_launch import PlanTable, aligned16
+from ._triton_launch import PlanTable, aligned16, zeroed_buffer
 
 REDUCE_NONE, REDUCE_ORDERED, REDUCE_ATOMIC = 0, 1, 2
 
@@ -169,23 +169,8 @@ def _interpreting() -> bool:
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
-# Buffers replaced by larger ones stay alive: a captured CUDA graph may still point at them.
-_RETIRED: list[torch.Tensor] = []
 _PLANS = PlanTable(_skinny_gemm_kernel)
 _VARYING = ("x_ptr", "w_ptr", "xs_ptr", "ws_ptr", "b_ptr", "out_ptr", "part_ptr", "count_ptr")
-
-
-def _cached_zeros(cache: dict, device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed buffer of at least n elements per device, which the kernel leaves zeroed (the
-    last program of a tile resets what it used), so a call costs no memset. Calls on concurrent
-    streams of one device would share it: one stream at a time per device."""
-    buf = cache.get(device)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _RETIRED.append(buf)
-        buf = torch.zeros(max(n, 4096), dtype=dtype, device=device)
-        cache[device] = buf
-    return buf
 
 
 class _Plan:
@@ -249,11 +234,11 @@ def launch_skinny(x, w, bias, out, x_scale=None, w_scale=None, deterministic: bo
         reduce = REDUCE_ORDERED
         part_shape = (tiles, split, block_n, block_m)
         part = torch.empty(part_shape, dtype=torch.float32, device=dev)
-        counters = _cached_zeros(_COUNTERS, dev, tiles, torch.int32)
+        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32)
     else:
         reduce = REDUCE_ATOMIC
-        part = _cached_zeros(_WORKSPACES, dev, tiles * block_m * block_n, torch.float32)
-        counters = _cached_zeros(_COUNTERS, dev, tiles, torch.int32)
+        part = zeroed_buffer(_WORKSPACES, dev, tiles * block_m * block_n, torch.float32)
+        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32)
     xs = x_scale if scaled else out
     ws = w_scale if scaled else out
     s_xs = (1 if x_scale.numel() > 1 else 0) if scaled else 0

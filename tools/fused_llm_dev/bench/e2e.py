@@ -494,6 +494,15 @@ def print_summary(result: dict) -> None:
         console.print("host ms per decode step (dynamic cache):", host)
 
 
+def finish(result: dict, out: Path | None, write, print_summary) -> int:
+    """A bench's last steps: ``write(result, folder)`` (default benchmarks/results/ at the root),
+    ``print_summary(result)``, the files' stem; exit status 0."""
+    stem = write(result, out or packages.repo_root() / "benchmarks" / "results")
+    print_summary(result)
+    print(f"wrote {stem}.json / .csv / .png")
+    return 0
+
+
 def variant_parser(flag: str, doc: str) -> argparse.ArgumentParser:
     """The parser of a variant bench (``--w4a16``, ``--skinny``) with the options they share
     before their own: the flag itself (how the CLI routes here), --model, --layers, --dtype."""
@@ -553,8 +562,4 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("fused-llm bench e2e times models on a CUDA GPU; none is visible to torch here.")
         return 2
-    result = run(args)
-    stem = write(result, args.out or packages.repo_root() / "benchmarks" / "results")
-    print_summary(result)
-    print(f"wrote {stem}.json / .csv / .png")
-    return 0
+    return finish(run(args), args.out, write, print_summary)

@@ -307,8 +307,4 @@ def main(argv: list[str] | None = None) -> int:
         print("fused-llm bench e2e --fp8 times models on a CUDA GPU; none is visible to torch here "
               "(--quick runs a tiny model on the CPU, a check that every stage runs).")
         return 2
-    result = run(args)
-    stem = write(result, args.out or packages.repo_root() / "benchmarks" / "results")
-    print_summary(result)
-    print(f"wrote {stem}.json / .csv / .png")
-    return 0
+    return e2e.finish(run(args), args.out, write, print_summary)

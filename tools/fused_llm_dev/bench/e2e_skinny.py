@@ -216,8 +216,4 @@ def main(argv: list[str] | None = None) -> int:
     args = e2e.parse_variant_args(build_parser(), argv, "skinny")
     if args is None:
         return 2
-    result = run(args)
-    stem = write(result, args.out or packages.repo_root() / "benchmarks" / "results")
-    print_summary(result)
-    print(f"wrote {stem}.json / .csv / .png")
-    return 0
+    return e2e.finish(run(args), args.out, write, print_summary)

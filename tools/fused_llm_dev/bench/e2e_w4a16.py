@@ -331,7 +331,4 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for name in MODELS:  # the swapped hub functions of this run's models
             e2e._GLOBALS.pop(name, None)
-    stem = write(result, args.out or packages.repo_root() / "benchmarks" / "results")
-    print_summary(result)
-    print(f"wrote {stem}.json / .csv / .png")
-    return 0
+    return e2e.finish(result, args.out, write, print_summary)
