@@ -57,8 +57,8 @@ SPLITS = (1, 2, 4, 8, 16)
 # and of a peer (cuBLAS / tinygemm: their inputs are built per point).
 COMPILE_S, TIMING_S, PEER_S = 1.5, 0.25, 0.5
 # About this much shared memory per program (bytes) is allowed to a tiled candidate: the x
-# tile and the packed W tile per stage plus the dequantized W tile; H100 has 227 KiB per block,
-# A100 163 KiB (a candidate that does not fit fails at launch and is skipped anyway).
+# tile and the packed W tile per stage (W is dequantized in registers); H100 has 227 KiB per
+# block, A100 163 KiB (a candidate that does not fit fails at launch and is skipped anyway).
 SMEM_BOUND = 160 * 1024
 
 
@@ -70,7 +70,7 @@ def _ref():
 
 def _smem(entry: list) -> int:
     _, bm, bn, bk, _, _, stages = entry
-    return stages * (bm * bk * 2 + bn * bk // 2) + bn * bk * 2
+    return stages * (bm * bk * 2 + bn * bk // 2)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -112,21 +112,19 @@ def mma_candidates(quick: bool) -> list[list]:
 
 
 def tiled_candidates(M: int, quick: bool) -> list[list]:
-    """Phase 1 of the tiled kernel, (BLOCK_M, BLOCK_N, BLOCK_K) by M: 64-row tiles up to 512 rows
-    (at M = 512 on N = 4096, 128 x 128 tiles are under one wave of 132 SMs), 128-row tiles from
-    256; BLOCK_N 64 / 128 / 256 with BLOCK_K 64, and 128 x 128 tiles with BLOCK_K 128; GROUP_M
-    8, 8 warps for tiles of 128 x 128 or more, 3 stages; within a rough shared-memory bound."""
-    tiles = []
-    for bm in (64, 128):
-        if (bm == 64 and M > 512) or (bm == 128 and M < 256):
-            continue
-        bns = (128, 256) if quick else (64, 128, 256)
-        tiles += [(bm, bn, 64) for bn in bns] + ([] if quick else [(bm, 128, 128)])
+    """Phase 1 of the tiled kernel, (BLOCK_M, BLOCK_N, warps) by M: 64-token tiles up to 512
+    rows (at M = 512 on N = 4096, 128 x 128 tiles are under one wave of 132 SMs), 128 from 256,
+    256 from 1024; 16 W rows a warp (BLOCK_N 64 on 4 warps, 128 on 8: W stays in registers,
+    ``_kernels.w4a16_config``); K steps of 128, GROUP_M 8, 3 stages (4 with 64-token tiles);
+    within a rough shared-memory bound."""
     out = []
-    for bm, bn, bk in tiles:
-        entry = ["tiled", bm, bn, bk, 8, 8 if bm * bn >= 128 * 128 else 4, 3]
-        if _smem(entry) <= SMEM_BOUND:
-            out.append(entry)
+    for bm in (64, 128, 256):
+        if (bm == 64 and M > 512) or (bm == 128 and M < 256) or (bm == 256 and M < 1024):
+            continue
+        for bn in (128,) if quick else (64, 128):
+            entry = ["tiled", bm, bn, 128, 8, bn // 16, 4 if bm == 64 else 3]
+            if _smem(entry) <= SMEM_BOUND:
+                out.append(entry)
     return out
 
 
@@ -156,15 +154,15 @@ def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool, mma:
 
 
 def neighbours(entry: list, group: int) -> list[list]:
-    """Phase 2 around ``entry``: BLOCK_K halved and doubled (16..256, dividing or divided by the
-    group), the other warp count, 2 and 4 stages; none for the compiled kernel (phase 1 covers
+    """Phase 2 around ``entry``: BLOCK_K halved and doubled (32..256, the tiled kernel's from 128;
+    dividing or divided by the group), the other warp count, 2 and 4 stages; none for the compiled kernel (phase 1 covers
     its launches)."""
     if entry[0] == "mma":
         return []
     kernel, bm, bn, bk, p4, warps, stages = entry
     out = []
     for k2 in (bk // 2, bk * 2):
-        if 32 <= k2 <= 256 and (group == -1 or group % k2 == 0 or k2 % group == 0):
+        if (128 if kernel == "tiled" else 32) <= k2 <= 256 and (group == -1 or group % k2 == 0 or k2 % group == 0):
             out.append([kernel, bm, bn, k2, p4, warps, stages])
     out.append([kernel, bm, bn, bk, p4, 8 if warps == 4 else 4, stages])
     out += [[kernel, bm, bn, bk, p4, warps, s] for s in (2, 4) if s != stages]

@@ -156,9 +156,10 @@ def test_leading_dims_non_contiguous_x_and_empty():
      ({"kernel": "splitk", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 5}, 64),
      ({"kernel": "splitk", "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 2}, -1),
      ({"kernel": "splitk", "BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 128, "SPLIT_K": 4}, 32),
-     ({"kernel": "tiled", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2}, 128),
+     ({"kernel": "tiled", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 2}, 128),
      ({"kernel": "tiled", "BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 4}, 32),
-     ({"kernel": "tiled", "BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 64, "GROUP_M": 1}, -1)],
+     ({"kernel": "tiled", "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 2}, 64),
+     ({"kernel": "tiled", "BLOCK_M": 64, "BLOCK_N": 16, "BLOCK_K": 256, "GROUP_M": 1}, -1)],
     ids=lambda v: "-".join(f"{k.removeprefix('BLOCK_')}{v}" for k, v in v.items()) if isinstance(v, dict) else f"G{v}",
 )  # fmt: skip
 @pytest.mark.parametrize("zero_point", [False, True])
@@ -291,12 +292,13 @@ def test_tuning_table_is_well_formed():
 
 def test_tuning_entries_round_trip_and_bad_entries():
     c = _submodule("_config")
-    for entry in (["splitk", 1, 64, 128, 6, 4, 3], ["splitk", 16, 32, 256, 1, 4, 2], ["tiled", 128, 128, 64, 8, 8, 3],
+    for entry in (["splitk", 1, 64, 128, 6, 4, 3], ["splitk", 16, 32, 256, 1, 4, 2], ["tiled", 128, 128, 128, 8, 8, 3],
                   ["mma", 3, 8, 2]):  # fmt: skip
         cfg = c.config_of(entry)
         assert c.entry_of(cfg) == entry
         assert cfg.get("USE_DOT", True) is (entry[0] != "splitk" or entry[1] > 1)
-    bad = [["splitk", 8, 64, 128, 2, 4, 3], ["tiled", 1, 64, 64, 8, 4, 3], ["tiled", 64, 48, 64, 8, 4, 3],
+    bad = [["splitk", 8, 64, 128, 2, 4, 3], ["tiled", 1, 64, 128, 8, 4, 3], ["tiled", 64, 48, 128, 8, 4, 3],
+           ["tiled", 64, 64, 64, 8, 4, 3],
            ["splitk", 1, 64, 128, 0, 4, 3], ["gemv", 1, 64, 128, 2, 4, 3], ["splitk", 1, 64, 128, 2, 4],
            ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 1], ["mma", 2, 4, 4], ["mma", 0, 4, 1], ["mma", 2, 4], None]  # fmt: skip
     for entry in bad:
@@ -312,7 +314,7 @@ def test_tuned_config_lookup():
     """The first bucket with M <= m_max; None (the structural default) past the last bucket, for
     a None entry, and for any other GPU, dtype, shape or group size."""
     c = _submodule("_config")
-    gemv, dot, tiled = ["splitk", 1, 32, 128, 8, 4, 3], ["splitk", 16, 64, 128, 4, 4, 3], ["tiled", 64, 128, 64, 8, 4, 3]
+    gemv, dot, tiled = ["splitk", 1, 32, 128, 8, 4, 3], ["splitk", 16, 64, 128, 4, 4, 3], ["tiled", 64, 128, 128, 8, 4, 3]
     table = {("GPU X", "bfloat16", 6144, 4096, 128): [(1, gemv), (8, dot), (16, None), (128, tiled)]}
     look = lambda M, **kw: c.tuned_config(table, *{"gpu": "GPU X", "dtype": "bfloat16", "N": 6144, "K": 4096,  # noqa: E731
                                                     "group_size": 128, **kw}.values(), M)  # fmt: skip

@@ -453,7 +453,7 @@ def _machete_w4a16_scenarios(module, dev: Device) -> list[Scenario]:
             z = _empty((groups, N), "uint8") if zeros else None
             p = _empty((K,), "int32") if perm else None
             b = _empty((N,), dtype) if bias else None
-            m.launch_w4a16(x, qweight, scales, z, p, b, y, group, cfg=m.w4a16_config(M, N, K, group, dev.sms))
+            m.launch_w4a16(x, qweight, scales, z, p, b, y, group, cfg=m.w4a16_config(M, N, K, group, dev.sms, hip=dev.backend == "hip"))
 
         out.append(Scenario(label, launch))
 

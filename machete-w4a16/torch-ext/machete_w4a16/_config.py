@@ -8,6 +8,7 @@ stores, written by ``benchmarks/tune.py``):
   kernel; BLOCK_M 1 is the FMA GEMV (``USE_DOT=False``), else a power of two >= 16 (tl.dot);
   SPLIT_K an upper bound (the launcher rounds the slice to whole K steps, no empty slices);
 * ``["tiled", BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages]``: the tiled kernel;
+  BLOCK_K >= 128 (its nibble planes are BLOCK_K / 8 deep, and an MMA takes 16 and up);
 * ``["mma", SPLIT_K, num_warps, ROW_TILES]``: the compiled CUDA small-M kernel
   (csrc/w4a16_mma.cu, M <= 32): K split over SPLIT_K blocks per row block (an upper bound, as
   for splitk), 4 or 8 warps per block, 1 or 2 16-row tiles per warp.
@@ -56,6 +57,8 @@ def check_entry(entry) -> None:
     for name in ("BLOCK_N", "BLOCK_K", "num_warps"):
         if not _pow2(cfg[name]) or cfg[name] < {"BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 1}[name]:
             raise ValueError(f"tuning entry {entry!r}: {name} must be a power of two >= 16 (warps >= 1), got {cfg[name]}")
+    if kernel == "tiled" and cfg["BLOCK_K"] < 128:
+        raise ValueError(f"tuning entry {entry!r}: the tiled kernel's BLOCK_K must be >= 128, got {cfg['BLOCK_K']}")
     bm = cfg["BLOCK_M"]
     if not _pow2(bm) or (bm != 1 and bm < 16) or (kernel == "tiled" and bm < 16):
         raise ValueError(f"tuning entry {entry!r}: BLOCK_M must be a power of two >= 16 (or 1: the split-K GEMV), got {bm}")

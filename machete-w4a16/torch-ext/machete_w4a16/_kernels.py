@@ -214,6 +214,32 @@ def _dequant_plane(packed, i: tl.constexpr, s, z, HAS_ZEROS: tl.constexpr, IS_BF
 
 
 @triton.jit
+def _join_cols(a, b):
+    """[R, C], [R, C] -> [R, 2 C], a's columns first. In the MMA A-operand layout a block of 16
+    columns is a block of registers, so this is register renaming: no shared memory, no layout
+    conversion (sm90 TTGIR, Triton 3.9: none in the tiled kernel's loop)."""
+    R: tl.constexpr = a.shape[0]
+    C: tl.constexpr = a.shape[1]
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (R, 2 * C))
+
+
+@triton.jit
+def _dequant_planes(packed, s, z, HAS_ZEROS: tl.constexpr, IS_BF16: tl.constexpr, COMPILED: tl.constexpr):
+    """packed int32 [R, J] -> W [R, 8 J] in plane order: column J i + jj is nibble plane i's
+    column jj (input 8 jj + SLOT_COLUMNS[i] of the window), the order of the tiled kernel's xp.
+    Each plane keeps the packed tile's shape (``_dequant_plane``); only whole planes are joined."""
+    p01 = _join_cols(_dequant_plane(packed, 0, s, z, HAS_ZEROS, IS_BF16, COMPILED),
+                     _dequant_plane(packed, 1, s, z, HAS_ZEROS, IS_BF16, COMPILED))  # fmt: skip
+    p23 = _join_cols(_dequant_plane(packed, 2, s, z, HAS_ZEROS, IS_BF16, COMPILED),
+                     _dequant_plane(packed, 3, s, z, HAS_ZEROS, IS_BF16, COMPILED))  # fmt: skip
+    p45 = _join_cols(_dequant_plane(packed, 4, s, z, HAS_ZEROS, IS_BF16, COMPILED),
+                     _dequant_plane(packed, 5, s, z, HAS_ZEROS, IS_BF16, COMPILED))  # fmt: skip
+    p67 = _join_cols(_dequant_plane(packed, 6, s, z, HAS_ZEROS, IS_BF16, COMPILED),
+                     _dequant_plane(packed, 7, s, z, HAS_ZEROS, IS_BF16, COMPILED))  # fmt: skip
+    return _join_cols(_join_cols(p01, p23), _join_cols(p45, p67))
+
+
+@triton.jit
 def _store_out(acc, rows, cols, M, N, b_ptr, out_ptr, s_om, HAS_BIAS: tl.constexpr):
     """acc [len(rows), len(cols)] fp32 (+ bias) -> out, rounded once, rows < M and cols < N."""
     if HAS_BIAS:
@@ -325,24 +351,64 @@ def _w4a16_splitk_kernel(
 
 
 @triton.jit
+def _w4a16_permute_x_kernel(
+    x_ptr, perm_ptr, xp_ptr, M, K, s_xm, s_xk, s_pm,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_PERM: tl.constexpr,
+):  # fmt: skip
+    """The tiled kernel's x in nibble-plane order: within each window of BLOCK_K columns (J =
+    BLOCK_K / 8), ``xp[:, k0 + J i + jj] = x[:, perm[k0 + 8 jj + SLOT_COLUMNS[i]]]`` (perm the
+    identity without act order), so plane i's x is the contiguous slice ``xp[:, k0 + J i :
+    k0 + J (i + 1)]``; zero where that column lies past K (xp [M, K rounded up to BLOCK_K], row
+    stride s_pm: the tiled kernel's x loads need no K mask). One program per BLOCK_M rows and
+    window; the gather stays within the window's 2 BLOCK_K bytes of each row."""
+    J: tl.constexpr = BLOCK_K // 8
+    k0 = tl.program_id(1) * BLOCK_K
+    t = tl.arange(0, BLOCK_K)
+    i = t // J
+    kk = k0 + 8 * (t % J) + 2 * (i % 4) + i // 4  # slot i holds column 8 jj + SLOT_COLUMNS[i]
+    valid = kk < K
+    if HAS_PERM:
+        kk = tl.load(perm_ptr + kk, mask=valid, other=0)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * s_xm + kk.to(tl.int64)[None, :] * s_xk,
+                mask=rmask[:, None] & valid[None, :], other=0.0)  # fmt: skip
+    tl.store(xp_ptr + rows.to(tl.int64)[:, None] * s_pm + (k0 + t)[None, :], x, mask=rmask[:, None])
+
+
+@triton.jit
 def _w4a16_tiled_kernel(
-    x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, out_ptr,
-    M, N, K, s_xm, s_xk, s_om,
+    xp_ptr, qw_ptr, s_ptr, z_ptr, b_ptr, out_ptr,
+    M, N, K, s_pm, s_om,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
-    HAS_PERM: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IS_BF16: tl.constexpr,
     EVEN_K: tl.constexpr,
     COMPILED: tl.constexpr,
 ):  # fmt: skip
     """out[BLOCK_M x BLOCK_N tile] = x W^T (+ bias), the whole K loop; tiles in grouped order
-    (GROUP_M row tiles share each column sweep, so W tiles are reused from L2). Shapes as in
-    ``_w4a16_splitk_kernel``."""
+    (GROUP_M row tiles share each column sweep, so W tiles are reused from L2). xp: x in plane
+    order (``_w4a16_permute_x_kernel``, same BLOCK_K, act order folded in), [M, K rounded up to
+    BLOCK_K], row stride s_pm; the other shapes as in ``_w4a16_splitk_kernel``.
+
+    Swapped operands, (W x^T)^T: each K step loads the packed tile [BLOCK_N, BLOCK_K / 8] once
+    and dequantizes it plane by plane into W's columns in plane order (``_dequant_planes``),
+    the MMA's A operand straight from registers (sm90: wgmma with A in registers; Triton splits
+    the step into two K = 64 wgmmas and keeps one in flight); the xp tile [BLOCK_K, BLOCK_M],
+    one contiguous load in the same column order, is the B operand, which the pipeliner copies
+    ahead into shared memory with the packed tile. With BLOCK_N = 16 num_warps and groups of
+    >= BLOCK_K (or per channel), W never goes through shared memory (sm90 TTGIR, Triton 3.9; the
+    earlier tiled kernel unpacked [BLOCK_N, BLOCK_K / 8, 8] codes into [BLOCK_N, BLOCK_K], a
+    reshape Triton lowers through shared memory, and stored the tile there as the B operand);
+    steps spanning groups (group 32, 64) still convert the W tile through shared memory once a
+    step, the scales' gather keeping a layout of its own."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -353,21 +419,30 @@ def _w4a16_tiled_kernel(
     pid_n = (pid % group) // group_m
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_x = rows % M
-    cols_w = cols % N
+    cols_w = cols % N  # wrapped, never stored: no load masks
+    J: tl.constexpr = BLOCK_K // 8
+    js = tl.arange(0, J)
     s_chan = tl.zeros((BLOCK_N, 1), dtype=tl.float32)
     z_chan = s_chan
     if GROUP == 0:
         s_chan, z_chan = _channel_params(s_ptr, z_ptr, cols_w, HAS_ZEROS)
-    # W as the B operand. Computing (W x^T)^T instead (W the register A operand, as Machete does
-    # with wgmma) measured no better (0.17-0.45x cuBLAS either way at M = 256 / 4096, H100,
-    # 2026-11-24): the time goes to the dequantization and its layout conversion, not the MMA.
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    p_rows = qw_ptr + cols_w.to(tl.int64)[:, None] * (K // 8)
+    x_tile = xp_ptr + (rows % M).to(tl.int64)[None, :] * s_pm + tl.arange(0, BLOCK_K)[:, None]  # [BLOCK_K, BLOCK_M]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # (x W^T)^T
     for k0 in range(0, K, BLOCK_K):
-        x, w = _load_step(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, rows_x, cols_w, k0, K, N, K, s_xm, s_xk,
-                          s_chan, z_chan, GROUP, BLOCK_N, BLOCK_K, HAS_ZEROS, HAS_PERM, IS_BF16, EVEN_K, COMPILED)  # fmt: skip
-        acc = tl.dot(x, tl.trans(w), acc)
-    _store_out(acc, rows, cols, M, N, b_ptr, out_ptr, s_om, HAS_BIAS)
+        jj = k0 // 8 + js
+        jmask = jj < K // 8
+        if EVEN_K:
+            packed = tl.load(p_rows + jj[None, :])
+        else:  # past K: code 0, times xp's zeros
+            packed = tl.load(p_rows + jj[None, :], mask=jmask[None, :], other=0)
+        s, z = _plane_scales(s_ptr, z_ptr, cols_w, jj, jmask, k0, N, s_chan, z_chan, GROUP, BLOCK_K, HAS_ZEROS, EVEN_K)
+        w = _dequant_planes(packed, s, z, HAS_ZEROS, IS_BF16, COMPILED)
+        xt = tl.load(x_tile + k0)
+        if not COMPILED:
+            xt = xt.to(tl.float32)
+        acc = tl.dot(w, xt, acc)
+    _store_out(tl.trans(acc), rows, cols, M, N, b_ptr, out_ptr, s_om, HAS_BIAS)
 
 
 def _interpreting() -> bool:
@@ -382,7 +457,7 @@ def _interpreting() -> bool:
 SMALL_M_MAX = 64
 
 
-def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132) -> dict:
+def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132, hip: bool = False) -> dict:
     """Kernel and tile choice (no autotuning: deterministic, and cheap in the interpreter).
 
     The fallback of :func:`select_config` for shapes the tuning table (``benchmarks/tune.py``)
@@ -396,11 +471,19 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132) -> dic
       planes take a scale per packed column when a step spans groups); the K split makes about
       4 programs per SM in flight (the weight stream needs many loads in flight per SM), at
       most one slice per K step.
-    * larger M: the tiled kernel, 128 x 128 tiles (64 x 128 at M <= 128), K steps of 64,
-      8 row tiles per column sweep.
+    * larger M: the tiled kernel, 128 W rows by 128 tokens (64 at M <= 128), 8 warps, K steps
+      of 128 (the smallest whose nibble planes make a 16-deep MMA), 8 row tiles per column
+      sweep, 3 stages (the xp and packed tiles of a stage: 40 KiB at 128 tokens). 16 W rows a
+      warp (one 64-row wgmma tile per warp group) keeps W in registers: 128 rows on 4 warps
+      (two tiles a warp group), 256 on 8, or K steps of 256 put a layout conversion through
+      shared memory into the loop (sm90 TTGIR, Triton 3.9). ``hip`` (ROCm): 64 tokens and 2
+      stages, within gfx942's 64 KiB of LDS (128 tokens in 3 stages took 96 KiB; not measured
+      on an MI300X).
 
-    With tl.dot, BLOCK_K never exceeds the group size (K steps inside one group need one scale
-    per column) unless the group is smaller than 64 (then the step spans BLOCK_K / G groups)."""
+    With the split-K kernel's tl.dot, BLOCK_K never exceeds the group size (K steps inside one
+    group need one scale per column) unless the group is smaller than 64 (then the step spans
+    BLOCK_K / G groups); the nibble planes (the GEMV's, the tiled kernel's) take a scale per
+    packed column when a step spans groups."""
     G = K if group_size == -1 else group_size
     if M <= SMALL_M_MAX:
         block_m = 1 if M == 1 else max(16, triton.next_power_of_2(M))
@@ -415,10 +498,9 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132) -> dic
         split = max(1, min(triton.cdiv(4 * sms, tiles), steps))
         return {"kernel": "splitk", "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split,
                 "USE_DOT": block_m > 1, "num_warps": 4, "num_stages": 4 if block_m == 1 else 3}  # fmt: skip
-    block_m = 64 if M <= 128 else 128
-    block_k = 64
-    return {"kernel": "tiled", "BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": block_k, "GROUP_M": 8,
-            "num_warps": 8 if block_m == 128 else 4, "num_stages": 3}  # fmt: skip
+    block_m = 64 if M <= 128 or hip else 128
+    return {"kernel": "tiled", "BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8,
+            "num_stages": 2 if hip else 3}  # fmt: skip
 
 
 _CAPABLE: dict[int, bool] = {}
@@ -466,15 +548,19 @@ def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> d
         if cfg is not None and (mma or cfg["kernel"] != "mma"):
             return cfg
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-    return mma_config(M, N, K, sms) if mma else w4a16_config(M, N, K, group_size, sms)
+    return mma_config(M, N, K, sms) if mma else w4a16_config(M, N, K, group_size, sms, hip=torch.version.hip is not None)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _SPLITK_PLANS = PlanTable(_w4a16_splitk_kernel)
 _TILED_PLANS = PlanTable(_w4a16_tiled_kernel)
+_PERMUTE_PLANS = PlanTable(_w4a16_permute_x_kernel)
 _MMA_PLANS: dict[tuple, _MmaPlan] = {}
 _SPLITK_VARYING = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "perm_ptr", "b_ptr", "out_ptr", "part_ptr", "count_ptr")
-_TILED_VARYING = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "perm_ptr", "b_ptr", "out_ptr")
+_TILED_VARYING = ("xp_ptr", "qw_ptr", "s_ptr", "z_ptr", "b_ptr", "out_ptr")
+_PERMUTE_VARYING = ("x_ptr", "perm_ptr", "xp_ptr")
+# Rows per program of the x permutation: a [32, BLOCK_K] tile, 32 elements a thread at 4 warps.
+PERMUTE_BLOCK_M = 32
 
 
 class _SplitPlan:
@@ -515,14 +601,18 @@ class _MmaPlan:
 
 
 class _TiledPlan:
-    __slots__ = ("launch",)
+    """The tiled kernel's two launches: x into nibble-plane order (into a buffer allocated per
+    call, like any output: nothing cached outlives a CUDA graph), then the GEMM."""
 
-    def __init__(self, launch):
-        self.launch = launch
+    __slots__ = ("launch", "permute", "xp_shape")
+
+    def __init__(self, permute, launch, xp_shape):
+        self.permute, self.launch, self.xp_shape = permute, launch, xp_shape
 
     def __call__(self, x, qweight, scales, zeros, perm, bias, out) -> None:
-        self.launch(x, qweight, scales, zeros if zeros is not None else scales, perm if perm is not None else scales,
-                    bias if bias is not None else out, out)  # fmt: skip
+        xp = torch.empty(self.xp_shape, dtype=x.dtype, device=x.device)
+        self.permute(x, perm if perm is not None else scales, xp)
+        self.launch(xp, qweight, scales, zeros if zeros is not None else scales, bias if bias is not None else out, out)
 
 
 def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cfg: dict | None = None) -> None:
@@ -588,11 +678,20 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         if launch is not None:
             _SPLITK_PLANS.put(key, _SplitPlan(launch, part.shape if split > 1 else None, counters if split > 1 else None))
     elif kernel == "tiled":
-        args = (x, qweight, scales, z, p, b, out, M, N, K, x.stride(0), x.stride(1), out.stride(0))
+        if block_k < 128:
+            raise ValueError(f"cfg: the tiled kernel's BLOCK_K must be >= 128 (K = BLOCK_K / 8 >= 16 per plane MMA), got {block_k}")
+        kp = triton.cdiv(K, block_k) * block_k
+        xp = torch.empty((M, kp), dtype=x.dtype, device=dev)
+        pre_args = (x, p, xp, M, K, x.stride(0), x.stride(1), kp)
+        pre_kwargs = dict(BLOCK_M=PERMUTE_BLOCK_M, BLOCK_K=block_k, HAS_PERM=perm is not None, num_warps=4)
+        pre_grid = (triton.cdiv(M, PERMUTE_BLOCK_M), kp // block_k)
+        permute = _PERMUTE_PLANS.launch_and_plan(key, pre_grid, _PERMUTE_VARYING, pre_args, pre_kwargs)
+        del common["HAS_PERM"]
+        args = (xp, qweight, scales, z, b, out, M, N, K, kp, out.stride(0))
         kwargs = dict(EVEN_K=K % block_k == 0, **common, **cfg)
         grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
         launch = _TILED_PLANS.launch_and_plan(key, grid, _TILED_VARYING, args, kwargs)
-        if launch is not None:
-            _TILED_PLANS.put(key, _TiledPlan(launch))
+        if launch is not None and permute is not None:
+            _TILED_PLANS.put(key, _TiledPlan(permute, launch, xp.shape))
     else:
         raise ValueError(f"cfg: kernel must be 'splitk', 'tiled' or 'mma', got {kernel!r}")
