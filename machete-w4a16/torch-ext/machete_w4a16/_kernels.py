@@ -366,15 +366,23 @@ def _w4a16_permute_x_kernel(
     J: tl.constexpr = BLOCK_K // 8
     k0 = tl.program_id(1) * BLOCK_K
     t = tl.arange(0, BLOCK_K)
-    i = t // J
-    kk = k0 + 8 * (t % J) + 2 * (i % 4) + i // 4  # slot i holds column 8 jj + SLOT_COLUMNS[i]
-    valid = kk < K
-    if HAS_PERM:
-        kk = tl.load(perm_ptr + kk, mask=valid, other=0)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * s_xm + kk.to(tl.int64)[None, :] * s_xk,
-                mask=rmask[:, None] & valid[None, :], other=0.0)  # fmt: skip
+    if HAS_PERM:  # a gather through perm: column by column
+        i = t // J
+        kk = k0 + 8 * (t % J) + 2 * (i % 4) + i // 4  # slot i holds column 8 jj + SLOT_COLUMNS[i]
+        valid = kk < K
+        kk = tl.load(perm_ptr + kk, mask=valid, other=0)
+        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * s_xm + kk.to(tl.int64)[None, :] * s_xk,
+                    mask=rmask[:, None] & valid[None, :], other=0.0)  # fmt: skip
+    else:
+        # The window as it lies (vector loads), reordered in registers: column 8 jj + 2 a + b
+        # goes to plane 4 b + a (SLOT_COLUMNS[4 b + a] = 2 a + b), i.e. [jj, a, b] -> [b, a, jj].
+        # The column-by-column gather above ran at 0.9 TB/s (70B down, M = 4096, H100).
+        kk = k0 + t
+        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * s_xm + kk.to(tl.int64)[None, :] * s_xk,
+                    mask=rmask[:, None] & (kk < K)[None, :], other=0.0)  # fmt: skip
+        x = tl.reshape(tl.permute(tl.reshape(x, (BLOCK_M, J, 4, 2)), (0, 3, 2, 1)), (BLOCK_M, BLOCK_K))
     tl.store(xp_ptr + rows.to(tl.int64)[:, None] * s_pm + (k0 + t)[None, :], x, mask=rmask[:, None])
 
 
@@ -471,9 +479,9 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132, hip: b
       planes take a scale per packed column when a step spans groups); the K split makes about
       4 programs per SM in flight (the weight stream needs many loads in flight per SM), at
       most one slice per K step.
-    * larger M: the tiled kernel, 128 W rows by 128 tokens (64 at M <= 128), 8 warps, K steps
-      of 128 (the smallest whose nibble planes make a 16-deep MMA), 8 row tiles per column
-      sweep, 3 stages (the xp and packed tiles of a stage: 40 KiB at 128 tokens). 16 W rows a
+    * larger M: the tiled kernel, tokens x W rows x warps 64 x 64 x 4 to M = 128, 128 x 64 x 4
+      to 512, 256 x 128 x 8 above (measured, see the code), K steps of 128 (the smallest whose
+      nibble planes make a 16-deep MMA), 8 row tiles per column sweep, 3 stages. 16 W rows a
       warp (one 64-row wgmma tile per warp group) keeps W in registers: 128 rows on 4 warps
       (two tiles a warp group), 256 on 8, or K steps of 256 put a layout conversion through
       shared memory into the loop (sm90 TTGIR, Triton 3.9). ``hip`` (ROCm): 64 tokens and 2
@@ -498,9 +506,19 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132, hip: b
         split = max(1, min(triton.cdiv(4 * sms, tiles), steps))
         return {"kernel": "splitk", "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split,
                 "USE_DOT": block_m > 1, "num_warps": 4, "num_stages": 4 if block_m == 1 else 3}  # fmt: skip
-    block_m = 64 if M <= 128 or hip else 128
-    return {"kernel": "tiled", "BLOCK_M": block_m, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8,
-            "num_stages": 2 if hip else 3}  # fmt: skip
+    if hip:
+        return {"kernel": "tiled", "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8,
+                "num_stages": 2}  # fmt: skip
+    # Tokens x W rows x warps, the best of 12 configurations per point (BLOCK_M 64 / 128 / 256,
+    # 4 / 8 warps with 16 W rows a warp, BLOCK_K 128, 3 stages) at 8B QKV / gate-up / down and 70B
+    # down, M = 64 .. 4096 (H100, 2026-11-24): 64 x 64 on 4 warps to M = 128, 128 x 64 on 4 to
+    # 512 (256 x 128 on 8 won at 8B gate/up M = 256 only), 256 x 128 on 8 from 1024.
+    block_m, block_n, warps = (64, 64, 4) if M <= 128 else (128, 64, 4) if M <= 512 else (256, 128, 8)
+    # Groups of 32 / 64 convert the W tile through shared memory (32 KiB at 128 rows): with 256
+    # tokens in 3 stages that asked for 240 KiB of the H100's 227 KiB; 2 stages fit.
+    stages = 2 if block_m == 256 and G < 128 else 3
+    return {"kernel": "tiled", "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 128, "GROUP_M": 8,
+            "num_warps": warps, "num_stages": stages}  # fmt: skip
 
 
 _CAPABLE: dict[int, bool] = {}

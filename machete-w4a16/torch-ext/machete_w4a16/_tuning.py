@@ -2,8 +2,9 @@
 launch (kernel and tiles) that measured fastest.
 
 Written by ``benchmarks/tune.py`` on a GPU (the command that made it goes into ``MADE_BY``);
-nothing else edits it. **Empty: no GPU has measured it yet**, so every call takes the
-structural default (``_kernels.w4a16_config``) until it is filled.
+nothing else edits it but its docstring. Measured once (``MADE_BY``, H100, 2026-11-24): the
+eight 8B / 70B projections at M buckets 1, 16, 128, 256, 4096, group 128, bf16; every other
+key takes the structural default (``_kernels.mma_config`` / ``w4a16_config``).
 
 ``TABLE[(gpu_name, dtype, N, K, group_size)]`` is a list of ``(m_max, entry)`` M buckets in
 increasing order (of 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096): a call with M rows
@@ -17,6 +18,45 @@ scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
 
 from __future__ import annotations
 
-MADE_BY = None
+MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,128,256,4096  # NVIDIA H100 80GB HBM3'
 
-TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {}
+TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096, 128): [(1, None),
+                                                          (16, None),
+                                                          (128, ['splitk', 64, 64, 128, 4, 4, 3]),
+                                                          (256, None),
+                                                          (4096, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 14336, 128): [(1, None),
+                                                           (16, None),
+                                                           (128, ['splitk', 64, 64, 128, 4, 4, 3]),
+                                                           (256, None),
+                                                           (4096, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 6144, 4096, 128): [(1, None),
+                                                          (16, ['mma', 1, 4, 1]),
+                                                          (128, None),
+                                                          (256, None),
+                                                          (4096, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192, 128): [(1, ['mma', 1, 8, 2]),
+                                                          (16, None),
+                                                          (128, None),
+                                                          (256, None),
+                                                          (4096, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 28672, 128): [(1, ['mma', 1, 8, 2]),
+                                                           (16, None),
+                                                           (128, None),
+                                                           (256, None),
+                                                           (4096, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 10240, 8192, 128): [(1, None),
+                                                           (16, None),
+                                                           (128, None),
+                                                           (256, None),
+                                                           (4096, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 28672, 4096, 128): [(1, None),
+                                                           (16, None),
+                                                           (128, None),
+                                                           (256, None),
+                                                           (4096, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 57344, 8192, 128): [(1, None),
+                                                           (16, None),
+                                                           (128, None),
+                                                           (256, None),
+                                                           (4096, None)]}
