@@ -73,14 +73,34 @@ def test_tiny_quick_run(tmp_path):
     assert agree["w4 kernelized vs w4 eager"]["agreement"] > 0.9, "the same 4-bit weights, kernelized or not"
 
 
-def test_hub_function_swaps_stay_with_their_model(restore_hub_functions):
-    """kernelize swaps the rotary function's forward in place (for the 4-bit layers the fused
-    decoder declines; process-wide for every model sharing that function object):
-    build_models gives transformers' forward back and keeps the swap for the kernelized model
-    only, set while it runs (bench.e2e's _GLOBALS)."""
+def test_every_4bit_layer_fused(restore_hub_functions):
+    """The w4 kernelized model's layers all run the fused 4-bit decoder layer, which calls
+    rope-triton itself: its rotary function keeps transformers' forward, also while it runs."""
     args = e2e_w4a16.build_parser().parse_args(["--tiny"])
     try:
         models, reports = e2e_w4a16.build_models(args, torch.device("cpu"), torch.bfloat16)
+        assert "2 x LlamaDecoderLayer -> fused 4-bit decoder layer" in reports["w4 kernelize"], reports["w4 kernelize"]
+        assert "rotary_pos_emb" not in reports["w4 kernelize"]
+        (fn,) = e2e_w4a16._hub_functions(models["w4 kernelized"])
+        with e2e._running("w4 kernelized"):
+            assert getattr(fn.forward, "__func__", None) is type(fn).forward
+    finally:
+        for name in e2e_w4a16.MODELS:
+            e2e._GLOBALS.pop(name, None)
+
+
+def test_hub_function_swaps_stay_with_their_model(restore_hub_functions, monkeypatch):
+    """Where the fused 4-bit layer declines a layer (forced here), kernelize swaps the rotary
+    function's forward in place (process-wide for every model sharing that function object):
+    build_models gives transformers' forward back and keeps the swap for the kernelized model
+    only, set while it runs (bench.e2e's _GLOBALS)."""
+    from fused_llm import decoder_w4a16
+
+    monkeypatch.setattr(decoder_w4a16, "unsupported_reason", lambda layer: "declined by the test")
+    args = e2e_w4a16.build_parser().parse_args(["--tiny"])
+    try:
+        models, reports = e2e_w4a16.build_models(args, torch.device("cpu"), torch.bfloat16)
+        assert "keeps its forward: declined by the test" in reports["w4 kernelize"]
         (fn,) = e2e_w4a16._hub_functions(models["w4 kernelized"])  # its rotary function (deepcopy made it its own)
         before = None  # transformers' own forward (the class's)
         assert "rotary_pos_emb" in reports["w4 kernelize"]

@@ -27,10 +27,10 @@ PACKAGES = {"fused_llm": ROOT / "torch-ext" / "fused_llm", "fused_llm_dev": ROOT
 # dependency), and its own modules.
 INTEGRATION_IMPORTS = {"torch", "kernels", "transformers", "safetensors"}
 # The integration package's modules: kernelize and the layer mapping, the fused decoder layer,
-# transformers' KernelConfig, where the kernel packages are, the 4-bit model paths, the FP8
-# model paths and the fused FP8 decoder layer.
+# transformers' KernelConfig, where the kernel packages are, the 4-bit model paths and the fused
+# 4-bit decoder layer, the FP8 model paths and the fused FP8 decoder layer.
 INTEGRATION_MODULES = {"__init__", "integration", "decoder", "skinny", "transformers_config", "packages", "w4a16",
-                       "fp8", "decoder_fp8"}
+                       "decoder_w4a16", "fp8", "decoder_fp8"}
 # kernelize swaps transformers' rotary function process-wide; conftest.py puts it back.
 pytestmark = pytest.mark.usefixtures("restore_hub_functions")
 

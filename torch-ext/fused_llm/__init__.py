@@ -30,7 +30,7 @@ _EXPORTS = {
     "load_fp8": "fp8",
     "quantize_fp8": "fp8",
 }
-_SUBMODULES = ("decoder", "decoder_fp8", "fp8", "integration", "packages", "skinny", "transformers_config", "w4a16")
+_SUBMODULES = ("decoder", "decoder_fp8", "decoder_w4a16", "fp8", "integration", "packages", "skinny", "transformers_config", "w4a16")
 
 __all__ = [
     "LAYERS", "KernelizeReport", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize",

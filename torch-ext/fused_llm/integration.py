@@ -90,6 +90,9 @@ class KernelizeReport:
     skinny_table: str = ""
     # Decoder layers running fused_llm.decoder_fp8's forward: (module, class, FP8 scheme, device).
     fused_fp8_decoders: list[tuple[str, str, str, str]] = field(default_factory=list)
+    # Decoder layers running fused_llm.decoder_w4a16's forward: (module, class, weight format,
+    # (step, op) pairs: decoder_w4a16.steps, which say where a QKV / gate-up GEMM stays unfused).
+    fused_w4a16_decoders: list[tuple[str, str, str, tuple[tuple[str, str], ...]]] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -112,6 +115,10 @@ class KernelizeReport:
             classes = sorted({cls for _, cls in group})
             lines.append(f"  {len(group):3d} x {', '.join(classes)} -> fused FP8 decoder layer ({scheme}), step by step:")
             lines += [f"        {step}: {op}" for step, op in steps(scheme, device)]
+        for fmt, w4_steps in dict.fromkeys((f, s) for _, _, f, s in self.fused_w4a16_decoders):
+            group = [cls for _, cls, f, s in self.fused_w4a16_decoders if (f, s) == (fmt, w4_steps)]
+            lines.append(f"  {len(group):3d} x {', '.join(sorted(set(group)))} -> fused 4-bit decoder layer ({fmt}), step by step:")
+            lines += [f"        {step}: {op}" for step, op in w4_steps]
         for name, cls, reason in self.unfused_decoders:
             lines.append(f"  {name} ({cls}) keeps its forward: {reason}")
         lines += [f"  {n:3d} x {what}" for what, n in self.counts().items()]
@@ -154,7 +161,11 @@ def _report(model: nn.Module, fused: list[str]) -> KernelizeReport:
     for name, module in model.named_modules():
         visit(name, module)
         # Hub functions (e.g. "rotary_pos_emb") hang off their users as plain attributes: one
-        # shared module per function, reported once, under its first user.
+        # shared module per function, reported once, under its first user outside the fused
+        # layers (the fused layers call the kernels themselves; a layer that kept its forward
+        # runs the swapped function).
+        if name.startswith(inside):
+            continue
         for fn_name, fn in getattr(module, "_kernel_funcs", {}).items():
             if isinstance(fn, nn.Module) and id(fn) not in seen_funcs:
                 seen_funcs.add(id(fn))
@@ -200,20 +211,23 @@ def kernelize(
     float16 / bfloat16 get `fused_llm.decoder`'s forward (fused residual add + RMSNorm, one QKV
     GEMM, rope-triton, gated-mlp); layers whose seven projections are ``fused_llm.fp8.FP8Linear``
     of one scheme (``quantize_fp8`` / ``load_fp8``) get `fused_llm.decoder_fp8`'s forward (fused
-    norm + dynamic FP8 quantization, FP8 GEMMs, swiglu-fp8); the others keep theirs with the
-    module-level swaps. With ``skinny`` (default, inference modes), the projection GEMMs left on
-    cuBLAS after that (QKV, o_proj, down_proj, gate / up where gated-mlp does not take them,
-    lm_head) whose shapes skinny-gemm's tuning table lists for this GPU and dtype run through
-    ``skinny_gemm.linear`` (`fused_llm.skinny`); ``skinny=False`` leaves them all on cuBLAS
-    (it does not undo an earlier call's routing, as ``fuse_decoder_layers=False`` does not
-    unfuse layers).
+    norm + dynamic FP8 quantization, FP8 GEMMs, swiglu-fp8); layers whose seven projections are
+    machete-w4a16 ``W4A16Linear`` (``quantize_w4a16`` / ``load_w4a16``) get
+    `fused_llm.decoder_w4a16`'s forward (one 4-bit GEMM for QKV and one for gate / up,
+    rmsnorm-fp8, rope-triton, swiglu-fp8); the others keep theirs with the module-level swaps.
+    With ``skinny`` (default, inference modes), the projection GEMMs left on cuBLAS after that
+    (QKV, o_proj, down_proj, gate / up where gated-mlp does not take them, lm_head) whose
+    shapes skinny-gemm's tuning table lists for this GPU and dtype run through
+    ``skinny_gemm.linear`` (`fused_llm.skinny`); ``skinny=False`` leaves them all on cuBLAS (it
+    does not undo an earlier call's routing, as ``fuse_decoder_layers=False`` does not unfuse
+    layers).
     Kernelize after loading the weights and moving the model: the fused layer makes the q / k
     / v weights views of one fused tensor at this point, and the skinny routing looks up the
     GPU the weights are on."""
     from kernels import Mode, use_kernel_mapping
     from kernels import kernelize as hub_kernelize
 
-    from . import decoder, decoder_fp8
+    from . import decoder, decoder_fp8, decoder_w4a16
 
     mode = Mode.INFERENCE if mode is None else mode
     mapping = kernel_mapping(source)
@@ -242,39 +256,61 @@ def kernelize(
             hub_kernelize(model, mode=mode, device=device, use_fallback=use_fallback)
     finally:
         kernels_log.setLevel(level)
-    bf16_fusable = [(name, layer) for name, layer in fusable if not decoder_fp8.is_fp8_layer(layer)]
+    kinds = {name: _kind(layer) for name, layer in fusable}
+    bf16_fusable = [(name, layer) for name, layer in fusable if kinds[name] == "bf16"]
     if bf16_fusable:
         kernels = decoder.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "gated-mlp")))
         for _, layer in bf16_fusable:
             decoder.install(layer, kernels)
-    fp8_fusable = [(name, layer) for name, layer in fusable if decoder_fp8.is_fp8_layer(layer)]
+    fp8_fusable = [(name, layer) for name, layer in fusable if kinds[name] == "fp8"]
     if fp8_fusable:
         kernels_fp8 = decoder_fp8.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "swiglu-fp8",
                                                                            "skinny-gemm")))
         for _, layer in fp8_fusable:
             decoder_fp8.install(layer, kernels_fp8)
+    w4_fusable = [(name, layer) for name, layer in fusable if kinds[name] == "w4a16"]
+    if w4_fusable:
+        kernels_w4 = decoder_w4a16.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "swiglu-fp8",
+                                                                            "machete-w4a16")))
+        for _, layer in w4_fusable:
+            decoder_w4a16.install(layer, kernels_w4)
     report = _report(model, [name for name, _ in fusable])
     report.fused_decoders = [(name, type(layer).__name__) for name, layer in bf16_fusable]
     report.fused_fp8_decoders = [(name, type(layer).__name__, layer.fused_llm_fp8_scheme, layer.self_attn.q_proj.weight.device.type)
                                  for name, layer in fp8_fusable]  # fmt: skip
+    report.fused_w4a16_decoders = [(name, type(layer).__name__, decoder_w4a16.describe(layer), tuple(decoder_w4a16.steps(layer)))
+                                   for name, layer in w4_fusable]  # fmt: skip
     report.unfused_decoders = [(name, type(layer).__name__, reason) for name, layer, reason in layers if reason is not None]
     if skinny and not (mode & Mode.TRAINING):
         from . import skinny as routing
 
-        # The FP8 layers' GEMMs are FP8Linear (decoder_fp8 gives them skinny-gemm's linear_fp8).
+        # The FP8 layers' GEMMs are FP8Linear (decoder_fp8 gives them skinny-gemm's linear_fp8),
+        # the 4-bit layers' W4A16Linear (machete-w4a16): neither is an nn.Linear skinny-gemm takes.
         report.skinny, report.skinny_kept = routing.route(model, _load("skinny-gemm", source), dict(bf16_fusable))
         report.skinny_table = routing.table_key(model)
     return report
 
 
-def _decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module, str | None]]:
-    """(name, layer, why it keeps its forward or None): the bf16 fused layer's reasons, or the
-    FP8 one's (fused_llm.decoder_fp8) for layers with FP8Linear projections."""
-    from . import decoder, decoder_fp8
+def _kind(layer: nn.Module) -> str:
+    """Which fused layer serves this decoder layer: "fp8" (FP8Linear projections,
+    fused_llm.decoder_fp8), "w4a16" (W4A16Linear projections, fused_llm.decoder_w4a16) or
+    "bf16" (fused_llm.decoder)."""
+    from . import decoder_fp8, decoder_w4a16
 
+    if decoder_fp8.is_fp8_layer(layer):
+        return "fp8"
+    return "w4a16" if decoder_w4a16.is_w4a16_layer(layer) else "bf16"
+
+
+def _decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module, str | None]]:
+    """(name, layer, why it keeps its forward or None), the reasons of the fused layer of the
+    layer's kind (`_kind`)."""
+    from . import decoder, decoder_fp8, decoder_w4a16
+
+    reasons = {"bf16": decoder.unsupported_reason, "fp8": decoder_fp8.unsupported_reason,
+               "w4a16": decoder_w4a16.unsupported_reason}  # fmt: skip
     classes = decoder.decoder_classes()
-    return [(name, m, decoder_fp8.unsupported_reason(m) if decoder_fp8.is_fp8_layer(m) else decoder.unsupported_reason(m))
-            for name, m in model.named_modules() if isinstance(m, classes)]  # fmt: skip
+    return [(name, m, reasons[_kind(m)](m)) for name, m in model.named_modules() if isinstance(m, classes)]
 
 
 def _all_inside(model: nn.Module, prefixes: list[str], layer_names: tuple[str, ...]) -> bool:

@@ -5,8 +5,9 @@ After the other swaps a Llama / Mistral / Qwen2 / Qwen3 model still runs these G
 * in a fused decoder layer (``fused_llm.decoder``): the QKV GEMM, o_proj and down_proj (an
   ``addmm`` with the residual); gate_proj / up_proj run inside gated-mlp;
 * in a decoder layer that keeps transformers' forward (float32, ``fuse_decoder_layers=False``,
-  an activation gated-mlp lacks, 4-bit layers): each q / k / v / o / down_proj ``nn.Linear``, and
-  gate_proj / up_proj where gated-mlp does not take the MLP;
+  an activation gated-mlp lacks): each q / k / v / o / down_proj ``nn.Linear``, and gate_proj /
+  up_proj where gated-mlp does not take the MLP (4-bit and FP8 projections are not
+  ``nn.Linear``: their own fused layers run them);
 * the model's ``lm_head``.
 
 ``skinny_gemm.linear`` runs a GEMM through the skinny kernel where the package's tuning table

@@ -8,16 +8,14 @@ attention and MLP projections of Llama / Mistral / Qwen2 / Qwen3 models.
   ``quantization_config``), with ``W4A16Linear`` layers built from the stored tensors: no
   gptqmodel / autoawq / compressed-tensors needed.
 
-Composing with ``fused_llm.kernelize``: the fused decoder layer (``fused_llm.decoder``) reads
-the q / k / v / gate / up weights as dense tensors (one [W_q; W_k; W_v] GEMM, gated-mlp on
-W_gate / W_up), so it declines layers whose projections are ``W4A16Linear``
-(``unsupported_reason``: "self_attn.q_proj is not an nn.Linear"), and gated-mlp's MLP layer
-keeps the module's own forward for them. Those layers then run transformers' forward with
-every projection through ``w4a16_gemm`` and the module-level swaps (RMSNorm, rotary, SiLU)
-still applied. Chosen over making the fused layer call the projection modules because that
-forward's speed comes from the dense fused QKV GEMM and the gated-mlp epilogue, which have no
-4-bit counterpart yet; a fused 4-bit QKV is a concatenation along N in this format
-(qweight rows, scales columns), left for when the decode numbers exist.
+Composing with ``fused_llm.kernelize``: a decoder layer whose seven projections are all
+``W4A16Linear`` gets the fused 4-bit decoder layer (``fused_llm.decoder_w4a16``): one 4-bit
+GEMM of [W_q; W_k; W_v] and one of [W_gate; W_up] (a concatenation along N in this format:
+qweight rows, scales / zeros columns) with rmsnorm-fp8, rope-triton and swiglu-fp8 around them;
+projections whose group size, zero points or act-order permutation differ keep a GEMM each,
+and the report says why. A layer it declines (a 16-bit projection among the 4-bit ones, an
+activation swiglu-fp8 lacks: the report says why) keeps transformers' forward, every
+projection through its own module, with the module-level swaps (RMSNorm, rotary, SiLU).
 """
 
 from __future__ import annotations
@@ -75,7 +73,8 @@ def quantize_w4a16(model: nn.Module, group_size: int = 128, zero_point: bool = F
     ``W4A16Linear.from_linear(linear, group_size, zero_point)`` (round to nearest; see
     machete-w4a16's ``quantize``), in place. The weights must be float16 / bfloat16 (the
     scales keep that dtype). Embeddings, norms and ``lm_head`` stay as they are. Call before
-    ``fused_llm.kernelize`` (which then keeps these layers' own forward: module docstring)."""
+    ``fused_llm.kernelize`` (which then gives these layers the fused 4-bit forward: module
+    docstring)."""
     w4 = _package(source)
     names = projection_names(model)
     if not names:

@@ -7,8 +7,9 @@ One run, one process, the methods of ``bench.e2e``: a model with random weights 
 * ``w4 eager``: ``fused_llm.quantize_w4a16(group_size=128, zero_point=False)`` (machete-w4a16's
   ``W4A16Linear`` in place of q/k/v/o/gate/up/down; embeddings, norms and lm_head stay 16-bit,
   unless ``--lm-head`` quantizes lm_head too);
-* ``w4 kernelized``: the same, then ``fused_llm.kernelize`` (its decoder layers keep
-  transformers' forward with the module-level swaps: ``fused_llm.w4a16``'s docstring).
+* ``w4 kernelized``: the same, then ``fused_llm.kernelize``: every decoder layer runs the fused
+  4-bit layer (``fused_llm.decoder_w4a16``: one 4-bit GEMM for q / k / v and one for gate / up,
+  rmsnorm-fp8, rope-triton, swiglu-fp8; the kernelize report in the output says step by step).
 
 Measured, the models taking turns round after round in alternating order, each figure the
 median over rounds (as ``bench.e2e``):
@@ -78,10 +79,10 @@ def _hub_functions(model: nn.Module) -> list[nn.Module]:
 
 def _kernelize_alone(name: str, model: nn.Module):
     """``integration.kernelize(model)``, with the hub functions whose forward it swaps in place
-    (the rotary function, for layers the fused decoder declines: the 4-bit ones) given back and
-    set for this model only while it runs (bench.e2e's _GLOBALS). The swap is process-wide for
-    every model sharing the function object; the deep copies made here hold their own copy,
-    and this keeps it so whatever order the models are built in."""
+    (the rotary function, where a fused layer declines a decoder layer: the report says why)
+    given back and set for this model only while it runs (bench.e2e's _GLOBALS). The swap is
+    process-wide for every model sharing the function object; the deep copies made here hold
+    their own copy, and this keeps it so whatever order the models are built in."""
     fns = _hub_functions(model)
     before = {fn: fn.__dict__.get("forward") for fn in fns}
     report = integration.kernelize(model)
