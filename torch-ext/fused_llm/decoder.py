@@ -186,9 +186,40 @@ def use_skinny(layer: nn.Module, name: str, skinny: types.ModuleType | None) -> 
         raise ValueError(f"name: expected self_attn.qkv, self_attn.o_proj or mlp.down_proj, got {name!r}")
 
 
-def _make_forward(k: Kernels):
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+_ATTENTION_FUNCTIONS: list = []
 
+
+def attention_functions():
+    """transformers' attention interface registry, imported once (the fused layers' ``_make_forward``
+    call this at install time, so ``attend`` never imports per call or under torch.compile)."""
+    if not _ATTENTION_FUNCTIONS:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        _ATTENTION_FUNCTIONS.append(ALL_ATTENTION_FUNCTIONS)
+    return _ATTENTION_FUNCTIONS[0]
+
+
+def attend(layer, q, key, value, position_embeddings, attention_mask, past_key_values, apply_rotary, kwargs):
+    """The attention step every fused layer (bf16, FP8, 4-bit) shares: Qwen3's per-head q / k
+    norms, rope-triton's rotary on [B, H, S, D] q / k, the cache update, then the model's
+    attention interface (sdpa / eager / flash, the config's) with the layer's sliding window.
+    Returns the attention output [B, S, H, D]."""
+    attn = layer.self_attn
+    if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm (over D) before the rotary
+        q, key = attn.q_norm(q), attn.k_norm(key)
+    cos, sin = position_embeddings
+    q, key = apply_rotary(q, key, cos, sin, 1)  # [B, H, S, D] (unsqueeze_dim 1)
+    if past_key_values is not None:
+        key, value = past_key_values.update(key, value, attn.layer_idx)
+    interface = _ATTENTION_FUNCTIONS[0].get_interface(attn.config._attn_implementation, _eager_attention)
+    if layer.fused_llm_sliding_window is not None:
+        kwargs.setdefault("sliding_window", layer.fused_llm_sliding_window)
+    out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+    return out
+
+
+def _make_forward(k: Kernels):
+    attention_functions()
     rms_norm, fused_add_rms_norm = k.rmsnorm.rms_norm, k.rmsnorm.fused_add_rms_norm
     apply_rotary, gated_mlp = k.rope.apply_rotary_transformers, k.gated_mlp.gated_mlp
 
@@ -211,16 +242,7 @@ def _make_forward(k: Kernels):
         # time on the H100 host; slicing, viewing and transposing each of the three took nine).
         heads = qkv.view(*input_shape, -1, head_dim).transpose(1, 2)
         q, key, value = heads.split((n_q // head_dim, n_kv // head_dim, n_kv // head_dim), dim=1)
-        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm (over D) before the rotary
-            q, key = attn.q_norm(q), attn.k_norm(key)
-        cos, sin = position_embeddings
-        q, key = apply_rotary(q, key, cos, sin, 1)  # [B, H, S, D] (unsqueeze_dim 1)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, attn.layer_idx)
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_attention)
-        if self.fused_llm_sliding_window is not None:
-            kwargs.setdefault("sliding_window", self.fused_llm_sliding_window)
-        out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+        out = attend(self, q, key, value, position_embeddings, attention_mask, past_key_values, apply_rotary, kwargs)
         out = self.fused_llm_linear_o(out.reshape(*input_shape, -1), attn.o_proj.weight, attn.o_proj.bias)
 
         h, residual = fused_add_rms_norm(out, hidden_states, post_norm.weight, post_norm.variance_epsilon)

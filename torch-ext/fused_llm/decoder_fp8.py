@@ -198,10 +198,9 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
 
 
 def _make_forward(k: Kernels):
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from .decoder import attend, attention_functions
 
-    from .decoder import _eager_attention
-
+    attention_functions()
     norm_quant, add_norm_quant = k.rmsnorm.rms_norm_dynamic_fp8, k.rmsnorm.fused_add_rms_norm_dynamic_fp8
     apply_rotary, act_quant = k.rope.apply_rotary_transformers, k.swiglu.silu_and_mul_dynamic_fp8
     quantize, fp8_matmul, skinny_fp8 = fp8.quantize_activation, fp8.fp8_matmul, k.skinny.linear_fp8
@@ -240,16 +239,7 @@ def _make_forward(k: Kernels):
         n_q, n_kv = attn.q_proj.out_features, attn.k_proj.out_features
         heads = qkv.view(*input_shape, -1, head_dim).transpose(1, 2)
         q, key, value = heads.split((n_q // head_dim, n_kv // head_dim, n_kv // head_dim), dim=1)
-        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm (over D) before the rotary
-            q, key = attn.q_norm(q), attn.k_norm(key)
-        cos, sin = position_embeddings
-        q, key = apply_rotary(q, key, cos, sin, 1)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, attn.layer_idx)
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_attention)
-        if self.fused_llm_sliding_window is not None:
-            kwargs.setdefault("sliding_window", self.fused_llm_sliding_window)
-        out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+        out = attend(self, q, key, value, position_embeddings, attention_mask, past_key_values, apply_rotary, kwargs)
         oq, os_ = quantize(out.reshape(-1, n_q), scheme)
         o = proj(attn.o_proj, oq, os_, scheme, dtype).view(*input_shape, hidden)
 

@@ -228,10 +228,9 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
 
 
 def _make_forward(k: Kernels):
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from .decoder import attend, attention_functions
 
-    from .decoder import _eager_attention
-
+    attention_functions()
     rms_norm, fused_add_rms_norm = k.rmsnorm.rms_norm, k.rmsnorm.fused_add_rms_norm
     apply_rotary, act_and_mul = k.rope.apply_rotary_transformers, k.swiglu.silu_and_mul
     gemm = k.machete.w4a16_gemm_raw
@@ -261,16 +260,7 @@ def _make_forward(k: Kernels):
         else:
             q, key, value = (proj(p, h).view(*input_shape, -1, head_dim).transpose(1, 2)
                              for p in (attn.q_proj, attn.k_proj, attn.v_proj))  # fmt: skip
-        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm (over D) before the rotary
-            q, key = attn.q_norm(q), attn.k_norm(key)
-        cos, sin = position_embeddings
-        q, key = apply_rotary(q, key, cos, sin, 1)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, attn.layer_idx)
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, _eager_attention)
-        if self.fused_llm_sliding_window is not None:
-            kwargs.setdefault("sliding_window", self.fused_llm_sliding_window)
-        out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+        out = attend(self, q, key, value, position_embeddings, attention_mask, past_key_values, apply_rotary, kwargs)
         out = proj(attn.o_proj, out.reshape(*input_shape, -1))
 
         h, residual = fused_add_rms_norm(out, hidden_states, post_norm.weight, post_norm.variance_epsilon)
