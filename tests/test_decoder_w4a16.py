@@ -230,3 +230,12 @@ def test_compiles_fullgraph(batch, length):
     assert_logits_close(got, expected, f"compiled {batch}x{length}")
     torch._dynamo.reset()  # and through inductor (its fusions around the custom ops)
     assert_logits_close(logits(torch.compile(model, fullgraph=True, dynamic=False), ids), expected, f"inductor {batch}x{length}")
+
+
+def test_quantize_after_kernelize_is_refused():
+    """quantize_w4a16 on a model whose layers kernelize already fused (16-bit) raises, naming
+    the order, instead of leaving fused layers that compute with the old dense weights."""
+    model = build_model("llama", 2, DEVICE, torch.bfloat16, 0, **SIZES)
+    fused_llm.kernelize(model)
+    with pytest.raises(ValueError, match="kernelized before quantize_w4a16"):
+        fused_llm.quantize_w4a16(model, group_size=32)

@@ -19,8 +19,8 @@ harness's ``time_us``):
      >= 32: K split 1 / 2 / 4, 4 / 8 warps, 1 / 2 row tiles); tiles and split: the Triton
      split-K kernel for M <= 128 elsewhere (BLOCK_N 32 / 64 / 128 rows, the K split
      from 1 / 2 / 4 / 8 / 16 that puts 2-8 programs on each SM) and the tiled kernel for
-     M >= 32 (BLOCK_M 64 / 128 up to M, BLOCK_N 64 / 128 / 256, BLOCK_K 64 / 128, within a
-     rough shared-memory bound);
+     M >= 32 (64-token tiles to M = 512, 128 from 256, 256 from 1024; BLOCK_N 64 / 128 at 16
+     W rows a warp; BLOCK_K 128; within the H100's shared memory);
   2. around phase 1's fastest: BLOCK_K halved and doubled, the other warp count (4 / 8), and
      2 and 4 stages instead of 3.
 
@@ -57,9 +57,10 @@ SPLITS = (1, 2, 4, 8, 16)
 # and of a peer (cuBLAS / tinygemm: their inputs are built per point).
 COMPILE_S, TIMING_S, PEER_S = 1.5, 0.25, 0.5
 # About this much shared memory per program (bytes) is allowed to a tiled candidate: the x
-# tile and the packed W tile per stage (W is dequantized in registers); H100 has 227 KiB per
-# block, A100 163 KiB (a candidate that does not fit fails at launch and is skipped anyway).
-SMEM_BOUND = 160 * 1024
+# tile and the packed W tile per stage (W is dequantized in registers): the H100's 227 KiB per
+# block (A100 163 KiB; a candidate that does not fit fails at launch and is skipped anyway).
+# 160 KiB left out every 256-token tile (3 stages: 216 KiB), the default's from M = 1024.
+SMEM_BOUND = 227 * 1024
 
 
 def _ref():

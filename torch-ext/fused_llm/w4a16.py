@@ -79,6 +79,12 @@ def quantize_w4a16(model: nn.Module, group_size: int = 128, zero_point: bool = F
     names = projection_names(model)
     if not names:
         raise ValueError(f"model: no Llama / Mistral / Qwen2 / Qwen3 decoder layers found in {type(model).__name__}")
+    fused = [n for n, m in model.named_modules() if getattr(m, "fused_llm_decoder", False) and not getattr(m, "fused_llm_w4a16", False)]
+    if fused:
+        # A fused 16-bit / FP8 layer computes from its own fused tensors of the old weights:
+        # swapping its projections would leave it computing with those.
+        raise ValueError(f"model: {fused[0]} (and {len(fused) - 1} more) was kernelized before quantize_w4a16; "
+                         "quantize the model first, then kernelize it")  # fmt: skip
     report = W4A16Report()
     for name in names:
         linear = model.get_submodule(name)

@@ -50,6 +50,7 @@ __all__ = [
     "layers",
     "pack_int4",
     "quantize",
+    "reserve_workspaces",
     "triton_enabled_for",
     "unpack_int4",
     "w4a16_gemm",
@@ -65,6 +66,21 @@ def _triton_kernels():
     from . import _kernels
 
     return _kernels
+
+
+def reserve_workspaces(device: torch.device | str, tiles: int = 1 << 14) -> None:
+    """Allocate ``device``'s zeroed split-K arrival counters (``tiles`` output tiles) now. The
+    kernels otherwise make them on the first call with a K split; inside a torch.compile'd CUDA
+    graph (cudagraph trees: transformers' static-cache decode) that allocation comes from the
+    graph's pool and outlives it, which cudagraph trees refuses. ``fused_llm.kernelize`` calls
+    this for 4-bit layers' device. A no-op off CUDA."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not triton_enabled_for(torch.empty(0, device=dev)):
+        return
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    kern = _triton_kernels()
+    kern.zeroed_buffer(kern._COUNTERS, dev, tiles, torch.int32)
 
 
 def _run_w4a16(

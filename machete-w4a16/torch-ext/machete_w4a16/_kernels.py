@@ -22,7 +22,8 @@ dtype) and multiplied by ``tl.dot`` (or FMAs):
   with FMAs into a [BLOCK_N, BLOCK_K] fp32 accumulator reduced once at the end; ``USE_DOT``
   computes W x^T so W's rows fill the MMA's wide side and the few tokens its narrow one.
 * ``_w4a16_tiled_kernel`` (large M): one program per [BLOCK_M, BLOCK_N] output tile in grouped
-  order, the whole K loop, ``tl.dot(x, W^T)``.
+  order, the whole K loop, ``(W xp^T)^T`` with W's nibble planes as the register A operand and
+  xp, x copied into plane order by ``_w4a16_permute_x_kernel`` first.
 
 Dequantization (``_dequant_codes``), compiled: the 4-bit code q is OR-ed into the mantissa of a
 16-bit float whose exponent makes it ``1024 + q`` (fp16, 0x6400) or ``128 + q`` (bf16, 0x4300),
@@ -362,7 +363,7 @@ def _w4a16_permute_x_kernel(
     identity without act order), so plane i's x is the contiguous slice ``xp[:, k0 + J i :
     k0 + J (i + 1)]``; zero where that column lies past K (xp [M, K rounded up to BLOCK_K], row
     stride s_pm: the tiled kernel's x loads need no K mask). One program per BLOCK_M rows and
-    window; the gather stays within the window's 2 BLOCK_K bytes of each row."""
+    window; without act order it reads only the window's 2 BLOCK_K bytes of each row."""
     J: tl.constexpr = BLOCK_K // 8
     k0 = tl.program_id(1) * BLOCK_K
     t = tl.arange(0, BLOCK_K)
@@ -465,7 +466,8 @@ def _interpreting() -> bool:
 SMALL_M_MAX = 64
 
 
-def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132, hip: bool = False) -> dict:
+def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132, hip: bool = False,
+                 smem: int | None = None) -> dict:
     """Kernel and tile choice (no autotuning: deterministic, and cheap in the interpreter).
 
     The fallback of :func:`select_config` for shapes the tuning table (``benchmarks/tune.py``)
@@ -481,7 +483,9 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132, hip: b
       most one slice per K step.
     * larger M: the tiled kernel, tokens x W rows x warps 64 x 64 x 4 to M = 128, 128 x 64 x 4
       to 512, 256 x 128 x 8 above (measured, see the code), K steps of 128 (the smallest whose
-      nibble planes make a 16-deep MMA), 8 row tiles per column sweep, 3 stages. 16 W rows a
+      nibble planes make a 16-deep MMA), 8 row tiles per column sweep, 3 stages (2 for groups
+      < 128 at 256 tokens; 64 x 64 x 4 everywhere on GPUs with less than 160 KiB of shared
+      memory a block, ``smem``: sm86 / sm89). 16 W rows a
       warp (one 64-row wgmma tile per warp group) keeps W in registers: 128 rows on 4 warps
       (two tiles a warp group), 256 on 8, or K steps of 256 put a layout conversion through
       shared memory into the loop (sm90 TTGIR, Triton 3.9). ``hip`` (ROCm): 64 tokens and 2
@@ -509,6 +513,11 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132, hip: b
     if hip:
         return {"kernel": "tiled", "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8,
                 "num_stages": 2}  # fmt: skip
+    if smem is not None and smem < 160 * 1024:
+        # sm86 / sm89 (99 KiB a block): 256 x 128 tiles took 144 KiB on sm80 code (110 KiB in 2
+        # stages); 64 x 64 in 3 stages takes ~60 KiB (+16 KiB for groups < 128). Not measured.
+        return {"kernel": "tiled", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4,
+                "num_stages": 3}  # fmt: skip
     # Tokens x W rows x warps, the best of 12 configurations per point (BLOCK_M 64 / 128 / 256,
     # 4 / 8 warps with 16 W rows a warp, BLOCK_K 128, 3 stages) at 8B QKV / gate-up / down and 70B
     # down, M = 64 .. 4096 (H100, 2026-11-24): 64 x 64 on 4 warps to M = 128, 128 x 64 on 4 to
@@ -563,10 +572,17 @@ def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> d
     if table:
         dtype = str(x.dtype).removeprefix("torch.")
         cfg = _config.tuned_config(table, device_name(x.device), dtype, N, K, group_size, M)
-        if cfg is not None and (mma or cfg["kernel"] != "mma"):
+        # Where the compiled kernel runs, only an "mma" entry replaces its default: a Triton entry
+        # in the same bucket was measured at the bucket's top M (e.g. 128), past the compiled
+        # kernel's range, and its K split would take a counter buffer inside captured graphs.
+        if cfg is not None and (cfg["kernel"] == "mma") == mma:
             return cfg
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-    return mma_config(M, N, K, sms) if mma else w4a16_config(M, N, K, group_size, sms, hip=torch.version.hip is not None)
+    props = torch.cuda.get_device_properties(x.device) if x.is_cuda else None
+    if mma:
+        return mma_config(M, N, K, props.multi_processor_count)
+    sms = props.multi_processor_count if props is not None else 132
+    smem = getattr(props, "shared_memory_per_block_optin", None) if props is not None else None
+    return w4a16_config(M, N, K, group_size, sms, hip=torch.version.hip is not None, smem=smem)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -709,7 +725,12 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         kwargs = dict(EVEN_K=K % block_k == 0, **common, **cfg)
         grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
         launch = _TILED_PLANS.launch_and_plan(key, grid, _TILED_VARYING, args, kwargs)
+        # The two plans live on as one _TiledPlan under the tiled table's key, or not at all
+        # (a bare tiled plan would be called with the permutation's arguments).
+        _PERMUTE_PLANS.entries.pop(key, None)
         if launch is not None and permute is not None:
             _TILED_PLANS.put(key, _TiledPlan(permute, launch, xp.shape))
+        else:
+            _TILED_PLANS.entries.pop(key, None)
     else:
         raise ValueError(f"cfg: kernel must be 'splitk', 'tiled' or 'mma', got {kernel!r}")
