@@ -29,7 +29,7 @@ import fused_llm.decoder
 from fused_llm import packages
 from fused_llm import w4a16 as fw
 from fused_llm_dev.models import build_model
-from fused_llm_dev.testing import device
+from fused_llm_dev.testing import device, op_namespaces_backend
 
 DEVICE = device()
 w4 = packages.get_kernel("machete-w4a16")
@@ -214,14 +214,7 @@ def test_compiles_fullgraph(batch, length):
     expected = logits(model, ids)
     fused_llm.kernelize(model)
     torch._dynamo.reset()
-    namespaces: set[str] = set()
-
-    def backend(gm, example_inputs):  # which non-aten ops the compiled graph calls
-        for node in gm.graph.nodes:
-            if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-                namespaces.add(node.target.namespace if isinstance(node.target, torch._ops.OpOverload)
-                               else node.target._qualified_op_name.split("::")[0])
-        return gm.forward
+    namespaces, backend = op_namespaces_backend()
 
     got = logits(torch.compile(model, fullgraph=True, dynamic=False, backend=backend), ids)
     ours = {pkg for pkg in ("rmsnorm_fp8", "rope_triton", "swiglu_fp8", "machete_w4a16") if any(pkg in ns for ns in namespaces)}

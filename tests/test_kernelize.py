@@ -10,7 +10,7 @@ import torch
 import fused_llm
 import fused_llm.decoder
 from fused_llm_dev.models import tiny_llama, tiny_model
-from fused_llm_dev.testing import device
+from fused_llm_dev.testing import device, op_namespaces_backend
 
 DEVICE = device()
 # Float32 logits agree to rounding; bf16 models round every layer, so compare loosely.
@@ -100,14 +100,7 @@ def test_fused_decoder_compiles_fullgraph(batch, length):
     ref = _logits(eager, tokens)
     fused_llm.kernelize(model)
     torch._dynamo.reset()
-    namespaces: set[str] = set()
-
-    def backend(gm, example_inputs):  # which non-aten ops the compiled graph calls
-        for node in gm.graph.nodes:
-            if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-                namespaces.add(node.target.namespace if isinstance(node.target, torch._ops.OpOverload)
-                               else node.target._qualified_op_name.split("::")[0])
-        return gm.forward
+    namespaces, backend = op_namespaces_backend()
 
     got = _logits(torch.compile(model, fullgraph=True, dynamic=False, backend=backend), tokens)
     ours = {ns for ns in namespaces if ns not in ("aten", "prims")}

@@ -257,23 +257,17 @@ def kernelize(
     finally:
         kernels_log.setLevel(level)
     kinds = {name: _kind(layer) for name, layer in fusable}
-    bf16_fusable = [(name, layer) for name, layer in fusable if kinds[name] == "bf16"]
-    if bf16_fusable:
-        kernels = decoder.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "gated-mlp")))
-        for _, layer in bf16_fusable:
-            decoder.install(layer, kernels)
-    fp8_fusable = [(name, layer) for name, layer in fusable if kinds[name] == "fp8"]
-    if fp8_fusable:
-        kernels_fp8 = decoder_fp8.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "swiglu-fp8",
-                                                                           "skinny-gemm")))
-        for _, layer in fp8_fusable:
-            decoder_fp8.install(layer, kernels_fp8)
-    w4_fusable = [(name, layer) for name, layer in fusable if kinds[name] == "w4a16"]
-    if w4_fusable:
-        kernels_w4 = decoder_w4a16.Kernels(*(_load(pkg, source) for pkg in ("rmsnorm-fp8", "rope-triton", "swiglu-fp8",
-                                                                            "machete-w4a16")))
-        for _, layer in w4_fusable:
-            decoder_w4a16.install(layer, kernels_w4)
+    # Each kind of fused layer: its module (Kernels, install) and the packages its Kernels holds.
+    installers = {"bf16": (decoder, ("rmsnorm-fp8", "rope-triton", "gated-mlp")),
+                  "fp8": (decoder_fp8, ("rmsnorm-fp8", "rope-triton", "swiglu-fp8", "skinny-gemm")),
+                  "w4a16": (decoder_w4a16, ("rmsnorm-fp8", "rope-triton", "swiglu-fp8", "machete-w4a16"))}  # fmt: skip
+    by_kind = {kind: [(name, layer) for name, layer in fusable if kinds[name] == kind] for kind in installers}
+    for kind, (module, pkgs) in installers.items():
+        if by_kind[kind]:
+            kernels = module.Kernels(*(_load(pkg, source) for pkg in pkgs))
+            for _, layer in by_kind[kind]:
+                module.install(layer, kernels)
+    bf16_fusable, fp8_fusable, w4_fusable = by_kind["bf16"], by_kind["fp8"], by_kind["w4a16"]
     report = _report(model, [name for name, _ in fusable])
     report.fused_decoders = [(name, type(layer).__name__) for name, layer in bf16_fusable]
     report.fused_fp8_decoders = [(name, type(layer).__name__, layer.fused_llm_fp8_scheme, layer.self_attn.q_proj.weight.device.type)
