@@ -1,6 +1,6 @@
 # generated from common/python/testing.py by `fused-llm sync`, do not edit
 """Test helpers shared by every package's tests: devices, seeds, poisoning, tolerances, FP8
-references and ulps, the torch.library contract.
+references and ulps, the torch.library contract, the ops a compiled graph calls.
 
 The one source is common/python/testing.py. `fused-llm sync` stamps it into each package as
 tests/<package>_testing.py (a name of its own, so that the copies of several packages never
@@ -160,3 +160,20 @@ def assert_only_declared_outputs_mutate(op, args: tuple) -> None:
             assert same, f"{schema.name}: input {spec.name} was modified but is not declared mutable"
         else:
             assert not same or arg.numel() == 0, f"{schema.name}: output {spec.name} was not written"
+
+
+def op_namespaces_backend():
+    """``(namespaces, backend)``: a torch.compile backend that runs the graph as traced and adds
+    to the set ``namespaces`` the namespace of every op the graph calls (``aten``, ``prims``, a
+    package's ``_<pkg>_<id>``): what a compiled model runs of ours."""
+    namespaces: set[str] = set()
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if isinstance(node.target, torch._ops.OpOverload):
+                namespaces.add(node.target.namespace)
+            elif isinstance(node.target, torch._ops.OpOverloadPacket):
+                namespaces.add(node.target._qualified_op_name.split("::")[0])
+        return gm.forward
+
+    return namespaces, backend

@@ -1,6 +1,6 @@
 # generated from common/python/testing.py by `fused-llm sync`, do not edit
 """Test helpers shared by every package's tests: devices, seeds, poisoning, tolerances, FP8
-references and ulps, the torch.library contract.
+references and ulps, the torch.library contract, the ops a compiled graph calls.
 
 The one source is common/python/testing.py. `fused-llm sync` stamps it into each package as
 tests/<package>_testing.py (a name of its own, so that the copies of several packages never
