@@ -232,3 +232,6 @@ def test_quantize_after_kernelize_is_refused():
     fused_llm.kernelize(model)
     with pytest.raises(ValueError, match="kernelized before quantize_w4a16"):
         fused_llm.quantize_w4a16(model, group_size=32)
+    w4_model = small_w4_model("llama", group_size=32)
+    fused_llm.kernelize(w4_model)
+    assert fused_llm.quantize_w4a16(w4_model, group_size=32).swapped == []

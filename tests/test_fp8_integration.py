@@ -643,3 +643,17 @@ def test_skinny_gemm_call(rows):
         ref = fp8.fp8_matmul(xq, xs, wq, ws, "per-token", torch.float32, b)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, 384)
     torch.testing.assert_close(y.float(), ref, rtol=2**-7, atol=1e-2 * ref.abs().max().item())
+
+
+def test_quantize_after_kernelize_is_refused():
+    """quantize_fp8 on a model whose layers kernelize already fused (16-bit) raises, naming the
+    order (decoder.refuse_fused), instead of leaving fused layers on the old dense weights; on a
+    kernelized FP8 model of the same scheme it changes nothing."""
+    model = small_model("llama")
+    fused_llm.kernelize(model)
+    with pytest.raises(ValueError, match="kernelized before quantize_fp8"):
+        fused_llm.quantize_fp8(model, "per-token")
+    fp8_model = small_model("llama")
+    fused_llm.quantize_fp8(fp8_model, "per-token")
+    fused_llm.kernelize(fp8_model)
+    assert fused_llm.quantize_fp8(fp8_model, "per-token").swapped == []

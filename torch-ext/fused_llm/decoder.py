@@ -140,6 +140,17 @@ def _fuse_qkv(attn: nn.Module) -> None:
     attn.register_buffer("fused_qkv_bias", bias, persistent=False)
 
 
+def refuse_fused(model: nn.Module, quantizer: str, kind: str) -> None:
+    """Raise when a decoder layer of ``model`` already runs a fused forward of another kind than
+    ``kind`` ("bf16", "fp8", "w4a16": its ``fused_llm_decoder``): that forward computes from its
+    own fused tensors of the old weights, so ``quantizer`` swapping the projections under it
+    would leave it computing with those. Quantize first, then kernelize."""
+    fused = [n for n, m in model.named_modules() if getattr(m, "fused_llm_decoder", kind) != kind]
+    if fused:
+        raise ValueError(f"model: {fused[0]} (and {len(fused) - 1} more) was kernelized before {quantizer}; "
+                         "quantize the model first, then kernelize it")  # fmt: skip
+
+
 def install(layer: nn.Module, kernels: Kernels) -> None:
     """Give ``layer`` (a supported decoder layer, see `unsupported_reason`) the fused forward."""
     if getattr(layer, "fused_llm_decoder", False):
@@ -158,7 +169,7 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     layer.fused_llm_linear_o = F.linear
     layer.fused_llm_skinny_down = None
     layer.forward = types.MethodType(_make_forward(kernels), layer)
-    layer.fused_llm_decoder = True
+    layer.fused_llm_decoder = "bf16"  # the kind of fused forward (refuse_fused)
 
 
 def fused_gemms(layer: nn.Module) -> dict[str, torch.Tensor]:

@@ -194,7 +194,7 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     if attn.q_proj.weight.is_cuda:  # linear_fp8's split-K buffers made now, not inside a compiled CUDA graph
         kernels.skinny.reserve_workspaces(attn.q_proj.weight.device)
     layer.forward = types.MethodType(_make_forward(kernels), layer)
-    layer.fused_llm_decoder = True
+    layer.fused_llm_decoder = "fp8"
 
 
 def _make_forward(k: Kernels):

@@ -99,7 +99,7 @@ def unsupported_reason(layer: nn.Module) -> str | None:
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if attn is None or mlp is None:
         return "no self_attn / mlp"
-    if getattr(layer, "fused_llm_decoder", False) and not getattr(layer, "fused_llm_w4a16", False):
+    if getattr(layer, "fused_llm_decoder", "w4a16") != "w4a16":
         # kernelize ran on the 16-bit / FP8 layer before quantize_w4a16 swapped its projections:
         # its fused forward still reads the fused tensors of the old weights.
         return "the layer was kernelized before quantize_w4a16 (quantize first, then kernelize)"
@@ -228,11 +228,10 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
         window = getattr(attn.config, "sliding_window", None)
     layer.fused_llm_sliding_window = window
     layer.forward = types.MethodType(_make_forward(kernels), layer)
-    layer.fused_llm_w4a16 = True
     # The split-K counters now, not on a first call inside a captured graph (skinny-gemm's
     # reserve_workspaces says why): M 33-64 runs the Triton split-K kernel, K split per table.
     kernels.machete.reserve_workspaces(attn.q_proj.qweight.device)
-    layer.fused_llm_decoder = True
+    layer.fused_llm_decoder = "w4a16"
 
 
 def _make_forward(k: Kernels):

@@ -40,6 +40,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .decoder import refuse_fused
 from .w4a16 import _read_safetensors, _set_module, finish_load, meta_model, projection_names, read_quantization_config
 
 SCHEMES = ("per-token", "block")
@@ -428,6 +429,7 @@ def quantize_fp8(model: nn.Module, scheme: Scheme = "per-token", *, source: Sour
     names = projection_names(model)
     if not names:
         raise ValueError(f"model: no Llama / Mistral / Qwen2 / Qwen3 decoder layers found in {type(model).__name__}")
+    refuse_fused(model, "quantize_fp8", "fp8")
     report = FP8Report(scheme=scheme)
     for name in names:
         linear = model.get_submodule(name)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from . import packages
-from .decoder import projection_names  # the projections swapped: q/k/v/o_proj, gate/up/down_proj
+from .decoder import projection_names, refuse_fused  # projection_names: q/k/v/o_proj, gate/up/down_proj
 
 PACKAGE = "machete-w4a16"
 FORMATS = ("gptq", "awq", "compressed-tensors")
@@ -79,12 +79,7 @@ def quantize_w4a16(model: nn.Module, group_size: int = 128, zero_point: bool = F
     names = projection_names(model)
     if not names:
         raise ValueError(f"model: no Llama / Mistral / Qwen2 / Qwen3 decoder layers found in {type(model).__name__}")
-    fused = [n for n, m in model.named_modules() if getattr(m, "fused_llm_decoder", False) and not getattr(m, "fused_llm_w4a16", False)]
-    if fused:
-        # A fused 16-bit / FP8 layer computes from its own fused tensors of the old weights:
-        # swapping its projections would leave it computing with those.
-        raise ValueError(f"model: {fused[0]} (and {len(fused) - 1} more) was kernelized before quantize_w4a16; "
-                         "quantize the model first, then kernelize it")  # fmt: skip
+    refuse_fused(model, "quantize_w4a16", "w4a16")
     report = W4A16Report()
     for name in names:
         linear = model.get_submodule(name)
