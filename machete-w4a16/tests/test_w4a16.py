@@ -501,3 +501,17 @@ def test_deterministic_split_k():
     first = w4.w4a16_gemm(x, qw)
     for _ in range(5):
         assert torch.equal(w4.w4a16_gemm(x, qw), first)
+
+
+def test_reserve_workspaces():
+    """The split-K arrival counters exist, zeroed, at the reserved size before any call (what
+    the fused 4-bit layer's install does so that no first call inside a compiled CUDA graph
+    allocates them); a no-op off CUDA."""
+    w4.reserve_workspaces("cpu")
+    if DEVICE != "cuda":
+        return
+    kern = w4._triton_kernels()
+    w4.reserve_workspaces("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    assert kern._COUNTERS[dev].numel() >= 1 << 14
+    assert not kern._COUNTERS[dev].any()

@@ -38,7 +38,7 @@ from ._format import (
     unpack_int4,
 )
 from ._light_ops import define_op
-from ._triton_launch import triton_enabled_for
+from ._triton_launch import triton_enabled_for, workspace_device, zeroed_buffer
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -74,13 +74,11 @@ def reserve_workspaces(device: torch.device | str, tiles: int = 1 << 14) -> None
     graph (cudagraph trees: transformers' static-cache decode) that allocation comes from the
     graph's pool and outlives it, which cudagraph trees refuses. ``fused_llm.kernelize`` calls
     this for 4-bit layers' device. A no-op off CUDA."""
-    dev = torch.device(device)
-    if dev.type != "cuda" or not triton_enabled_for(torch.empty(0, device=dev)):
+    dev = workspace_device(device)
+    if dev is None:
         return
-    if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
     kern = _triton_kernels()
-    kern.zeroed_buffer(kern._COUNTERS, dev, tiles, torch.int32)
+    zeroed_buffer(kern._COUNTERS, dev, tiles, torch.int32)
 
 
 def _run_w4a16(

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from . import _reference, _tuning
 from ._config import SkinnyConfig, skinny_config
 from ._light_ops import define_op
-from ._triton_launch import device_name, triton_enabled_for, zeroed_buffer
+from ._triton_launch import device_name, triton_enabled_for, workspace_device, zeroed_buffer
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
@@ -65,11 +65,9 @@ def reserve_workspaces(device: torch.device | str, tiles: int = 1 << 14, workspa
     generate) they come from the graph's pool and outlive it, which cudagraph trees refuses
     ("tensor(s) in the cudagraph pool not tracked as outputs"). ``fused_llm.kernelize`` calls
     this for the model's device. A no-op off CUDA."""
-    dev = torch.device(device)
-    if dev.type != "cuda" or not triton_enabled_for(torch.empty(0, device=dev)):
+    dev = workspace_device(device)
+    if dev is None:
         return
-    if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
     kern = _triton_kernels()
     zeroed_buffer(kern._COUNTERS, dev, tiles, torch.int32)
     zeroed_buffer(kern._WORKSPACES, dev, workspace, torch.float32)

@@ -320,6 +320,16 @@ def zeroed_buffer(cache: dict, device: torch.device, n: int, dtype: torch.dtype)
     return buf
 
 
+def workspace_device(device: torch.device | str) -> torch.device | None:
+    """The device a package's ``reserve_workspaces`` makes buffers for: ``device`` as an indexed
+    CUDA device (``"cuda"`` is the current one), or None where its Triton kernels do not run
+    there (CPU, no Triton)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not triton_enabled_for(torch.empty(0, device=dev)):
+        return None
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def aligned16(*tensors: torch.Tensor) -> tuple[bool, ...]:
     """Whether each tensor's address is a multiple of 16 bytes (Triton's pointer specialization)."""
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)
@@ -379,5 +389,5 @@ def check_override(cfg: Any, *classes: type) -> None:
 
 __all__ = [
     "MAX_PLANS", "Address", "HostDescriptor", "LaunchPlan", "PlanTable", "SignatureTable", "aligned16",
-    "check_config", "check_override", "plans_enabled", "zeroed_buffer",
+    "check_config", "check_override", "plans_enabled", "workspace_device", "zeroed_buffer",
 ]  # fmt: skip
