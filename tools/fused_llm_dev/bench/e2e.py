@@ -503,6 +503,18 @@ def finish(result: dict, out: Path | None, write, print_summary) -> int:
     return 0
 
 
+def variant_start():
+    """How a variant bench's run starts (``--w4a16``, ``--skinny``, ``--fp8``): every package from
+    its local build; returns a progress console on stderr, the device (the GPU when there is
+    one) and its Clock."""
+    from rich.console import Console
+
+    for name in packages.kernel_packages():
+        packages.use_local_build(name)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return Console(stderr=True), device, Clock(device)
+
+
 def variant_parser(flag: str, doc: str) -> argparse.ArgumentParser:
     """The parser of a variant bench (``--w4a16``, ``--skinny``) with the options they share
     before their own: the flag itself (how the CLI routes here), --model, --layers, --dtype."""

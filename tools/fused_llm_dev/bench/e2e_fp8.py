@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from fused_llm import fp8, packages
+from fused_llm import fp8
 
 from ..models import MODEL_PRESETS, build_model
 from . import e2e
@@ -110,15 +110,9 @@ def numerics(logits: dict[str, torch.Tensor], reference: torch.Tensor) -> dict[s
 
 
 def run(args) -> dict:
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    gpu = torch.cuda.is_available()
-    device = torch.device("cuda" if gpu else "cpu")
+    console, device, clock = e2e.variant_start()
+    gpu = device.type == "cuda"
     tiny = not gpu
-    clock = Clock(device)
-    for name in packages.kernel_packages():
-        packages.use_local_build(name)
     if tiny:
         layers = 2
         bf16 = build_model(args.model, layers, device, torch.bfloat16, **TINY,

@@ -90,14 +90,8 @@ def linear_host_us(model, report, batches: list[int], clock: e2e.Clock) -> list[
 
 
 def run(args) -> dict:
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    clock = e2e.Clock(device)
+    console, device, clock = e2e.variant_start()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    for name in packages.kernel_packages():
-        packages.use_local_build(name)
     models, reports = build_models(args, device, dtype)
     cfg = models[KERNELIZED].config
     if args.tiny:

@@ -180,14 +180,8 @@ def weight_bytes(dense: nn.Module, quantized: nn.Module, full_depth: int | None 
 
 
 def run(args) -> dict:
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    clock = e2e.Clock(device)
+    console, device, clock = e2e.variant_start()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    for name in packages.kernel_packages():
-        packages.use_local_build(name)
     models, reports = build_models(args, device, dtype)
     cfg = models["bf16 eager"].config
     if args.tiny:
