@@ -243,9 +243,10 @@ class PlanTable(SignatureTable):
         self._index = {name: i for i, name in enumerate(names)}
         self._defaults = {p.name: p.default for p in getattr(jit_fn, "params", ()) if _has_default(p)}
 
-    def launch_and_plan(self, key: Hashable | None, grid: Sequence[int], varying: Sequence[str], args: Sequence, kwargs: dict) -> LaunchPlan | None:
-        """One JIT launch; when ``key`` is not None and plans are enabled, keep its plan and
-        return it."""
+    def launch_and_plan(self, key: Hashable | None, grid: Sequence[int], varying: Sequence[str], args: Sequence, kwargs: dict,
+                        store: bool = True) -> LaunchPlan | None:
+        """One JIT launch; when ``key`` is not None and plans are enabled, return its plan, kept
+        under ``key`` unless ``store`` is False (a plan the caller combines with another's)."""
         kernel = self.jit_fn[tuple(grid)](*args, **kwargs)
         if key is None or kernel is None or not plans_enabled() or not hasattr(kernel, "packed_metadata"):
             return None
@@ -260,7 +261,8 @@ class PlanTable(SignatureTable):
                 return None
         device = torch.cuda.current_device()
         plan = LaunchPlan(kernel, grid, full, [self._index[n] for n in varying], device)
-        self.put(key, plan)
+        if store:
+            self.put(key, plan)
         return plan
 
 

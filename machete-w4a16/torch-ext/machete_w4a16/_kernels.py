@@ -719,18 +719,15 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         pre_args = (x, p, xp, M, K, x.stride(0), x.stride(1), kp)
         pre_kwargs = dict(BLOCK_M=PERMUTE_BLOCK_M, BLOCK_K=block_k, HAS_PERM=perm is not None, num_warps=4)
         pre_grid = (triton.cdiv(M, PERMUTE_BLOCK_M), kp // block_k)
-        permute = _PERMUTE_PLANS.launch_and_plan(key, pre_grid, _PERMUTE_VARYING, pre_args, pre_kwargs)
+        permute = _PERMUTE_PLANS.launch_and_plan(key, pre_grid, _PERMUTE_VARYING, pre_args, pre_kwargs, store=False)
         del common["HAS_PERM"]
         args = (xp, qweight, scales, z, b, out, M, N, K, kp, out.stride(0))
         kwargs = dict(EVEN_K=K % block_k == 0, **common, **cfg)
         grid = (triton.cdiv(M, block_m) * triton.cdiv(N, block_n),)
-        launch = _TILED_PLANS.launch_and_plan(key, grid, _TILED_VARYING, args, kwargs)
-        # The two plans live on as one _TiledPlan under the tiled table's key, or not at all
-        # (a bare tiled plan would be called with the permutation's arguments).
-        _PERMUTE_PLANS.entries.pop(key, None)
+        # The two plans live on as one _TiledPlan, or not at all (a bare tiled plan would be
+        # called with the permutation's arguments).
+        launch = _TILED_PLANS.launch_and_plan(key, grid, _TILED_VARYING, args, kwargs, store=False)
         if launch is not None and permute is not None:
             _TILED_PLANS.put(key, _TiledPlan(permute, launch, xp.shape))
-        else:
-            _TILED_PLANS.entries.pop(key, None)
     else:
         raise ValueError(f"cfg: kernel must be 'splitk', 'tiled' or 'mma', got {kernel!r}")
