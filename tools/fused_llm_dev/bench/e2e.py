@@ -175,12 +175,15 @@ def prefill_ms(runners: dict, ids, reps: int, rounds: int) -> dict[str, tuple[fl
     return {name: (statistics.median(v), (min(v), max(v)), peaks[name]) for name, v in times.items()}
 
 
-def decode_times(models: dict, prompt, n1: int, n2: int, rounds: int, static: bool, clock: Clock | None = None) -> dict[str, list[float]]:
+def decode_times(models: dict, prompt, n1: int, n2: int, rounds: int, static: bool, clock: Clock | None = None,
+                 gpu_ms: dict | None = None, gpu_kernels: dict | None = None) -> dict[str, list[float]]:
     """ms per decode step of each model, one figure per round (rounds_of): ``generate`` with the
     dynamic cache, or with a static cache (``static``; on a GPU transformers compiles the decode
     forward and captures it in CUDA graphs): one ``StaticCache`` per model sized for n2 serves
     both lengths (a cache sized per length recompiled for each). Warm-ups first: one, or two
-    with a static cache (the first compiles)."""
+    with a static cache (the first compiles). ``gpu_ms`` (a dict, on a GPU): filled with each
+    model's GPU time per step after the rounds (decode_gpu_ms, the same caches and graphs);
+    ``gpu_kernels``: with its costliest kernels."""
     sync = clock.sync if clock is not None else _sync
     caches = {name: None for name in models}
     if static:
@@ -191,7 +194,43 @@ def decode_times(models: dict, prompt, n1: int, n2: int, rounds: int, static: bo
         with _running(name):
             for _ in range(2 if static else 1):
                 _step_ms(model, prompt, n1, n2, caches[name], sync)
-    return rounds_of(models, rounds, lambda name, m: _step_ms(m, prompt, n1, n2, caches[name], sync))
+    times = rounds_of(models, rounds, lambda name, m: _step_ms(m, prompt, n1, n2, caches[name], sync))
+    if gpu_ms is not None and torch.cuda.is_available() and prompt.is_cuda:
+        for name, model in models.items():
+            with _running(name):
+                split = decode_gpu_ms(model, prompt, n1, n2, caches[name])
+                gpu_ms[name] = split["ms"]
+                if gpu_kernels is not None:
+                    gpu_kernels[name] = split["kernels"]
+    return times
+
+
+def decode_gpu_ms(model, prompt, n1: int, n2: int, cache=None, top: int = 12) -> dict:
+    """GPU time per decode step: the CUDA kernels' summed durations (torch.profiler) over a
+    ``generate`` of n2 tokens minus one of n1, / (n2 - n1), as ``ms``, and the ``top`` kernels'
+    share of it (``kernels``: name -> ms per step). Next to the wall time per step it splits a
+    step into device work and the host's share (launches, dynamo's guards, generate's Python
+    and its synchronization per token), which the GPU waits on."""
+    from collections import Counter
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernel_us(new_tokens: int) -> Counter:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _generate_ms(model, prompt, new_tokens, cache)
+        per_name: Counter = Counter()
+        for e in prof.events():
+            if e.device_type == DeviceType.CUDA:
+                per_name[e.name] += e.time_range.elapsed_us()
+        return per_name
+
+    short, long = kernel_us(n1), kernel_us(n2)
+    steps = n2 - n1
+    per_step = {name: (long[name] - short.get(name, 0)) / steps / 1e3 for name in long}
+    ranked = sorted(per_step.items(), key=lambda kv: -kv[1])[:top]
+    return dict(ms=(sum(long.values()) - sum(short.values())) / steps / 1e3,
+                kernels={name[:120]: round(ms, 4) for name, ms in ranked})
 
 
 def decode_dynamic_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> dict[str, float]:

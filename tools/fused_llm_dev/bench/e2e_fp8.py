@@ -41,7 +41,7 @@ from fused_llm import fp8
 
 from ..models import MODEL_PRESETS, build_model
 from . import e2e
-from .e2e import Clock, rounds_of, _step_ms
+from .e2e import Clock, rounds_of
 from .e2e_w4a16 import _kernelize_alone
 
 # (batch, tokens) of the prefill stage, the decode batch, its prompt and the two lengths.
@@ -74,20 +74,6 @@ def prefill_ms(runners: dict, ids, clock: Clock, reps: int, rounds: int) -> dict
         peaks[name] = torch.cuda.max_memory_allocated() / 2**20 if clock.cuda else None
     times = rounds_of(runners, rounds, lambda name, r: clock.median_ms(lambda: e2e._prefill(r, ids), 1, reps))
     return {name: dict(ms=statistics.median(v), ms_min=min(v), ms_max=max(v), peak_mib=peaks[name]) for name, v in times.items()}
-
-
-def decode_static_ms(models: dict, prompt, clock: Clock, n1: int, n2: int, rounds: int) -> dict[str, float]:
-    """ms per step of each model with a StaticCache sized for n2 (transformers compiles the
-    decode forward on a GPU): two warm-ups each, then ``rounds`` rounds in turn; the median."""
-    from transformers import StaticCache
-
-    caches = {name: StaticCache(config=m.config, max_cache_len=prompt.shape[1] + n2 + 1) for name, m in models.items()}
-    for name, m in models.items():
-        with e2e._running(name):
-            for _ in range(2):
-                _step_ms(m, prompt, n1, n2, caches[name], clock.sync)
-    times = rounds_of(models, rounds, lambda name, m: _step_ms(m, prompt, n1, n2, caches[name], clock.sync))
-    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def _logits(model, ids) -> torch.Tensor:
@@ -159,8 +145,14 @@ def run(args) -> dict:
         prompt = torch.randint(0, cfg.vocab_size, (DECODE_BATCH, prompt_len), generator=gen).to(device)
         models = {"bf16": bf16, "fp8 torch": plain, "fp8 kernelized": kern}
         console.print(f"decode batch {DECODE_BATCH}, static cache, {prompt_len}-token prompt: {', '.join(models)}")
-        for name, ms in decode_static_ms(models, prompt, clock, n1, n2, rounds).items():
-            rows.append(dict(stage="decode-static", model=name, batch=DECODE_BATCH, tokens=1, ms=ms,
+        gpu_ms: dict[str, float] = {}
+        gpu_kernels: dict[str, dict] = {}
+        for name, v in e2e.decode_times(models, prompt, n1, n2, rounds, static=True, clock=clock, gpu_ms=gpu_ms,
+                                        gpu_kernels=gpu_kernels).items():
+            ms = statistics.median(v)
+            rows.append(dict(stage="decode-static", model=name, batch=DECODE_BATCH, tokens=1, ms=ms, ms_min=min(v),
+                             ms_max=max(v), rounds_ms=[round(t, 4) for t in v], gpu_ms=gpu_ms.get(name),
+                             gpu_kernels=gpu_kernels.get(name),
                              tokens_per_s=DECODE_BATCH / ms * 1e3))  # fmt: skip
         for model in models.values():
             if hasattr(model, "_compiled_call"):
@@ -261,11 +253,12 @@ def print_summary(result: dict) -> None:
     console.print(result["kernelize_report"])
     console.print("GEMM paths that ran:", result["gemm_backends_run"])
     table = Table(title=f"e2e FP8 {result['scheme']} {result['model']} {result['layers']}L on {result['gpu']}")
-    for col in ("stage", "model", "B", "T", "ms", "min", "max"):
+    for col in ("stage", "model", "B", "T", "ms", "min", "max", "GPU ms"):
         table.add_column(col)
     for r in result["rows"]:
         table.add_row(r["stage"], r["model"], str(r["batch"]), str(r["tokens"]), f"{r['ms']:.3f}",
-                      f"{r.get('ms_min', float('nan')):.3f}", f"{r.get('ms_max', float('nan')):.3f}")  # fmt: skip
+                      f"{r.get('ms_min', float('nan')):.3f}", f"{r.get('ms_max', float('nan')):.3f}",
+                      "" if r.get("gpu_ms") is None else f"{r['gpu_ms']:.3f}")  # fmt: skip
     console.print(table)
     for r in ratios(result):
         target = "" if r["target"] is None else f" (target {r['target']}x: {'met' if r['met'] else 'MISSED'})"

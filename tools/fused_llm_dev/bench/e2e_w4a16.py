@@ -197,11 +197,12 @@ def run(args) -> dict:
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows: list[dict] = []
 
-    def add(stage, setting, batch, tokens, times):
+    def add(stage, setting, batch, tokens, times, gpu_ms=None, gpu_kernels=None):
         for name, v in times.items():
             ms = statistics.median(v)
             rows.append(dict(stage=stage, setting=setting, model=name, batch=batch, tokens=tokens, ms=ms, ms_min=min(v),
-                             ms_max=max(v), tokens_per_s=batch * (tokens if stage == "prefill" else 1) / ms * 1e3))  # fmt: skip
+                             ms_max=max(v), gpu_ms=(gpu_ms or {}).get(name), gpu_kernels=(gpu_kernels or {}).get(name),
+                             tokens_per_s=batch * (tokens if stage == "prefill" else 1) / ms * 1e3))  # fmt: skip
 
     if "prefill" in stages:
         for batch, seq in prefill:
@@ -218,8 +219,13 @@ def run(args) -> dict:
         for batch in args.batches:
             console.print(f"{stage} batch {batch}")
             prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(device)
-            times = e2e.decode_times(models, prompt, n1, n2, rounds, static=stage == "decode-static", clock=clock)
-            add("decode", "static-cache generate" if stage == "decode-static" else "dynamic-cache generate", batch, 1, times)
+            gpu_ms: dict[str, float] = {}
+            gpu_kernels: dict[str, dict] = {}
+            static = stage == "decode-static"
+            times = e2e.decode_times(models, prompt, n1, n2, rounds, static=static, clock=clock,
+                                     gpu_ms=gpu_ms if static else None, gpu_kernels=gpu_kernels if static else None)
+            add("decode", "static-cache generate" if static else "dynamic-cache generate", batch, 1, times, gpu_ms,
+                gpu_kernels)
         if stage == "decode-static":
             e2e.release_compiled(models.values())
     ids = torch.randint(0, cfg.vocab_size, (agree_b, agree_t), generator=gen).to(device)
@@ -293,6 +299,10 @@ def print_summary(result: dict) -> None:
         table.add_row(r["stage"], setting, str(r["batch"]), str(r["tokens"]), *(f"{r.get(c, float('nan')):.3f}" for c in cols))
     console.print("w4/bf16: speed ratio, bf16 ms / 4-bit ms (> 1: the 4-bit model is faster)")
     console.print(table)
+    for r in result["rows"]:
+        if r.get("gpu_ms") is not None:
+            console.print(f"{r['stage']} batch {r['batch']} {r['model']}: {r['ms']:.3f} ms a step, {r['gpu_ms']:.3f} ms of it "
+                          f"GPU kernels, {r['ms'] - r['gpu_ms']:.3f} ms host / launch gaps")  # fmt: skip
     w = result["weights"]
     console.print(f"weight bytes: all Linear weights {w['bf16_linear_bytes'] / 2**20:.1f} -> {w['w4_linear_bytes'] / 2**20:.1f} "
                   f"MiB ({w['linear_ratio']:.3f}x; target <= {w['target']}x: {'met' if w['meets_target_all_linear'] else 'not met'}), "
