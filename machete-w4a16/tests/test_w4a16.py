@@ -331,12 +331,16 @@ def test_tuned_config_lookup():
 @pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
 def test_gemm_takes_the_table_entry(monkeypatch):
     """w4a16_gemm launches the table's entry for its key and M bucket (keyed by the GPU's name,
-    "cpu" in the interpreter), the structural default elsewhere; the result is the same GEMM."""
+    "cpu" in the interpreter), the structural default elsewhere; the result is the same GEMM.
+    Where the compiled small-M kernel runs (CUDA), only an "mma" entry replaces its default."""
     kern = w4._triton_kernels()
     tuning = _submodule("_tuning")
     M, N, K = 5, 88, 512  # a shape no other test launches (CUDA caches a launch plan per shape)
     key = (torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu", "bfloat16", N, K, 128)
-    entry = ["splitk", 16, 32, 64, 3, 4, 2]
+    x, qw, b = make(M, N, K, torch.bfloat16, 128, False, seed=30, bias=True)
+    triton_entry = ["splitk", 16, 32, 64, 3, 4, 2]
+    mma = kern.mma_supported(x, M, K, 128)
+    entry = ["mma", 2, 4, 2] if mma else triton_entry
     monkeypatch.setattr(tuning, "TABLE", {key: [(1, None), (8, entry)]})
     chosen = []
     select = kern.select_config
@@ -347,9 +351,11 @@ def test_gemm_takes_the_table_entry(monkeypatch):
         return cfg
 
     monkeypatch.setattr(kern, "select_config", spy)
-    x, qw, b = make(M, N, K, torch.bfloat16, 128, False, seed=30, bias=True)
     assert_gemm_close(w4.w4a16_gemm(x, qw, b), reference(x, qw, b), "tuned entry")
     assert chosen == [_submodule("_config").config_of(entry)]
+    if mma:  # a Triton entry in a bucket the compiled kernel serves: measured past its range
+        monkeypatch.setattr(tuning, "TABLE", {key: [(8, triton_entry)]})
+        assert select(M, N, K, 128, x) == default_config(M, N, K, 128, x), "a Triton entry where the mma kernel runs"
     assert select(1, N, K, 128, x[:1]) == default_config(1, N, K, 128, x), "a None entry: the default"
     assert select(9, N, K, 128, x) == default_config(9, N, K, 128, x), "past the last bucket: the default"
     assert select(M, N, K, 128, x.half()) == default_config(M, N, K, 128, x.half()), "another dtype: the default"
