@@ -142,9 +142,12 @@ constexpr int kInFlight = 2;
 
 // NT: n8 token tiles (m <= 8 NT); RT: 16-row tiles per warp (each B fragment, read from L1,
 // feeds RT mmas: at M = 16 with RT = 1 the x reads held L1 at 88% of its throughput, 70B
-// gate/up, H100 Nsight Compute); WARPS: warps per block.
-template <class T, int NT, int RT, bool ZEROS, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs a) {
+// gate/up, H100 Nsight Compute); WARPS: warps per block; X_AHEAD (NT = RT = 1 only): x's window
+// is fetched into registers with the window's weights instead of when it is consumed, at the
+// cost of 128 registers a thread (78 without), so 16 warps an SM (launch_shape says when).
+template <class T, int NT, int RT, bool ZEROS, int WARPS, bool X_AHEAD>
+__global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mma_kernel(const KernelArgs a) {
+  static_assert(!X_AHEAD || (NT == 1 && RT == 1), "x ahead: one n8 tile, one row tile");
   using T2 = typename Types<T>::T2;
   constexpr int kRows = kTileRows * RT;                   // rows of a block (and of each warp)
   constexpr int kOut = kRows * kTokensPerMma * NT;        // outputs of a block's tile
@@ -197,8 +200,17 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs 
   uint4 q[kInFlight][RT][2];
   T sc[kInFlight][RT][2];
   uint8_t zp[kInFlight][RT][2];
+  constexpr bool kXAhead = X_AHEAD;  // x's window fetched with the weights: 16 registers a slot
+  uint4 xq[kXAhead ? kInFlight : 1][NT][4];
   auto fetch = [&](int u, int w) {
     if (w < w_end) {
+      if constexpr (kXAhead) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) xq[u][nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
+        }
+      }
       const int64_t grp = static_cast<int64_t>((w * kWindow + 32 * t) >> a.group_shift) * a.n;
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
@@ -223,7 +235,13 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_mma_kernel(const KernelArgs 
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) xv[nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (kXAhead) {
+            xv[nt][j] = xq[u][nt][j];
+          } else {
+            xv[nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
+          }
+        }
       }
       T2 s2[RT][2], zz[RT][2];
       uint32_t wq[RT][2][4];
@@ -330,14 +348,28 @@ template <class T, int NT, bool ZEROS>
 cudaError_t launch_shape(const W4A16MmaParams& p, const KernelArgs& a, cudaStream_t stream) {
   const int rows = kTileRows * p.row_tiles;
   const dim3 grid(static_cast<unsigned>((p.n + rows - 1) / rows), static_cast<unsigned>(p.split_k));
+  // x ahead where every block is resident at its 16 warps an SM (a grid of one wave): there the
+  // warps' serial wait on x's window was the limit (M = 1, H100: 8B O 7.50 -> 7.00 us, 8B down
+  // 18.97 -> 17.34); where more blocks than that would be resident (8B QKV's 384 at 8 warps:
+  // 9.18 -> 11.30 us) the lost occupancy costs more (benchmarks/results/mma_variants_*).
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
+  const bool x_ahead = NT == 1 && p.row_tiles == 1 && p.sms > 0 && blocks <= int64_t{p.sms} * (16 / p.warps);
   if (p.warps == 4 && p.row_tiles == 1) {
-    w4a16_mma_kernel<T, NT, 1, ZEROS, 4><<<grid, 128, 0, stream>>>(a);
+    if (x_ahead) {
+      w4a16_mma_kernel<T, NT, 1, ZEROS, 4, NT == 1><<<grid, 128, 0, stream>>>(a);
+    } else {
+      w4a16_mma_kernel<T, NT, 1, ZEROS, 4, false><<<grid, 128, 0, stream>>>(a);
+    }
   } else if (p.warps == 4 && p.row_tiles == 2) {
-    w4a16_mma_kernel<T, NT, 2, ZEROS, 4><<<grid, 128, 0, stream>>>(a);
+    w4a16_mma_kernel<T, NT, 2, ZEROS, 4, false><<<grid, 128, 0, stream>>>(a);
   } else if (p.warps == 8 && p.row_tiles == 1) {
-    w4a16_mma_kernel<T, NT, 1, ZEROS, 8><<<grid, 256, 0, stream>>>(a);
+    if (x_ahead) {
+      w4a16_mma_kernel<T, NT, 1, ZEROS, 8, NT == 1><<<grid, 256, 0, stream>>>(a);
+    } else {
+      w4a16_mma_kernel<T, NT, 1, ZEROS, 8, false><<<grid, 256, 0, stream>>>(a);
+    }
   } else {
-    w4a16_mma_kernel<T, NT, 2, ZEROS, 8><<<grid, 256, 0, stream>>>(a);
+    w4a16_mma_kernel<T, NT, 2, ZEROS, 8, false><<<grid, 256, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }

@@ -62,6 +62,9 @@ struct W4A16MmaParams {
   int row_tiles = 1;  // 16-row tiles per warp (1 or 2): a block covers 16 row_tiles rows
   float* partials = nullptr;
   int32_t* counters = nullptr;
+  // The device's multiprocessors (0: unknown). With it the launcher fetches x a window ahead
+  // when the grid fits at 16 warps an SM (w4a16_mma.cu launch_shape); results are identical.
+  int sms = 0;
 };
 
 // nullptr when the kernel can run `p`, else a message naming the violated precondition (a

@@ -184,6 +184,24 @@ MMA = DEVICE == "cuda" and hasattr(w4.ops, "w4a16_mma")
 
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
+@pytest.mark.parametrize("warps", [4, 8])
+def test_mma_kernel_x_ahead_and_not(warps):
+    """At M <= 8 with one row tile the launcher fetches x a window ahead when the grid fits at
+    16 warps an SM, else not (w4a16_mma.cu launch_shape): both sides of that line, one block
+    either side of it, against the reference."""
+    kern = w4._triton_kernels()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    resident = sms * (16 // warps)  # blocks of 16 rows at 16 warps an SM
+    cfg = {"kernel": "mma", "SPLIT_K": 1, "num_warps": warps, "ROW_TILES": 1}
+    for N in (16 * resident, 16 * resident + 16):
+        for M in (1, 8):
+            x, qw, b = make(M, N, 256, torch.bfloat16, 128, M == 8, seed=N + M, bias=True)
+            out = poison_(torch.empty(M, N, dtype=x.dtype, device=DEVICE))
+            kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out, qw.group_size, cfg=cfg)
+            assert_gemm_close(out, reference(x, qw, b), f"mma M={M} N={N} warps={warps}")
+
+
+@pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
 @pytest.mark.parametrize("split, warps, row_tiles", [(1, 4, 1), (3, 4, 2), (2, 8, 1), (5, 8, 2), (8, 4, 2), (1, 8, 2)])
 @pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

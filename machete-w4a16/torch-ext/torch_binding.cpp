@@ -104,6 +104,7 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
   p.row_tiles = static_cast<int>(row_tiles);
   p.counters = counters.has_value() ? counters->data_ptr<int32_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
+  p.sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // cached by ATen per device
   at::Tensor partials;
   if (split_k > 1 && split_k <= K / mw::kWindow) {  // out of range: the check below says so
     partials = at::empty({split_k, M, N}, x.options().dtype(at::kFloat));
