@@ -229,8 +229,23 @@ def decode_gpu_ms(model, prompt, n1: int, n2: int, cache=None, top: int = 12) ->
     steps = n2 - n1
     per_step = {name: (long[name] - short.get(name, 0)) / steps / 1e3 for name in long}
     ranked = sorted(per_step.items(), key=lambda kv: -kv[1])[:top]
-    return dict(ms=(sum(long.values()) - sum(short.values())) / steps / 1e3,
-                kernels={name[:120]: round(ms, 4) for name, ms in ranked})
+    kernels: dict[str, float] = {}
+    for name, ms in ranked:
+        key = short_kernel_name(name)
+        while key in kernels:  # two names alike in both ends: keep both, never overwrite
+            key += "'"
+        kernels[key] = round(ms, 4)
+    return dict(ms=(sum(long.values()) - sum(short.values())) / steps / 1e3, kernels=kernels)
+
+
+def short_kernel_name(name: str, width: int = 120) -> str:
+    """``name`` in at most about ``width`` characters: its start and its end (inductor's kernels
+    differ only in the ``_N`` suffix when their origins name them alike: eager Llama's q-rotary,
+    repeat_kv and mask kernels all start ``triton_poi_fused__scaled_dot_product_cudnn_attention__
+    to_copy_...``; cutting the end merged them into one key, which showed the cheapest of them)."""
+    if len(name) <= width:
+        return name
+    return name[: width - 24] + "..." + name[-21:]
 
 
 def decode_dynamic_ms(models: dict, prompt, n1: int, n2: int, rounds: int) -> dict[str, float]:
