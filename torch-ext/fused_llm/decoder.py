@@ -249,7 +249,9 @@ def _sdpa_decode_grouped(attn, q, key, value, attention_mask, kwargs):
         return None
     out = F.scaled_dot_product_attention(q.reshape(B, H_kv, H // H_kv, D), key, value, attn_mask=attention_mask,
                                          dropout_p=0.0, is_causal=False, scale=attn.scaling)
-    return out.view(B, 1, H, D)  # [B, H_kv, G, D] is [B, H, 1, D] is [B, 1, H, D] for one token
+    # [B, H_kv, G, D] in logical order is [B, 1, H, D] for one token; reshape, not view: the
+    # fused backends may hand the output back in a [B, G, H_kv, D] allocation, transposed.
+    return out.reshape(B, 1, H, D)
 
 
 def attend(layer, q, key, value, position_embeddings, attention_mask, past_key_values, apply_rotary, kwargs):
