@@ -144,32 +144,3 @@ def test_report_text():
 def test_bad_source():
     with pytest.raises(ValueError, match="source: expected 'local' or 'hub'"):
         fused_llm.kernel_mapping("nowhere")
-
-
-@pytest.mark.parametrize("mask", ["bool", "float", None])
-def test_sdpa_decode_grouped_matches_transformers(mask):
-    """attend's one-token SDPA without repeat_kv (q heads folded onto their K / V head) gives
-    transformers' sdpa_attention_forward's result, and hands prefill / per-query masks back."""
-    import types
-
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    torch.manual_seed(0)
-    B, H, H_kv, L, D = 2, 8, 2, 37, 32
-    attn = types.SimpleNamespace(scaling=D**-0.5, num_key_value_groups=H // H_kv, is_causal=True)
-    qkv = torch.randn(B, 1, H + 2 * H_kv, D, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)
-    q = qkv[:, :H]  # a view of a fused QKV output, as the fused layers pass it
-    key, value = (torch.randn(B, H_kv, L, D, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
-    m = None
-    if mask is not None:
-        keep = torch.rand(B, 1, 1, L, device=DEVICE) > 0.3
-        keep[..., 0] = True
-        m = keep if mask == "bool" else torch.zeros_like(keep, dtype=torch.bfloat16).masked_fill(~keep, float("-inf"))
-    ref, _ = sdpa_attention_forward(attn, q, key, value, m, dropout=0.0, scaling=attn.scaling)
-    got = fused_llm.decoder._sdpa_decode_grouped(attn, q, key, value, m, {})
-    assert got.shape == ref.shape == (B, 1, H, D)
-    torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
-    q2 = torch.randn(B, H, 3, D, device=DEVICE, dtype=torch.bfloat16)
-    assert fused_llm.decoder._sdpa_decode_grouped(attn, q2, key, value, None, {}) is None  # prefill
-    per_query = torch.ones(B, 1, 2, L, dtype=torch.bool, device=DEVICE)
-    assert fused_llm.decoder._sdpa_decode_grouped(attn, q, key, value, per_query, {}) is None

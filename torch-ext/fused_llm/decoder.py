@@ -7,8 +7,7 @@ This forward computes the same layer in 9 ops and launches:
     rms_norm (rmsnorm-fp8)                       input_layernorm
     one GEMM of [W_q; W_k; W_v]                  q_proj, k_proj, v_proj
     apply_rotary_transformers (rope-triton)      apply_rotary_pos_emb, transformers' rounding
-    cache update + the model's attention         unchanged (sdpa / eager / flash: the config's;
-                                                 one-token sdpa without repeat_kv, see attend)
+    cache update + the model's attention         unchanged (sdpa / eager / flash: the config's)
     o_proj
     fused_add_rms_norm (rmsnorm-fp8)             residual add + post_attention_layernorm
     gated_mlp (gated-mlp)                        gate_proj, up_proj, act_fn, * (no [.., 2U] tensor)
@@ -205,53 +204,10 @@ def attention_functions():
     """transformers' attention interface registry, imported once (the fused layers' ``_make_forward``
     call this at install time, so ``attend`` never imports per call or under torch.compile)."""
     if not _ATTENTION_FUNCTIONS:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-        _ATTENTION_FUNCTIONS.extend((ALL_ATTENTION_FUNCTIONS, sdpa_attention_forward))
+        _ATTENTION_FUNCTIONS.append(ALL_ATTENTION_FUNCTIONS)
     return _ATTENTION_FUNCTIONS[0]
-
-
-# kwargs that change what transformers' sdpa_attention_forward computes: with any of them the
-# call goes to it (see _sdpa_decode_grouped).
-_SDPA_SPECIAL_KWARGS = ("softcap", "position_bias", "cache", "is_causal", "output_attentions", "s_aux", "sinks")
-
-
-def _sdpa_decode_grouped(attn, q, key, value, attention_mask, kwargs):
-    """transformers' ``sdpa_attention_forward`` for one query token per sequence with grouped
-    K / V heads, without ``repeat_kv``: q ``[B, H, 1, D]`` is viewed as ``[B, H_kv, G, D]``
-    (the G = H / H_kv query heads that share a K / V head become G query rows of that head),
-    so SDPA reads the cache's ``[B, H_kv, L, D]`` K / V as they are. Each query row still
-    attends over the same keys with the same mask (``[B, 1, 1, L]`` broadcasts over the G
-    rows), so the result is transformers' up to the attention backend's rounding. Returns
-    ``[B, 1, H, D]``, or None where that does not hold (prefill, a per-head or per-query mask,
-    kwargs that change the attention): the caller then runs transformers' function.
-
-    Why: transformers calls SDPA with a mask, where it does not pass ``enable_gqa`` (CUDA's
-    fused kernels take no mask with it), so it repeats K and V to H heads: under torch.compile
-    that is one copy of the whole static cache per layer and step (``clone`` of an ``expand``;
-    inductor names it ``triton_poi_fused__scaled_dot_product_cudnn_attention__unsafe_view_
-    clone_expand_..._where``). On the H100 (Llama-3-8B shape, 32 / 8 heads, D 128, ~537
-    cached tokens, static-cache generate) it cost 0.25 ms per decode step (~7.8 us per layer,
-    ~9 MB written per layer) in the kernelized models; eager transformers pays the same copy
-    (its kernel's name starts like its q-rotary kernel's, which hid it in the bench's table).
-    Here the compiled graph has no such copy (checked on CPU: SDPA takes the cache buffers);
-    the GPU time is not measured yet: the attention kernel now gets G query rows per K / V
-    head (H_kv x fewer programs, each reading its K / V once instead of G times)."""
-    B, H, S, D = q.shape
-    H_kv = key.shape[1]
-    if S != 1 or H == H_kv or H % H_kv or value.shape[1] != H_kv:
-        return None
-    if any(kwargs.get(name) is not None and kwargs.get(name) is not False for name in _SDPA_SPECIAL_KWARGS):
-        return None
-    if attention_mask is not None and (attention_mask.dim() != 4 or attention_mask.shape[1] != 1
-                                       or attention_mask.shape[2] != 1):
-        return None
-    out = F.scaled_dot_product_attention(q.reshape(B, H_kv, H // H_kv, D), key, value, attn_mask=attention_mask,
-                                         dropout_p=0.0, is_causal=False, scale=attn.scaling)
-    # [B, H_kv, G, D] in logical order is [B, 1, H, D] for one token; reshape, not view: the
-    # fused backends may hand the output back in a [B, G, H_kv, D] allocation, transposed.
-    return out.reshape(B, 1, H, D)
 
 
 def attend(layer, q, key, value, position_embeddings, attention_mask, past_key_values, apply_rotary, kwargs):
@@ -267,10 +223,6 @@ def attend(layer, q, key, value, position_embeddings, attention_mask, past_key_v
     if past_key_values is not None:
         key, value = past_key_values.update(key, value, attn.layer_idx)
     interface = _ATTENTION_FUNCTIONS[0].get_interface(attn.config._attn_implementation, _eager_attention)
-    if interface is _ATTENTION_FUNCTIONS[1]:  # transformers' sdpa (its mask holds a sliding window)
-        out = _sdpa_decode_grouped(attn, q, key, value, attention_mask, kwargs)
-        if out is not None:
-            return out
     if layer.fused_llm_sliding_window is not None:
         kwargs.setdefault("sliding_window", layer.fused_llm_sliding_window)
     out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
