@@ -14,7 +14,9 @@ median over rounds:
 
 Stages: prefill 4 x 2048 (``model(ids, use_cache=False, logits_to_keep=1)``, CUDA-event
 timings), decode batch 1 with a static cache (``generate``, which compiles the forward with
-CUDA graphs on a GPU; a step = (time of N2 new tokens - time of N1) / (N2 - N1)), then top-1
+CUDA graphs on a GPU; a step = (time of N2 new tokens - time of N1) / (N2 - N1); every round
+kept, and each model's GPU time per step with its costliest kernels, torch.profiler over the
+same graphs: the rest of a step is host time), then top-1
 agreement with the bf16 model over 16 x 512 random tokens next to the noise floor (compiled
 bf16 against eager bf16) and a numerics table (each FP8 model's logits against bf16 and fp32).
 The report names the op that ran each step of the kernelized layer and the GEMM paths that

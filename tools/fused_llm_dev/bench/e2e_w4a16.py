@@ -17,7 +17,8 @@ median over rounds (as ``bench.e2e``):
 * prefill ms at (1, 512) and (4, 2048): ``model(ids, use_cache=False, logits_to_keep=1)``, eager;
 * decode ms/step at batch 1 and 8 after a 512-token prompt, ``generate`` with the dynamic cache
   and with a static cache (transformers compiles the forward on a GPU, CUDA graphs included);
-  a step = (time of N2 new tokens - time of N1) / (N2 - N1);
+  a step = (time of N2 new tokens - time of N1) / (N2 - N1); with a static cache also each
+  model's GPU time per step and its costliest kernels (torch.profiler, the same graphs);
 * speed ratios 4-bit vs bf16 (> 1: the 4-bit model is faster), eager and kernelized;
 * weight bytes: every Linear weight of the bf16 model against the 4-bit model's (the packed
   codes, scales and zeros of the quantized ones plus the Linear weights left 16-bit), the
