@@ -151,18 +151,25 @@ def refuse_fused(model: nn.Module, quantizer: str, kind: str) -> None:
                          "quantize the model first, then kernelize it")  # fmt: skip
 
 
+def record_settings(layer: nn.Module, activations: dict[str, str]) -> None:
+    """What every fused forward (bf16, FP8, 4-bit) reads of the layer's config, read once at
+    install rather than on every token step: ``fused_llm_activation`` (the MLP's activation by
+    the name its kernel uses, from ``activations``: gated-mlp's or swiglu-fp8's table) and
+    ``fused_llm_sliding_window`` (what `attend` passes to the attention)."""
+    attn = layer.self_attn
+    layer.fused_llm_activation = activations[layer.mlp.config.hidden_act]
+    window = getattr(attn, "sliding_window", None)  # Qwen2 / Qwen3 keep it per layer
+    if window is None and "Mistral" in type(attn).__name__:
+        window = getattr(attn.config, "sliding_window", None)
+    layer.fused_llm_sliding_window = window
+
+
 def install(layer: nn.Module, kernels: Kernels) -> None:
     """Give ``layer`` (a supported decoder layer, see `unsupported_reason`) the fused forward."""
     if getattr(layer, "fused_llm_decoder", False):
         return
     _fuse_qkv(layer.self_attn)
-    attn = layer.self_attn
-    # Fixed per layer: read once here, not on every token step.
-    layer.fused_llm_activation = HIDDEN_ACTS[layer.mlp.config.hidden_act]
-    window = getattr(attn, "sliding_window", None)  # Qwen2 / Qwen3 keep it per layer
-    if window is None and "Mistral" in type(attn).__name__:
-        window = getattr(attn.config, "sliding_window", None)
-    layer.fused_llm_sliding_window = window
+    record_settings(layer, HIDDEN_ACTS)
     # The GEMM functions (use_skinny replaces them): attributes read once per call, so a layer
     # whose projections skinny-gemm does not serve runs exactly F.linear / addmm.
     layer.fused_llm_linear_qkv = F.linear

@@ -58,6 +58,7 @@ import torch
 from torch import nn
 
 from . import fp8
+from .decoder import record_settings
 
 # transformers' hidden_act names -> swiglu-fp8's activations
 HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu"}
@@ -184,11 +185,7 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     layer.fused_llm_fp8_scheme = attn.q_proj.scheme
     layer.fused_llm_qkv_fused = _fuse(attn, ("q_proj", "k_proj", "v_proj"), "fused_llm_qkv")
     layer.fused_llm_gate_up_fused = _fuse(mlp, ("gate_proj", "up_proj"), "fused_llm_gate_up")
-    layer.fused_llm_activation = HIDDEN_ACTS[mlp.config.hidden_act]
-    window = getattr(attn, "sliding_window", None)
-    if window is None and "Mistral" in type(attn).__name__:
-        window = getattr(attn.config, "sliding_window", None)
-    layer.fused_llm_sliding_window = window
+    record_settings(layer, HIDDEN_ACTS)
     if layer.fused_llm_fp8_scheme == "block" and attn.q_proj.weight.is_cuda:
         fp8.gemm_backend(attn.q_proj.weight.device, "block")  # the GPU probed now, not under torch.compile
     if attn.q_proj.weight.is_cuda:  # linear_fp8's split-K buffers made now, not inside a compiled CUDA graph

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .decoder import COMPILED_ORIGINAL_MIN_TOKENS
+from .decoder import COMPILED_ORIGINAL_MIN_TOKENS, record_settings
 from .decoder_fp8 import HIDDEN_ACTS  # swiglu-fp8's activations
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -219,14 +219,10 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     """Give ``layer`` (see `unsupported_reason`) the fused 4-bit forward."""
     if getattr(layer, "fused_llm_decoder", False):
         return
-    attn, mlp = layer.self_attn, layer.mlp
+    attn = layer.self_attn
     _fuse_layer(layer)
     layer.register_load_state_dict_post_hook(_refuse_after_load)
-    layer.fused_llm_activation = HIDDEN_ACTS[mlp.config.hidden_act]
-    window = getattr(attn, "sliding_window", None)  # Qwen2 / Qwen3 keep it per layer
-    if window is None and "Mistral" in type(attn).__name__:
-        window = getattr(attn.config, "sliding_window", None)
-    layer.fused_llm_sliding_window = window
+    record_settings(layer, HIDDEN_ACTS)
     layer.forward = types.MethodType(_make_forward(kernels), layer)
     # The split-K counters now, not on a first call inside a captured graph (skinny-gemm's
     # reserve_workspaces says why): M 33-64 runs the Triton split-K kernel, K split per table.

@@ -227,7 +227,7 @@ def kernelize(
     from kernels import Mode, use_kernel_mapping
     from kernels import kernelize as hub_kernelize
 
-    from . import decoder, decoder_fp8, decoder_w4a16
+    from . import decoder_w4a16
 
     mode = Mode.INFERENCE if mode is None else mode
     mapping = kernel_mapping(source)
@@ -235,7 +235,7 @@ def kernelize(
         tag_mlp_classes()
     # Training keeps transformers' forward: the fused layer has no backward.
     layers = _decoder_layers(model) if fuse_decoder_layers and not (mode & Mode.TRAINING) else []
-    fusable = [(name, layer) for name, layer, reason in layers if reason is None]
+    fusable = [(name, layer) for name, layer, _, reason in layers if reason is None]
     if fusable and _all_inside(model, [name for name, _ in fusable], ("SiLU", "GeluTanh", "GeLU", "LlamaMLP")):
         # Every activation and MLP is inside a fused layer: no bare swaps that would never run.
         for layer_name in ("SiLU", "GeluTanh", "GeLU", "LlamaMLP"):
@@ -256,13 +256,9 @@ def kernelize(
             hub_kernelize(model, mode=mode, device=device, use_fallback=use_fallback)
     finally:
         kernels_log.setLevel(level)
-    kinds = {name: _kind(layer) for name, layer in fusable}
-    # Each kind of fused layer: its module (Kernels, install) and the packages its Kernels holds.
-    installers = {"bf16": (decoder, ("rmsnorm-fp8", "rope-triton", "gated-mlp")),
-                  "fp8": (decoder_fp8, ("rmsnorm-fp8", "rope-triton", "swiglu-fp8", "skinny-gemm")),
-                  "w4a16": (decoder_w4a16, ("rmsnorm-fp8", "rope-triton", "swiglu-fp8", "machete-w4a16"))}  # fmt: skip
-    by_kind = {kind: [(name, layer) for name, layer in fusable if kinds[name] == kind] for kind in installers}
-    for kind, (module, pkgs) in installers.items():
+    kinds = _fused_kinds()
+    by_kind = {kind: [(name, layer) for name, layer, k, reason in layers if reason is None and k == kind] for kind in kinds}
+    for kind, (module, pkgs) in kinds.items():
         if by_kind[kind]:
             kernels = module.Kernels(*(_load(pkg, source) for pkg in pkgs))
             for _, layer in by_kind[kind]:
@@ -274,7 +270,7 @@ def kernelize(
                                  for name, layer in fp8_fusable]  # fmt: skip
     report.fused_w4a16_decoders = [(name, type(layer).__name__, decoder_w4a16.describe(layer), tuple(decoder_w4a16.steps(layer)))
                                    for name, layer in w4_fusable]  # fmt: skip
-    report.unfused_decoders = [(name, type(layer).__name__, reason) for name, layer, reason in layers if reason is not None]
+    report.unfused_decoders = [(name, type(layer).__name__, reason) for name, layer, _, reason in layers if reason is not None]
     if skinny and not (mode & Mode.TRAINING):
         from . import skinny as routing
 
@@ -283,6 +279,17 @@ def kernelize(
         report.skinny, report.skinny_kept = routing.route(model, _load("skinny-gemm", source), dict(bf16_fusable))
         report.skinny_table = routing.table_key(model)
     return report
+
+
+def _fused_kinds() -> dict:
+    """Each kind of fused decoder layer: its module (``Kernels``, ``install``,
+    ``unsupported_reason``) and the packages its ``Kernels`` holds, in the order kernelize
+    installs them."""
+    from . import decoder, decoder_fp8, decoder_w4a16
+
+    return {"bf16": (decoder, ("rmsnorm-fp8", "rope-triton", "gated-mlp")),
+            "fp8": (decoder_fp8, ("rmsnorm-fp8", "rope-triton", "swiglu-fp8", "skinny-gemm")),
+            "w4a16": (decoder_w4a16, ("rmsnorm-fp8", "rope-triton", "swiglu-fp8", "machete-w4a16"))}  # fmt: skip
 
 
 def _kind(layer: nn.Module) -> str:
@@ -296,15 +303,18 @@ def _kind(layer: nn.Module) -> str:
     return "w4a16" if decoder_w4a16.is_w4a16_layer(layer) else "bf16"
 
 
-def _decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module, str | None]]:
-    """(name, layer, why it keeps its forward or None), the reasons of the fused layer of the
-    layer's kind (`_kind`)."""
-    from . import decoder, decoder_fp8, decoder_w4a16
+def _decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module, str, str | None]]:
+    """(name, layer, kind (`_kind`), why it keeps its forward or None: the reasons of the fused
+    layer of that kind)."""
+    from . import decoder
 
-    reasons = {"bf16": decoder.unsupported_reason, "fp8": decoder_fp8.unsupported_reason,
-               "w4a16": decoder_w4a16.unsupported_reason}  # fmt: skip
-    classes = decoder.decoder_classes()
-    return [(name, m, reasons[_kind(m)](m)) for name, m in model.named_modules() if isinstance(m, classes)]
+    kinds, classes = _fused_kinds(), decoder.decoder_classes()
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, classes):
+            kind = _kind(m)
+            out.append((name, m, kind, kinds[kind][0].unsupported_reason(m)))
+    return out
 
 
 def _all_inside(model: nn.Module, prefixes: list[str], layer_names: tuple[str, ...]) -> bool:

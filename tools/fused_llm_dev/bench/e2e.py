@@ -176,14 +176,14 @@ def prefill_ms(runners: dict, ids, reps: int, rounds: int) -> dict[str, tuple[fl
 
 
 def decode_times(models: dict, prompt, n1: int, n2: int, rounds: int, static: bool, clock: Clock | None = None,
-                 gpu_ms: dict | None = None, gpu_kernels: dict | None = None) -> dict[str, list[float]]:
+                 gpu: dict | None = None) -> dict[str, list[float]]:
     """ms per decode step of each model, one figure per round (rounds_of): ``generate`` with the
     dynamic cache, or with a static cache (``static``; on a GPU transformers compiles the decode
     forward and captures it in CUDA graphs): one ``StaticCache`` per model sized for n2 serves
     both lengths (a cache sized per length recompiled for each). Warm-ups first: one, or two
-    with a static cache (the first compiles). ``gpu_ms`` (a dict, on a GPU): filled with each
-    model's GPU time per step after the rounds (decode_gpu_ms, the same caches and graphs);
-    ``gpu_kernels``: with its costliest kernels."""
+    with a static cache (the first compiles). ``gpu`` (a dict, on a GPU): filled with each
+    model's GPU time per step and costliest kernels after the rounds (decode_gpu_ms, the same
+    caches and graphs)."""
     sync = clock.sync if clock is not None else _sync
     caches = {name: None for name in models}
     if static:
@@ -195,13 +195,10 @@ def decode_times(models: dict, prompt, n1: int, n2: int, rounds: int, static: bo
             for _ in range(2 if static else 1):
                 _step_ms(model, prompt, n1, n2, caches[name], sync)
     times = rounds_of(models, rounds, lambda name, m: _step_ms(m, prompt, n1, n2, caches[name], sync))
-    if gpu_ms is not None and torch.cuda.is_available() and prompt.is_cuda:
+    if gpu is not None and prompt.is_cuda:
         for name, model in models.items():
             with _running(name):
-                split = decode_gpu_ms(model, prompt, n1, n2, caches[name])
-                gpu_ms[name] = split["ms"]
-                if gpu_kernels is not None:
-                    gpu_kernels[name] = split["kernels"]
+                gpu[name] = decode_gpu_ms(model, prompt, n1, n2, caches[name])
     return times
 
 

@@ -147,15 +147,12 @@ def run(args) -> dict:
         prompt = torch.randint(0, cfg.vocab_size, (DECODE_BATCH, prompt_len), generator=gen).to(device)
         models = {"bf16": bf16, "fp8 torch": plain, "fp8 kernelized": kern}
         console.print(f"decode batch {DECODE_BATCH}, static cache, {prompt_len}-token prompt: {', '.join(models)}")
-        gpu_ms: dict[str, float] = {}
-        gpu_kernels: dict[str, dict] = {}
-        for name, v in e2e.decode_times(models, prompt, n1, n2, rounds, static=True, clock=clock, gpu_ms=gpu_ms,
-                                        gpu_kernels=gpu_kernels).items():
-            ms = statistics.median(v)
+        gpu: dict[str, dict] = {}
+        for name, v in e2e.decode_times(models, prompt, n1, n2, rounds, static=True, clock=clock, gpu=gpu).items():
+            ms, split = statistics.median(v), gpu.get(name, {})
             rows.append(dict(stage="decode-static", model=name, batch=DECODE_BATCH, tokens=1, ms=ms, ms_min=min(v),
-                             ms_max=max(v), rounds_ms=[round(t, 4) for t in v], gpu_ms=gpu_ms.get(name),
-                             gpu_kernels=gpu_kernels.get(name),
-                             tokens_per_s=DECODE_BATCH / ms * 1e3))  # fmt: skip
+                             ms_max=max(v), rounds_ms=[round(t, 4) for t in v], gpu_ms=split.get("ms"),
+                             gpu_kernels=split.get("kernels"), tokens_per_s=DECODE_BATCH / ms * 1e3))  # fmt: skip
         for model in models.values():
             if hasattr(model, "_compiled_call"):
                 del model._compiled_call

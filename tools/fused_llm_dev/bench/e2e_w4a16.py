@@ -198,11 +198,11 @@ def run(args) -> dict:
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows: list[dict] = []
 
-    def add(stage, setting, batch, tokens, times, gpu_ms=None, gpu_kernels=None):
+    def add(stage, setting, batch, tokens, times, gpu=None):
         for name, v in times.items():
-            ms = statistics.median(v)
+            ms, split = statistics.median(v), (gpu or {}).get(name, {})
             rows.append(dict(stage=stage, setting=setting, model=name, batch=batch, tokens=tokens, ms=ms, ms_min=min(v),
-                             ms_max=max(v), gpu_ms=(gpu_ms or {}).get(name), gpu_kernels=(gpu_kernels or {}).get(name),
+                             ms_max=max(v), gpu_ms=split.get("ms"), gpu_kernels=split.get("kernels"),
                              tokens_per_s=batch * (tokens if stage == "prefill" else 1) / ms * 1e3))  # fmt: skip
 
     if "prefill" in stages:
@@ -220,13 +220,10 @@ def run(args) -> dict:
         for batch in args.batches:
             console.print(f"{stage} batch {batch}")
             prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(device)
-            gpu_ms: dict[str, float] = {}
-            gpu_kernels: dict[str, dict] = {}
             static = stage == "decode-static"
-            times = e2e.decode_times(models, prompt, n1, n2, rounds, static=static, clock=clock,
-                                     gpu_ms=gpu_ms if static else None, gpu_kernels=gpu_kernels if static else None)
-            add("decode", "static-cache generate" if static else "dynamic-cache generate", batch, 1, times, gpu_ms,
-                gpu_kernels)
+            gpu: dict[str, dict] | None = {} if static else None
+            times = e2e.decode_times(models, prompt, n1, n2, rounds, static=static, clock=clock, gpu=gpu)
+            add("decode", "static-cache generate" if static else "dynamic-cache generate", batch, 1, times, gpu)
         if stage == "decode-static":
             e2e.release_compiled(models.values())
     ids = torch.randint(0, cfg.vocab_size, (agree_b, agree_t), generator=gen).to(device)
