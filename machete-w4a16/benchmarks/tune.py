@@ -112,6 +112,19 @@ def mma_candidates(quick: bool) -> list[list]:
     return [["mma", s, w, rt] for s in splits for w in (4, 8) for rt in (1, 2)]
 
 
+def wgmma_eligible(M: int, N: int, K: int, group: int) -> bool:
+    """Where the Hopper kernel runs by default (``_kernels.select_config`` on a CUDA build of a
+    capability 9.0 GPU): past the small-M kernel's M, K % 64 == 0, N % 16 == 0, groups >= 32."""
+    return M > 32 and K % 64 == 0 and N % 16 == 0 and (group == -1 or group >= 32)
+
+
+def wgmma_candidates(quick: bool) -> list[list]:
+    """Phase 1 of the Hopper kernel: its whole launch space (the three block tiles x K split 1 /
+    2 / 4; --quick: 1 / 4). No compile: every entry is instantiated."""
+    splits = (1, 4) if quick else (1, 2, 4)
+    return [["wgmma", rows, tokens, s] for rows, tokens in ((128, 256), (128, 128), (128, 64)) for s in splits]
+
+
 def tiled_candidates(M: int, quick: bool) -> list[list]:
     """Phase 1 of the tiled kernel, (BLOCK_M, BLOCK_N, warps) by M: 64-token tiles up to 512
     rows (at M = 512 on N = 4096, 128 x 128 tiles are under one wave of 132 SMs), 128 from 256,
@@ -129,13 +142,19 @@ def tiled_candidates(M: int, quick: bool) -> list[list]:
     return out
 
 
-def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool, mma: bool) -> tuple[list, list[list]]:
+def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool, mma: bool,
+           wgmma: bool = False) -> tuple[list, list[list]]:  # fmt: skip
     """(the structural default's entry, the phase-1 candidates without it). ``mma``: the
-    compiled kernel exists here (CUDA build, capability >= 8.0); where it can run it is the
-    default and its launches replace the Triton split-K kernel's (1.7-2x slower at M <= 32 on
-    the H100, benchmarks/results)."""
+    compiled small-M kernel exists here (CUDA build, capability >= 8.0); where it can run it is
+    the default and its launches replace the Triton split-K kernel's (1.7-2x slower at M <= 32 on
+    the H100, benchmarks/results). ``wgmma``: the Hopper kernel exists here (capability 9.0);
+    past M = 32 it is the default and its launches replace the Triton kernels' (slower at every
+    point of benchmarks/results/wgmma_sweep_*; select_config takes no Triton entry there)."""
     cfg = import_module(kern.__name__.rpartition(".")[0] + "._config")
     compiled = mma and mma_eligible(M, K, group)
+    if wgmma and not compiled and wgmma_eligible(M, N, K, group):
+        default = cfg.entry_of(kern.wgmma_config(M, N, K, sms))
+        return default, [c for c in wgmma_candidates(quick) if c != default]
     default = cfg.entry_of(kern.mma_config(M, N, K, sms) if compiled else kern.w4a16_config(M, N, K, group, sms))
     cands = []
     if compiled:
@@ -158,7 +177,7 @@ def neighbours(entry: list, group: int) -> list[list]:
     """Phase 2 around ``entry``: BLOCK_K halved and doubled (32..256, the tiled kernel's from 128;
     dividing or divided by the group), the other warp count, 2 and 4 stages; none for the compiled kernel (phase 1 covers
     its launches)."""
-    if entry[0] == "mma":
+    if entry[0] in ("mma", "wgmma"):
         return []
     kernel, bm, bn, bk, p4, warps, stages = entry
     out = []
@@ -317,7 +336,7 @@ def _ours(point: Point, kern, cfg_mod, entry: list):
 
 
 def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float, log, phase2=lambda: True,
-               mma: bool = False) -> dict:  # fmt: skip
+               mma: bool = False, wgmma: bool = False) -> dict:  # fmt: skip
     """Time the peers, the default and the sweep at one point (phase 2 unless ``quick`` or
     ``phase2()`` says no: the time budget); the row of the results file."""
     import torch
@@ -359,7 +378,7 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
                 log(f"  {entry}: {type(exc).__name__}: {str(exc)[:120]}")
         return times[key]
 
-    default, cands = phase1(kern, point.M, point.N, point.K, point.G, sms, quick, mma)
+    default, cands = phase1(kern, point.M, point.N, point.K, point.G, sms, quick, mma, wgmma)
     t_default = measure(default)
     for entry in cands:
         measure(entry)
@@ -418,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("tune.py measures on a GPU; none is visible (--dry-run prints the sweep without one)")
     ref = _ref()
     mma = kern._mma_op() is not None and torch.cuda.get_device_capability(0)[0] >= 8
+    wgmma = kern._wgmma_op() is not None and torch.cuda.get_device_capability(0) == (9, 0)
     table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
     t0 = time.time()
     points = len(args.shapes) * len(args.tokens)
@@ -445,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                     return within_budget()
 
                 row = tune_point(Point(kernel, dtype, N, K, M, args.group_size), kern, cfg_mod, sms, args.quick,
-                                 args.margin, print, phase2, mma)  # fmt: skip
+                                 args.margin, print, phase2, mma, wgmma)  # fmt: skip
                 rows.append(dict(shape=shape, dtype=dtype_name, **row))
                 buckets[M] = row["chosen"]
                 tg = f", tinygemm {row['tinygemm_us']:.1f} us" if row["tinygemm_us"] else ""

@@ -274,6 +274,89 @@ def test_mma_refuses_what_it_cannot_run():
         op(out, x, qw.qweight, qw.scales, None, None, 128, 2, 4, 1, None)
 
 
+WGMMA = MMA and hasattr(w4.ops, "w4a16_wgmma") and torch.cuda.get_device_capability(0) == (9, 0)
+
+
+@pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
+@pytest.mark.parametrize("tile, split", [((128, 256), 1), ((128, 128), 3), ((128, 64), 1), ((128, 64), 4), ((128, 256), 2)])
+@pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_wgmma_kernel(tile, split, group_size, zero_point, dtype):
+    """The compiled Hopper kernel at each block tile: M off and on the token tiles (33, 64, 300),
+    N a multiple of 16 off the 128-row tile, uneven K splits, every group size it takes; each
+    launch twice (the split-K counters must be left reset) on a poisoned output, with a bias."""
+    kern = w4._triton_kernels()
+    N, K = 1040, 1024
+    cfg = {"kernel": "wgmma", "BLOCK_N": tile[0], "BLOCK_M": tile[1], "SPLIT_K": split}
+    for M in (33, 64, 300):
+        x, qw, b = make(M, N, K, dtype, group_size, zero_point, seed=M + split, bias=M % 2 == 1)
+        ref = reference(x, qw, b)
+        for _ in range(2):
+            out = poison_(torch.empty(M, N, dtype=dtype, device=DEVICE))
+            kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out, qw.group_size, cfg=cfg)
+            assert_gemm_close(out, ref, f"wgmma M={M} {cfg}")
+
+
+@pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
+def test_wgmma_inputs_it_copies_or_gathers():
+    """Through the default dispatch (the Hopper kernel past M = 32): act order with an fp32 bias,
+    strided / unaligned x, a single K step (K = 64) and an output with a row stride > N."""
+    kern = w4._triton_kernels()
+    x, qw, b = make(100, 4096, 4096, torch.bfloat16, 128, True, seed=50, act_order=True, bias=True)
+    assert kern.select_config(100, 4096, 4096, 128, x)["kernel"] == "wgmma"
+    assert_gemm_close(w4.w4a16_gemm(x, qw, b.float()), reference(x, qw, b.float()), "act order, fp32 bias")
+    _, qw, _ = make(1, 256, 1024, torch.bfloat16, 128, False, seed=51)
+    wide = torch.randn(70, 1024 + 3, device=DEVICE).bfloat16()
+    for name, xs in (("strided rows", wide[:, :1024]), ("unaligned", wide[:, 1:1025])):
+        assert_gemm_close(w4.w4a16_gemm(xs, qw), reference(xs, qw), name)
+    x1, qw1, _ = make(40, 48, 64, torch.float16, 32, True, seed=52)
+    out = poison_(torch.empty(40, 64, dtype=torch.float16, device=DEVICE))[:, :48]
+    kern.launch_w4a16(x1, qw1.qweight, qw1.scales, qw1.zeros, None, None, out, 32,
+                      cfg={"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": 64, "SPLIT_K": 1})  # fmt: skip
+    assert_gemm_close(out, reference(x1, qw1), "K = 64, out row stride 64")
+
+
+@pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
+def test_wgmma_refuses_what_it_cannot_run():
+    """A forced 'wgmma' launch outside its range raises naming the limits (N % 16, K % 64), and
+    the default dispatch takes a Triton kernel there; the op's own checks name the argument."""
+    kern = w4._triton_kernels()
+    cfg = {"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": 64, "SPLIT_K": 1}
+    for M, N, K in ((40, 40, 256), (40, 32, 96)):
+        x, qw, _ = make(M, N, K, torch.bfloat16, 32, False, seed=53)
+        out = torch.empty(M, N, dtype=torch.bfloat16, device=DEVICE)
+        with pytest.raises(ValueError, match="the compiled 'wgmma' kernel cannot run"):
+            kern.launch_w4a16(x, qw.qweight, qw.scales, None, None, None, out, 32, cfg=dict(cfg))
+        assert kern.select_config(M, N, K, 32, x)["kernel"] not in ("mma", "wgmma")
+    x, qw, _ = make(40, 32, 256, torch.bfloat16, 128, False, seed=54)
+    out = torch.empty(40, 32, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="must be one of"):
+        kern.launch_w4a16(x, qw.qweight, qw.scales, None, None, None, out, 128, cfg={**cfg, "BLOCK_M": 32})
+    op = w4.ops.w4a16_wgmma
+    with pytest.raises(RuntimeError, match="tile: expected 0 .128 x 256., 1 .128 x 128. or 2 .128 x 64., got 3"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 3, 1, None)
+    with pytest.raises(RuntimeError, match="w4a16_wgmma: split_k must be in 1 .. k / 64"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 5, torch.zeros(8, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(RuntimeError, match="w4a16_wgmma: split_k > 1 needs partials and counters"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 2, None)
+    with pytest.raises(RuntimeError, match="counters: expected a contiguous int32 tensor of >= 1 zeros"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 2, torch.zeros(0, dtype=torch.int32, device=DEVICE))
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
+def test_wgmma_config():
+    """The Hopper kernel's default launch: 64 / 128 / 256 tokens a block by M, a 4-way K split
+    only at M <= 128 where the tiles fill less than half the SMs (plain Python: runs anywhere)."""
+    kern = w4._triton_kernels()
+    pick = lambda M, N, K: (kern.wgmma_config(M, N, K, 132)["BLOCK_M"], kern.wgmma_config(M, N, K, 132)["SPLIT_K"])  # noqa: E731
+    assert pick(64, 4096, 4096) == (64, 4)       # 32 tiles
+    assert pick(64, 28672, 4096) == (64, 1)      # 224 tiles
+    assert pick(128, 6144, 4096) == (64, 1)      # 96 tiles: more than half
+    assert pick(256, 4096, 14336) == (128, 1)
+    assert pick(4096, 8192, 28672) == (256, 1)
+    assert all(kern.wgmma_config(M, 4096, 4096)["BLOCK_N"] == 128 for M in (33, 300, 5000))
+
+
 @pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
 def test_config_dispatch():
     """The kernel by M (the split-K kernel up to SMALL_M_MAX rows, FMA at M = 1), BLOCK_K never
@@ -311,14 +394,15 @@ def test_tuning_table_is_well_formed():
 def test_tuning_entries_round_trip_and_bad_entries():
     c = _submodule("_config")
     for entry in (["splitk", 1, 64, 128, 6, 4, 3], ["splitk", 16, 32, 256, 1, 4, 2], ["tiled", 128, 128, 128, 8, 8, 3],
-                  ["mma", 3, 8, 2]):  # fmt: skip
+                  ["mma", 3, 8, 2], ["wgmma", 128, 256, 1], ["wgmma", 128, 64, 4]):  # fmt: skip
         cfg = c.config_of(entry)
         assert c.entry_of(cfg) == entry
         assert cfg.get("USE_DOT", True) is (entry[0] != "splitk" or entry[1] > 1)
     bad = [["splitk", 8, 64, 128, 2, 4, 3], ["tiled", 1, 64, 128, 8, 4, 3], ["tiled", 64, 48, 128, 8, 4, 3],
            ["tiled", 64, 64, 64, 8, 4, 3],
            ["splitk", 1, 64, 128, 0, 4, 3], ["gemv", 1, 64, 128, 2, 4, 3], ["splitk", 1, 64, 128, 2, 4],
-           ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 1], ["mma", 2, 4, 4], ["mma", 0, 4, 1], ["mma", 2, 4], None]  # fmt: skip
+           ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 1], ["mma", 2, 4, 4], ["mma", 0, 4, 1], ["mma", 2, 4],
+           ["wgmma", 256, 128, 1], ["wgmma", 128, 64, 0], ["wgmma", 128, 64], None]  # fmt: skip
     for entry in bad:
         with pytest.raises((ValueError, TypeError), match="tuning entry"):
             c.config_of(entry)
@@ -380,11 +464,14 @@ def test_gemm_takes_the_table_entry(monkeypatch):
 
 
 def default_config(M, N, K, group_size, x) -> dict:
-    """The structural default: the compiled small-M kernel where it can run, else Triton's."""
+    """The structural default: the compiled small-M kernel where it can run, the Hopper kernel
+    past its M where that can run, else Triton's."""
     kern = w4._triton_kernels()
     sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132
     if kern.mma_supported(x, M, K, group_size):
         return kern.mma_config(M, N, K, sms)
+    if M > 32 and kern.wgmma_supported(x, M, N, K, group_size):
+        return kern.wgmma_config(M, N, K, sms)
     return kern.w4a16_config(M, N, K, group_size, sms)
 
 

@@ -4,7 +4,10 @@
 // (TORCH_LIBRARY) and, in CUDA builds only, the compiled small-M kernel's op:
 //   w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
 //             int group_size, int split_k, int warps, int row_tiles, Tensor(a!)? counters) -> ()
-// counters (split_k > 1 only): the arrival counter of each 16-row tile, zero on entry, left zero.
+// and the Hopper large-M kernel's (capability 9.0 only: its code is sm_90a):
+//   w4a16_wgmma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
+//               int group_size, int tile, int split_k, Tensor(a!)? counters) -> ()
+// counters (split_k > 1 only): the arrival counter of each output tile, zero on entry, left zero.
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -22,12 +25,22 @@
 
 #include "common/binding_utils.h"
 #include "w4a16_mma.h"
+#include "w4a16_wgmma.h"
 
 namespace mw = fused_llm::machete_w4a16;
 
-void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-               const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
-               int64_t split_k, int64_t warps, int64_t row_tiles, const std::optional<at::Tensor>& counters) {
+namespace {
+
+// The arguments both compiled kernels take, checked before anything is written: x [M, K],
+// qweight [N, K / 8], scales / zeros [groups, N], bias [N], out [M, N].
+struct GemmShape {
+  int64_t M, N, K;
+  int group_shift;  // log2 of the group size, 31 for one group per channel
+};
+
+GemmShape check_gemm(const at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                     const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias,
+                     int64_t group_size) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
   TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -65,40 +78,62 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
               msg("out: expected a ", x.scalar_type(), " [", M, ", ", N, "] tensor, got ", out.scalar_type(), " ",
                   shape_str(out)));
   check_last_dim_contiguous(out, "out");
-  if (counters.has_value()) {
-    TORCH_CHECK(counters->scalar_type() == at::kInt && counters->dim() == 1 && counters->is_contiguous() &&
-                    counters->numel() >= (N + mw::kTileRows - 1) / mw::kTileRows,
-                msg("counters: expected a contiguous int32 tensor of >= ", (N + mw::kTileRows - 1) / mw::kTileRows,
-                    " zeros, got ", counters->scalar_type(), " ", shape_str(*counters)));
-    check_same_device(*counters, "counters", x);
-  }
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&qweight, "qweight"}, {&scales, "scales"},
                                 {&out, "out"}}) {
     check_same_device(*t, name, x);
   }
   TORCH_CHECK(!ranges_overlap(out, x), msg("out: overlaps x in memory (the output must be separate)"));
-  if (M == 0 || N == 0) return;
-
-  mw::W4A16MmaParams p;
-  p.m = M;
-  p.n = N;
-  p.k = K;
-  p.dtype = x.scalar_type() == at::kBFloat16 ? mw::DType::kBFloat16 : mw::DType::kFloat16;
-  p.x = x.data_ptr();
-  p.x_row_stride = M == 1 ? 8 : x.stride(0);  // a single row's stride is never used
-  p.qweight = reinterpret_cast<const uint32_t*>(qweight.data_ptr<int32_t>());
-  p.scales = scales.data_ptr();
-  p.zeros = zeros.has_value() ? zeros->data_ptr<uint8_t>() : nullptr;
   int shift = 31;
   if (group_size != -1) {
     shift = 0;
     while ((int64_t{1} << shift) < group_size) ++shift;
   }
-  p.group_shift = shift;
+  return {M, N, K, shift};
+}
+
+void check_counters(const std::optional<at::Tensor>& counters, int64_t needed, const at::Tensor& x) {
+  using namespace fused_llm::binding;
+  if (!counters.has_value()) return;
+  TORCH_CHECK(counters->scalar_type() == at::kInt && counters->dim() == 1 && counters->is_contiguous() &&
+                  counters->numel() >= needed,
+              msg("counters: expected a contiguous int32 tensor of >= ", needed, " zeros, got ",
+                  counters->scalar_type(), " ", shape_str(*counters)));
+  check_same_device(*counters, "counters", x);
+}
+
+// The fields both kernels' parameter structs share.
+template <class Params>
+void fill_common(Params& p, const GemmShape& s, at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight,
+                 const at::Tensor& scales, const std::optional<at::Tensor>& zeros,
+                 const std::optional<at::Tensor>& bias) {
+  p.m = s.M;
+  p.n = s.N;
+  p.k = s.K;
+  p.dtype = x.scalar_type() == at::kBFloat16 ? mw::DType::kBFloat16 : mw::DType::kFloat16;
+  p.x = x.data_ptr();
+  p.x_row_stride = s.M == 1 ? 8 : x.stride(0);  // a single row's stride is never used
+  p.qweight = reinterpret_cast<const uint32_t*>(qweight.data_ptr<int32_t>());
+  p.scales = scales.data_ptr();
+  p.zeros = zeros.has_value() ? zeros->data_ptr<uint8_t>() : nullptr;
+  p.group_shift = s.group_shift;
   p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
   p.bias_fp32 = bias.has_value() && bias->scalar_type() == at::kFloat;
   p.out = out.data_ptr();
-  p.out_row_stride = M == 1 ? N : out.stride(0);
+  p.out_row_stride = s.M == 1 ? s.N : out.stride(0);
+}
+
+}  // namespace
+
+void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+               const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
+               int64_t split_k, int64_t warps, int64_t row_tiles, const std::optional<at::Tensor>& counters) {
+  using fused_llm::binding::msg;
+  const GemmShape s = check_gemm(out, x, qweight, scales, zeros, bias, group_size);
+  check_counters(counters, (s.N + mw::kTileRows - 1) / mw::kTileRows, x);
+  if (s.M == 0 || s.N == 0) return;
+
+  mw::W4A16MmaParams p;
+  fill_common(p, s, out, x, qweight, scales, zeros, bias);
   p.split_k = static_cast<int>(split_k);
   p.warps = static_cast<int>(warps);
   p.row_tiles = static_cast<int>(row_tiles);
@@ -106,8 +141,8 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
   const c10::cuda::CUDAGuard guard(x.device());
   p.sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // cached by ATen per device
   at::Tensor partials;
-  if (split_k > 1 && split_k <= K / mw::kWindow) {  // out of range: the check below says so
-    partials = at::empty({split_k, M, N}, x.options().dtype(at::kFloat));
+  if (split_k > 1 && split_k <= s.K / mw::kWindow) {  // out of range: the check below says so
+    partials = at::empty({split_k, s.M, s.N}, x.options().dtype(at::kFloat));
     p.partials = partials.data_ptr<float>();
   }
   const char* reason = mw::w4a16_mma_check(p);
@@ -115,6 +150,35 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
   const cudaError_t err = mw::w4a16_mma_launch(p, stream);
   TORCH_CHECK(err == cudaSuccess, msg("w4a16_mma: kernel launch failed: ", cudaGetErrorString(err)));
+}
+
+void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                 const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
+                 int64_t tile, int64_t split_k, const std::optional<at::Tensor>& counters) {
+  using fused_llm::binding::msg;
+  const GemmShape s = check_gemm(out, x, qweight, scales, zeros, bias, group_size);
+  TORCH_CHECK(tile >= 0 && tile <= 2, msg("tile: expected 0 (128 x 256), 1 (128 x 128) or 2 (128 x 64), got ", tile));
+  mw::W4A16WgmmaParams p;
+  fill_common(p, s, out, x, qweight, scales, zeros, bias);
+  p.tile = static_cast<mw::WgmmaTile>(tile);
+  p.split_k = static_cast<int>(split_k);
+  check_counters(counters, mw::w4a16_wgmma_tiles(p), x);
+  if (s.M == 0 || s.N == 0) return;
+  p.counters = counters.has_value() ? counters->data_ptr<int32_t>() : nullptr;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto* props = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(props->major == 9 && props->minor == 0,
+              msg("w4a16_wgmma: needs a GPU of capability 9.0 (sm_90a code), got ", props->major, ".", props->minor));
+  at::Tensor partials;
+  if (split_k > 1 && split_k <= s.K / mw::kWgmmaStepK) {  // out of range: the check below says so
+    partials = at::empty({split_k, s.M, s.N}, x.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
+  const char* reason = mw::w4a16_wgmma_check(p);
+  TORCH_CHECK(reason == nullptr, msg("w4a16_wgmma: ", reason == nullptr ? "" : reason));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  const cudaError_t err = mw::w4a16_wgmma_launch(p, stream);
+  TORCH_CHECK(err == cudaSuccess, msg("w4a16_wgmma: kernel launch failed: ", cudaGetErrorString(err)));
 }
 #endif  // CUDA_KERNEL
 
@@ -124,6 +188,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, "
       "int split_k, int warps, int row_tiles, Tensor(a!)? counters) -> ()");
   ops.impl("w4a16_mma", c10::kCUDA, &w4a16_mma);
+  ops.def(
+      "w4a16_wgmma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, "
+      "int tile, int split_k, Tensor(a!)? counters) -> ()");
+  ops.impl("w4a16_wgmma", c10::kCUDA, &w4a16_wgmma);
 #else
   (void)ops;  // CPU / ROCm: the namespace only (see the top of this file)
 #endif

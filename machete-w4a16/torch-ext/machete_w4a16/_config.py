@@ -11,7 +11,10 @@ stores, written by ``benchmarks/tune.py``):
   BLOCK_K >= 128 (its nibble planes are BLOCK_K / 8 deep, and an MMA takes 16 and up);
 * ``["mma", SPLIT_K, num_warps, ROW_TILES]``: the compiled CUDA small-M kernel
   (csrc/w4a16_mma.cu, M <= 32): K split over SPLIT_K blocks per row block (an upper bound, as
-  for splitk), 4 or 8 warps per block, 1 or 2 16-row tiles per warp.
+  for splitk), 4 or 8 warps per block, 1 or 2 16-row tiles per warp;
+* ``["wgmma", BLOCK_N, BLOCK_M, SPLIT_K]``: the compiled Hopper large-M kernel
+  (csrc/w4a16_wgmma.cu, capability 9.0): a block tile of BLOCK_N rows of W x BLOCK_M tokens,
+  one of ``WGMMA_TILES``, K split over SPLIT_K blocks per tile (an upper bound).
 
 :func:`config_of` turns an entry into the dict ``_kernels.launch_w4a16`` takes (``cfg``), and
 :func:`entry_of` back; :func:`tuned_config` looks an M up in the table.
@@ -27,11 +30,14 @@ _FIELDS = {
     "splitk": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"),
     "tiled": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
     "mma": ("SPLIT_K", "num_warps", "ROW_TILES"),
+    "wgmma": ("BLOCK_N", "BLOCK_M", "SPLIT_K"),
 }
 # What the compiled kernel is instantiated for (w4a16_mma.cu launch_shape).
 MMA_WARPS = (4, 8)
 MMA_ROW_TILES = (1, 2)
 MMA_MAX_M = 32
+# The Hopper kernel's block tiles (W rows, tokens), in the op's tile-id order (w4a16_wgmma.h).
+WGMMA_TILES = ((128, 256), (128, 128), (128, 64))
 
 
 def _pow2(v) -> bool:
@@ -41,7 +47,7 @@ def _pow2(v) -> bool:
 def check_entry(entry) -> None:
     """Raises ValueError / TypeError naming what is wrong with a table entry (module docstring)."""
     if not isinstance(entry, (list, tuple)) or not entry or entry[0] not in _FIELDS:
-        raise ValueError(f"tuning entry: expected ['splitk' | 'tiled', 6 ints] or ['mma', 3 ints], got {entry!r}")
+        raise ValueError(f"tuning entry: expected ['splitk' | 'tiled', 6 ints] or ['mma' | 'wgmma', 3 ints], got {entry!r}")
     kernel, values = entry[0], list(entry[1:])
     fields = _FIELDS[kernel]
     if len(values) != len(fields):
@@ -53,6 +59,10 @@ def check_entry(entry) -> None:
     if kernel == "mma":
         if cfg["num_warps"] not in MMA_WARPS or cfg["ROW_TILES"] not in MMA_ROW_TILES:
             raise ValueError(f"tuning entry {entry!r}: num_warps must be one of {MMA_WARPS}, ROW_TILES one of {MMA_ROW_TILES}")
+        return
+    if kernel == "wgmma":
+        if (cfg["BLOCK_N"], cfg["BLOCK_M"]) not in WGMMA_TILES:
+            raise ValueError(f"tuning entry {entry!r}: (BLOCK_N, BLOCK_M) must be one of {WGMMA_TILES}")
         return
     for name in ("BLOCK_N", "BLOCK_K", "num_warps"):
         if not _pow2(cfg[name]) or cfg[name] < {"BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 1}[name]:
@@ -78,7 +88,7 @@ def entry_of(cfg: dict) -> list:
     """The table entry of a ``cfg`` dict (``w4a16_config``'s form); the inverse of :func:`config_of`."""
     kernel = cfg["kernel"]
     if kernel not in _FIELDS:
-        raise ValueError(f"cfg: kernel must be 'splitk', 'tiled' or 'mma', got {kernel!r}")
+        raise ValueError(f"cfg: kernel must be 'splitk', 'tiled', 'mma' or 'wgmma', got {kernel!r}")
     return [kernel, *(int(cfg[f]) for f in _FIELDS[kernel])]
 
 

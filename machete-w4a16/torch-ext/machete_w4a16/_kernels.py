@@ -4,10 +4,12 @@ public functions in ``__init__`` check arguments first).
 Imported lazily: only when a CUDA/ROCm tensor (or a CPU tensor under ``TRITON_INTERPRET=1``)
 reaches the op, so the CPU variant works without Triton installed.
 
-The CUDA build also has a compiled small-M kernel (csrc/w4a16_mma.cu, op ``w4a16_mma``:
-mma.sync with the weights dequantized straight into A fragments), which ``select_config`` picks
-where :func:`mma_supported` (M <= 32, K % 128 == 0, groups >= 32); ``launch_w4a16`` runs it
-through an ``_MmaPlan``.
+The CUDA build also has two compiled kernels, the weights dequantized in registers straight into
+tensor-core A operands: a small-M one (csrc/w4a16_mma.cu, op ``w4a16_mma``: mma.sync), which
+``select_config`` picks where :func:`mma_supported` (M <= 32, K % 128 == 0, groups >= 32), and
+a Hopper large-M one (csrc/w4a16_wgmma.cu, op ``w4a16_wgmma``: wgmma), picked above that where
+:func:`wgmma_supported` (capability 9.0, K % 64 == 0, N % 16 == 0, groups >= 32);
+``launch_w4a16`` runs them through a ``_CompiledPlan``.
 
 Both Triton kernels compute ``out = x @ dequantize(qw)^T (+ bias)`` with fp32 accumulation,
 reading the package's one weight layout (``_format``): qweight int32 [N, K/8] (K contiguous, 8
@@ -44,20 +46,28 @@ import triton.language as tl
 from . import _config, _tuning
 from ._triton_launch import PlanTable, aligned16, device_name, zeroed_buffer
 
-_MMA_OP: list = []
+_COMPILED_OPS: dict[str, object] = {}
 
 
-def _mma_op():
-    """The CUDA build's compiled small-M kernel (csrc/w4a16_mma.cu, op ``w4a16_mma``), or None
-    (CPU / ROCm builds). Looked up on first use, not at import: ``fused-llm check-targets``
-    loads this module without a build's ``_ops.py``."""
-    if not _MMA_OP:
+def _compiled_op(name: str):
+    """A CUDA build's compiled op (``w4a16_mma``: csrc/w4a16_mma.cu; ``w4a16_wgmma``:
+    csrc/w4a16_wgmma.cu), or None (CPU / ROCm builds). Looked up on first use, not at import:
+    ``fused-llm check-targets`` loads this module without a build's ``_ops.py``."""
+    if name not in _COMPILED_OPS:
         try:
             from ._ops import ops
         except ImportError:
             ops = None
-        _MMA_OP.append(getattr(ops, "w4a16_mma", None))
-    return _MMA_OP[0]
+        _COMPILED_OPS[name] = getattr(ops, name, None)
+    return _COMPILED_OPS[name]
+
+
+def _mma_op():
+    return _compiled_op("w4a16_mma")
+
+
+def _wgmma_op():
+    return _compiled_op("w4a16_wgmma")
 
 
 @triton.jit
@@ -530,7 +540,15 @@ def w4a16_config(M: int, N: int, K: int, group_size: int, sms: int = 132, hip: b
             "num_warps": warps, "num_stages": stages}  # fmt: skip
 
 
-_CAPABLE: dict[int, bool] = {}
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def _capability(x: torch.Tensor) -> tuple[int, int]:
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    cap = _CAPABILITY.get(index)
+    if cap is None:
+        cap = _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return cap
 
 
 def mma_supported(x: torch.Tensor, M: int, K: int, group_size: int) -> bool:
@@ -541,11 +559,32 @@ def mma_supported(x: torch.Tensor, M: int, K: int, group_size: int) -> bool:
         return False
     if _mma_op() is None:
         return False
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    capable = _CAPABLE.get(index)
-    if capable is None:
-        capable = _CAPABLE[index] = torch.cuda.get_device_capability(index)[0] >= 8
-    return capable
+    return _capability(x)[0] >= 8
+
+
+def wgmma_supported(x: torch.Tensor, M: int, N: int, K: int, group_size: int) -> bool:
+    """Whether the compiled Hopper kernel can run this call: the CUDA build on a GPU of
+    capability 9.0 (its code is sm_90a), M >= 1, K a multiple of 64 (a pipeline stage), N of 16
+    (the 16-byte copies of a block's scales and zeros), a group of >= 32 columns or one per
+    channel (a stage spans at most two groups)."""
+    if not (x.is_cuda and M >= 1 and K % 64 == 0 and N % 16 == 0 and (group_size == -1 or group_size >= 32)):
+        return False
+    if _wgmma_op() is None:
+        return False
+    return _capability(x) == (9, 0)
+
+
+def wgmma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
+    """The Hopper kernel's default launch (128 rows of W a block): 64 tokens a block up to
+    M = 128, 128 to 256, 256 above; at M <= 128 a K split over 4 blocks where the tiles fill
+    less than half the SMs. From the sweep of the three tiles x splits 1 / 2 / 4 over six 8B / 70B
+    projections at M = 64 .. 4096 (H100, 2026-11-24, benchmarks/results/wgmma_sweep_*): within
+    10% of the best launch at 21 of 30 points, 47% off at worst (8B gate/up, M = 128); the
+    tuning table (benchmarks/tune.py) holds the measured launches of the listed shapes."""
+    tokens = 64 if M <= 128 else 128 if M <= 256 else 256
+    tiles = triton.cdiv(N, 128) * triton.cdiv(M, tokens)
+    split = 4 if M <= 128 and tiles <= sms // 2 and K >= 4 * 64 else 1
+    return {"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": tokens, "SPLIT_K": split}
 
 
 def mma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
@@ -569,17 +608,21 @@ def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> d
     :func:`w4a16_config`. No device query while the table is empty."""
     table = _tuning.TABLE
     mma = mma_supported(x, M, K, group_size)
+    wgmma = not mma and M > _config.MMA_MAX_M and wgmma_supported(x, M, N, K, group_size)
+    compiled = "mma" if mma else "wgmma" if wgmma else None
     if table:
         dtype = str(x.dtype).removeprefix("torch.")
         cfg = _config.tuned_config(table, device_name(x.device), dtype, N, K, group_size, M)
-        # Where the compiled kernel runs, only an "mma" entry replaces its default: a Triton entry
-        # in the same bucket was measured at the bucket's top M (e.g. 128), past the compiled
-        # kernel's range, and its K split would take a counter buffer inside captured graphs.
-        if cfg is not None and (cfg["kernel"] == "mma") == mma:
+        # Where a compiled kernel runs, only an entry of that kernel replaces its default: a
+        # Triton entry in the same bucket was measured at the bucket's top M (e.g. 128), past the
+        # small-M kernel's range, or without the Hopper kernel among the candidates.
+        if cfg is not None and (cfg["kernel"] if cfg["kernel"] in ("mma", "wgmma") else None) == compiled:
             return cfg
     props = torch.cuda.get_device_properties(x.device) if x.is_cuda else None
     if mma:
         return mma_config(M, N, K, props.multi_processor_count)
+    if wgmma:
+        return wgmma_config(M, N, K, props.multi_processor_count)
     sms = props.multi_processor_count if props is not None else 132
     smem = getattr(props, "shared_memory_per_block_optin", None) if props is not None else None
     return w4a16_config(M, N, K, group_size, sms, hip=torch.version.hip is not None, smem=smem)
@@ -589,7 +632,7 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _SPLITK_PLANS = PlanTable(_w4a16_splitk_kernel)
 _TILED_PLANS = PlanTable(_w4a16_tiled_kernel)
 _PERMUTE_PLANS = PlanTable(_w4a16_permute_x_kernel)
-_MMA_PLANS: dict[tuple, _MmaPlan] = {}
+_COMPILED_PLANS: dict[tuple, "_CompiledPlan"] = {}
 _SPLITK_VARYING = ("x_ptr", "qw_ptr", "s_ptr", "z_ptr", "perm_ptr", "b_ptr", "out_ptr", "part_ptr", "count_ptr")
 _TILED_VARYING = ("xp_ptr", "qw_ptr", "s_ptr", "z_ptr", "b_ptr", "out_ptr")
 _PERMUTE_VARYING = ("x_ptr", "perm_ptr", "xp_ptr")
@@ -614,24 +657,23 @@ class _SplitPlan:
                     bias if bias is not None else out, out, part, counters)  # fmt: skip
 
 
-class _MmaPlan:
-    """A launch of the compiled small-M kernel: its tiles, the arrival counters, and what the
-    call does to x first (act order: the packed column k' reads x[:, perm[k']], so x is
-    gathered once; a layout the kernel cannot read in 16-byte units is copied)."""
+class _CompiledPlan:
+    """A launch of a compiled kernel (``w4a16_mma`` / ``w4a16_wgmma``): its launch arguments
+    after the group size (tiles, split, the arrival counters), and what the call does to x first
+    (act order: the packed column k' reads x[:, perm[k']], so x is gathered once; a layout the
+    kernels cannot read in 16-byte units is copied)."""
 
-    __slots__ = ("counters", "group_size", "op", "row_tiles", "split", "warps")
+    __slots__ = ("args", "group_size", "op")
 
-    def __init__(self, cfg: dict, counters: torch.Tensor | None, group_size: int):
-        self.split, self.warps, self.row_tiles = cfg["SPLIT_K"], cfg["num_warps"], cfg["ROW_TILES"]
-        self.counters, self.group_size, self.op = counters, group_size, _mma_op()
+    def __init__(self, op, group_size: int, args: tuple):
+        self.op, self.group_size, self.args = op, group_size, args
 
     def __call__(self, x, qweight, scales, zeros, perm, bias, out) -> None:
         if perm is not None:
             x = x.index_select(1, perm)
         elif x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
             x = x.clone(memory_format=torch.contiguous_format)
-        self.op(out, x, qweight, scales, zeros, bias, self.group_size, self.split, self.warps, self.row_tiles,
-                self.counters)  # fmt: skip
+        self.op(out, x, qweight, scales, zeros, bias, self.group_size, *self.args)
 
 
 class _TiledPlan:
@@ -666,7 +708,7 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         key = (x.get_device(), x.shape, x.stride(), N, group_size, out.stride(0), x.dtype, zeros is not None,
                perm is not None, None if bias is None else bias.dtype,
                aligned16(*[t for t in (x, qweight, scales, zeros, perm, bias, out) if t is not None]))  # fmt: skip
-        plan = _MMA_PLANS.get(key) or _SPLITK_PLANS.get(key) or _TILED_PLANS.get(key)
+        plan = _COMPILED_PLANS.get(key) or _SPLITK_PLANS.get(key) or _TILED_PLANS.get(key)
         if plan is not None:
             plan(x, qweight, scales, zeros, perm, bias, out)
             return
@@ -680,9 +722,25 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         # No counters without a K split: a lazily made buffer inside a torch.compile'd CUDA graph
         # (cudagraph trees) would be an untracked allocation of its pool.
         counters = zeroed_buffer(_COUNTERS, dev, triton.cdiv(N, 16), torch.int32) if cfg["SPLIT_K"] > 1 else None
-        plan = _MmaPlan(cfg, counters, group_size)
+        plan = _CompiledPlan(_mma_op(), group_size, (cfg["SPLIT_K"], cfg["num_warps"], cfg["ROW_TILES"], counters))
         if key is not None:
-            _MMA_PLANS[key] = plan
+            _COMPILED_PLANS[key] = plan
+        plan(x, qweight, scales, zeros, perm, bias, out)
+        return
+    if kernel == "wgmma":
+        if not wgmma_supported(x, M, N, K, group_size):
+            raise ValueError(f"cfg: the compiled 'wgmma' kernel cannot run M = {M}, N = {N}, K = {K}, group size "
+                             f"{group_size} on {x.device} (needs the CUDA build, capability 9.0, K % 64 == 0, "
+                             "N % 16 == 0, group size >= 32 or -1)")  # fmt: skip
+        tile = (cfg["BLOCK_N"], cfg["BLOCK_M"])
+        if tile not in _config.WGMMA_TILES:
+            raise ValueError(f"cfg: the 'wgmma' kernel's (BLOCK_N, BLOCK_M) must be one of {_config.WGMMA_TILES}, got {tile}")
+        tiles = triton.cdiv(N, tile[0]) * triton.cdiv(M, tile[1])
+        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if cfg["SPLIT_K"] > 1 else None
+        args = (_config.WGMMA_TILES.index(tile), min(cfg["SPLIT_K"], K // 64), counters)
+        plan = _CompiledPlan(_wgmma_op(), group_size, args)
+        if key is not None:
+            _COMPILED_PLANS[key] = plan
         plan(x, qweight, scales, zeros, perm, bias, out)
         return
     G = 0 if group_size == -1 else group_size
@@ -730,4 +788,4 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         if launch is not None and permute is not None:
             _TILED_PLANS.put(key, _TiledPlan(permute, launch, xp.shape))
     else:
-        raise ValueError(f"cfg: kernel must be 'splitk', 'tiled' or 'mma', got {kernel!r}")
+        raise ValueError(f"cfg: kernel must be 'splitk', 'tiled', 'mma' or 'wgmma', got {kernel!r}")

@@ -1,0 +1,602 @@
+// machete-w4a16's large-M kernel: int4 weights x 16-bit tokens on Hopper's warpgroup MMA (wgmma,
+// fp32 accumulation), for prefill-sized M, where the tensor cores, not the weight stream, set the
+// pace. Semantics and arguments: w4a16_wgmma.h.
+//
+// Machete's idea on the package's own layout: the product is computed as out^T = W x^T, so the
+// dequantized weight is wgmma's register A operand (it never goes back to shared memory) and the
+// tokens are its N side, read by the tensor cores from shared memory (the B descriptor).
+//
+// Block: two warpgroups (256 threads), each owning 64 of the block's 128 rows of W and all TOK
+// tokens of the tile (the wgmma's N: 64, 128 or 256). Each K step of 64 columns is one pipeline
+// stage in shared memory, filled by every thread with 16-byte cp.async (no producer warp):
+//   x:      TOK rows x 128 bytes, 128-byte swizzled (16-byte chunk c of row r at c ^ (r % 8)), the
+//           canonical K-major layout of a wgmma B operand: descriptor stride 1024 bytes per 8
+//           rows, a k16 slice 32 bytes further;
+//   W:      128 rows x 32 bytes (8 packed words), as they lie in qweight;
+//   scales / zeros: the step's group rows (two at G = 32) for the block's rows.
+// The A fragment of a 64-row wgmma is, per warp, the m16n8k16 A fragment: lane (g, t) holds rows
+// g and g + 8, columns (2t, 2t + 1) and (2t + 8, 2t + 9) of the k16 slice. With the package's
+// nibble order (slots hold columns 0, 2, 4, 6, 1, 3, 5, 7) columns 2t, 2t + 1 of word j are slots
+// (t, t + 4): the word shifted by 4t, one AND-OR (0x000F000F and the exponent of 128 / 1024)
+// makes the two 16-bit values 128 + q (1024 + q) exactly, subtracting 128 + z is exact and the
+// multiply by the scale rounds once, dequantize()'s value. So the columns stay in their natural
+// order (x needs no permutation): k16 slice kk reads words 2kk and 2kk + 1 of rows g and g + 8,
+// 8-byte shared loads that the lane's quad shares (a broadcast).
+//
+// Pipelining: stages are filled kStages - 2 steps ahead. Each k16 slice is one wgmma and one
+// commit group with A registers of its own; after issuing slice kk a warpgroup waits until at
+// most three groups are pending (slice kk + 1 of the previous step retired) and dequantizes
+// slice kk + 1 into its registers while up to three wgmmas run. At the top of step i a block
+// barrier follows the first such wait of step i - 1, so every wgmma of step i - 2 has retired
+// and its stage is the one refilled.
+//
+// Measured (H100, benchmarks/results/wgmma_sweep_*): 0.6-0.8x cuBLAS bf16 at M >= 256, about half
+// the tensor cores' peak; Nsight Compute shows the tensor pipe half busy with no stall reason
+// dominant (no wgmma waits to speak of: the dequantization and the x copies' issue, not the
+// tensor cores, set the pace). Machete's warp-specialized design (TMA producer, dequantizing
+// consumers) is the next step.
+//
+// Split K (grid.y > 1): fp32 partials summed in split order by the last block of each output
+// tile to arrive (an acq_rel-fenced counter), as in w4a16_mma.cu: deterministic, one launch.
+#include "w4a16_wgmma.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace fused_llm {
+namespace machete_w4a16 {
+namespace {
+
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kSlices = kWgmmaStepK / 16;  // k16 wgmma slices a step
+constexpr int kRows = 128;  // rows of W a block covers: 64 a warpgroup
+constexpr int kGroupM = 8;     // row tiles of x that walk W's tiles together (L2 reuse of W)
+
+template <class T>
+struct Elem;
+template <>
+struct Elem<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0 twice: 128 + q for q < 16
+  static constexpr float kBase = 128.0f;
+  __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+};
+template <>
+struct Elem<__half> {
+  using T2 = __half2;
+  static constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024.0 twice: 1024 + q
+  static constexpr float kBase = 1024.0f;
+  __device__ static float to_float(__half v) { return __half2float(v); }
+  __device__ static __half from_float(float v) { return __float2half_rn(v); }
+};
+
+// wgmma m64nNk16, A (4 registers a thread) from registers, B from shared memory through a
+// descriptor, D += A B (accumulate != 0) or D = A B; B K-major (no transpose), scales +1.
+template <class T, int N>
+struct Wgmma;
+template <>
+struct Wgmma<__nv_bfloat16, 64> {
+  __device__ __forceinline__ static void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
+template <>
+struct Wgmma<__half, 64> {
+  __device__ __forceinline__ static void mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
+template <>
+struct Wgmma<__nv_bfloat16, 128> {
+  __device__ __forceinline__ static void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
+template <>
+struct Wgmma<__half, 128> {
+  __device__ __forceinline__ static void mma(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
+template <>
+struct Wgmma<__nv_bfloat16, 256> {
+  __device__ __forceinline__ static void mma(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
+template <>
+struct Wgmma<__half, 256> {
+  __device__ __forceinline__ static void mma(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b,
+                                             int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+};
+
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes shared memory through the generic proxy, wgmma reads it through the async one.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps registers live (and in place) up to this point: the A operands of an in-flight wgmma,
+// and the accumulators around the asynchronous region.
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor of a K-major, 128-byte swizzled B tile: start address, leading
+// offset (unused by swizzled K-major layouts: 1), stride 1024 bytes between 8-row groups, swizzle
+// mode 1 (128 bytes). The tile base is 1024-byte aligned, so a k16 slice 32 bytes in needs no base
+// offset: the swizzle XORs address bits 4-6 with bits 7-9.
+__device__ __forceinline__ uint64_t b_descriptor(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
+template <class T2>
+__device__ __forceinline__ uint32_t as_u32(T2 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Columns (2t, 2t + 1) of a packed word (nibble slots t, t + 4) -> (q - z) * s in one register.
+template <class T>
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int t, typename Elem<T>::T2 zz,
+                                                 typename Elem<T>::T2 s) {
+  using T2 = typename Elem<T>::T2;
+  const uint32_t bits = ((word >> (4 * t)) & 0x000F000Fu) | Elem<T>::kMagic;
+  const T2 h = *reinterpret_cast<const T2*>(&bits);
+  return as_u32<T2>(__hmul2(__hsub2(h, zz), s));  // exact difference, one rounding
+}
+
+template <class T>
+__device__ __forceinline__ typename Elem<T>::T2 splat(T v) {
+  typename Elem<T>::T2 r;
+  r.x = v;
+  r.y = v;
+  return r;
+}
+
+struct KernelArgs {
+  int m, n, k;
+  const uint8_t* x;
+  int64_t x_row_bytes;
+  const uint32_t* qweight;
+  const void* scales;
+  const uint8_t* zeros;
+  int group_shift;
+  bool two_groups;  // G = 32: a step spans two groups
+  const void* bias;
+  bool bias_fp32;
+  void* out;
+  int64_t out_row_stride;
+  int tiles_m, tiles_n;
+  int split_k, steps_per_split;
+  float* partials;
+  int32_t* counters;
+};
+
+template <class T, int TOK, int kStages>
+struct Layout {
+  static constexpr int kX = TOK * 128;                   // x: TOK rows of 64 columns
+  static constexpr int kW = kRows * 32;                  // W: 8 packed words a row
+  static constexpr int kS = 2 * kRows * int(sizeof(T));  // scales: up to two group rows
+  static constexpr int kZ = 2 * kRows;                   // zeros: up to two group rows
+  static constexpr int kBytes = kStages * (kX + kW + kS + kZ) + 1024;  // + alignment slack
+};
+
+template <class T, bool ZEROS, int TOK, int kStages, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) w4a16_wgmma_kernel(const KernelArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a code only; other targets get an empty kernel (never launched)
+  using T2 = typename Elem<T>::T2;
+  using L = Layout<T, TOK, kStages>;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ bool last_block;
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // the swizzle's period
+  uint8_t* xs = smem;
+  uint8_t* ws = xs + kStages * L::kX;
+  uint8_t* ss = ws + kStages * L::kW;
+  uint8_t* zs = ss + kStages * L::kS;
+
+  // Grouped raster: kGroupM row tiles of x sweep W's tiles together.
+  const int pid = blockIdx.x;
+  const int group = kGroupM * a.tiles_n;
+  const int first_m = (pid / group) * kGroupM;
+  const int gm = min(a.tiles_m - first_m, kGroupM);
+  const int tile_m = first_m + (pid % group) % gm;
+  const int tile_n = (pid % group) / gm;
+  const int n0 = tile_n * kRows, m0 = tile_m * TOK;
+  const int steps = a.k / kWgmmaStepK;
+  const int s_begin = blockIdx.y * a.steps_per_split;
+  const int nsteps = min(s_begin + a.steps_per_split, steps) - s_begin;  // >= 1 (the launcher)
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row = 64 * wg + 16 * warp + g;  // this lane's W rows in the block: row and row + 8
+
+  // One stage: x rows past m and W rows past n are clamped (read, never stored).
+  auto load_stage = [&](int st, int step) {
+    uint8_t* xd = xs + st * L::kX;
+#pragma unroll
+    for (int j = 0; j < TOK * 8 / kThreads; ++j) {
+      const int c = tid + kThreads * j, r = c / 8, cc = c % 8;
+      const int64_t xr = min(m0 + r, a.m - 1);
+      cp_async16(xd + r * 128 + ((cc ^ (r % 8)) * 16), a.x + xr * a.x_row_bytes + step * 128 + cc * 16);
+    }
+    const int r = tid / 2, h = tid % 2;  // kRows * 2 chunks: one a thread
+    const int64_t wr = min(n0 + r, a.n - 1);
+    cp_async16(ws + st * L::kW + r * 32 + h * 16, a.qweight + wr * (a.k / 8) + step * 8 + h * 4);
+    const int grp = (step * kWgmmaStepK) >> a.group_shift;  // group_shift 31: group 0 (k < 2^30)
+    constexpr int kSChunks = kRows * int(sizeof(T)) / 16;    // 16-byte chunks of a scale row
+    if (tid < 2 * kSChunks) {
+      const int gi = tid / kSChunks, cc = tid % kSChunks;
+      if (gi == 0 || a.two_groups) {  // chunks past n: all 8 rows past n (n % 16 == 0)
+        const int col = min(n0 + cc * 8, a.n - 8);
+        cp_async16(ss + st * L::kS + (gi * kRows + cc * 8) * int(sizeof(T)),
+                   static_cast<const T*>(a.scales) + static_cast<int64_t>(grp + gi) * a.n + col);
+      }
+    }
+    if constexpr (ZEROS) {
+      constexpr int kZChunks = kRows / 16;
+      const int zt = tid - 128;  // the second warpgroup, which issues no scale copies
+      if (zt >= 0 && zt < 2 * kZChunks) {
+        const int gi = zt / kZChunks, cc = zt % kZChunks;
+        if (gi == 0 || a.two_groups) {
+          const int col = min(n0 + cc * 16, a.n - 16);
+          cp_async16(zs + st * L::kZ + gi * kRows + cc * 16, a.zeros + static_cast<int64_t>(grp + gi) * a.n + col);
+        }
+      }
+    }
+  };
+
+  float acc[TOK / 2];
+#pragma unroll
+  for (int i = 0; i < TOK / 2; ++i) acc[i] = 0.0f;
+  const T2 zz_sym = splat<T>(Elem<T>::from_float(Elem<T>::kBase + 8.0f));
+  // One A register set per k16 slice of a step: ptxas keeps the wgmmas asynchronous only when
+  // each slice has registers of its own (two alternating sets, waiting for all but one group,
+  // made it serialize every wgmma: ptxas's C7513).
+  uint32_t frag[kSlices][4];
+
+#pragma unroll
+  for (int s = 0; s < kStages - 2; ++s) {
+    if (s < nsteps) load_stage(s, s_begin + s);
+    cp_async_commit();
+  }
+  const uint32_t xs_addr = smem_u32(xs);
+  int one = 1;  // the wgmmas' accumulate flag, a register defined once
+  asm volatile("" : "+r"(one));
+  for (int i = 0; i < nsteps; ++i) {
+    cp_async_wait<kStages - 3>();  // step i's copies (this thread's) have landed
+    fence_proxy_async();
+    __syncthreads();  // everyone's copies; every wgmma of step i - 2 retired (see the top)
+    const int st = i % kStages;
+    const uint8_t* wst = ws + st * L::kW;
+    const T* sst = reinterpret_cast<const T*>(ss + st * L::kS);
+    const uint8_t* zst = zs + st * L::kZ;
+    T2 s_lo, s_hi, z_lo, z_hi;  // the slice's group: scale, base + zero for rows g and g + 8
+#pragma unroll
+    for (int kk = 0; kk < kSlices; ++kk) {
+      // A step spans one group, or two at G = 32. No branch here: control flow between a wgmma and
+      // its wait makes ptxas serialize the wgmmas (C7513); the second half reloads row 0 or 1.
+      if (kk == 0 || kk == kSlices / 2) {
+        const int gi = kk == 0 ? 0 : (a.two_groups ? 1 : 0);
+        s_lo = splat<T>(sst[gi * kRows + row]);
+        s_hi = splat<T>(sst[gi * kRows + row + 8]);
+        z_lo = z_hi = zz_sym;
+        if constexpr (ZEROS) {
+          z_lo = splat<T>(Elem<T>::from_float(Elem<T>::kBase + static_cast<float>(zst[gi * kRows + row])));
+          z_hi = splat<T>(Elem<T>::from_float(Elem<T>::kBase + static_cast<float>(zst[gi * kRows + row + 8])));
+        }
+      }
+      const uint2 lo = *reinterpret_cast<const uint2*>(wst + row * 32 + kk * 8);        // row g: words 2kk, 2kk + 1
+      const uint2 hi = *reinterpret_cast<const uint2*>(wst + (row + 8) * 32 + kk * 8);  // row g + 8
+      frag[kk][0] = dequant_pair<T>(lo.x, t, z_lo, s_lo);  // row g, columns 2t, 2t + 1
+      frag[kk][1] = dequant_pair<T>(hi.x, t, z_hi, s_hi);  // row g + 8
+      frag[kk][2] = dequant_pair<T>(lo.y, t, z_lo, s_lo);  // row g, columns 2t + 8, 2t + 9
+      frag[kk][3] = dequant_pair<T>(hi.y, t, z_hi, s_hi);  // row g + 8
+      // Every input of the wgmma defined before the fence: an input register written between the
+      // fence and the wgmma makes ptxas serialize all of them (C7513).
+      uint64_t desc = b_descriptor(xs_addr + st * L::kX + kk * 32);
+      fence_regs(frag[kk]);
+      asm volatile("" : "+l"(desc)::"memory");
+      wgmma_fence();  // the A registers just written, before the wgmma reads them
+      Wgmma<T, TOK>::mma(acc, frag[kk], desc, one);
+      wgmma_commit();
+      if (kk == 0) {  // the refill, once the tensor cores have this step's first slice
+        if (i + kStages - 2 < nsteps) load_stage((i + kStages - 2) % kStages, s_begin + i + kStages - 2);
+        cp_async_commit();
+      }
+      wgmma_wait<kSlices - 1>();  // slice kk + 1 of the previous step retired: its registers are free
+      fence_regs(frag[(kk + 1) % kSlices]);
+    }
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+
+  // Accumulator value i: W row `row` + 8 ((i / 2) % 2), token 8 (i / 4) + 2t + i % 2.
+  T* out = static_cast<T*>(a.out);
+  auto bias_of = [&](int n) {
+    if (a.bias == nullptr) return 0.0f;
+    return a.bias_fp32 ? static_cast<const float*>(a.bias)[n] : Elem<T>::to_float(static_cast<const T*>(a.bias)[n]);
+  };
+  if (a.split_k == 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = n0 + row + 8 * h;
+      if (n >= a.n) continue;
+      const float bn = bias_of(n);
+#pragma unroll
+      for (int i = 0; i < TOK / 2; ++i) {
+        if ((i / 2) % 2 != h) continue;
+        const int m = m0 + 8 * (i / 4) + 2 * t + i % 2;
+        if (m < a.m) out[static_cast<int64_t>(m) * a.out_row_stride + n] = Elem<T>::from_float(acc[i] + bn);
+      }
+    }
+    return;
+  }
+  // Split K: this slice's partial -> partials[slice, m, n] (m n < 2^31: int offsets); the last
+  // block of the tile to arrive sums the slices in order, n fastest (coalesced).
+  float* part = a.partials + static_cast<int64_t>(blockIdx.y) * a.m * a.n;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = n0 + row + 8 * h;
+    if (n >= a.n) continue;
+#pragma unroll
+    for (int i = 0; i < TOK / 2; ++i) {
+      if ((i / 2) % 2 != h) continue;
+      const int m = m0 + 8 * (i / 4) + 2 * t + i % 2;
+      if (m < a.m) part[m * a.n + n] = acc[i];
+    }
+  }
+  const int tile = tile_m * a.tiles_n + tile_n;
+  __threadfence();  // this block's partials visible device-wide before its arrival is counted
+  __syncthreads();
+  if (tid == 0) last_block = atomicAdd(a.counters + tile, 1) == a.split_k - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();  // the other slices' partials, visible before they are read
+  const int64_t slice = static_cast<int64_t>(a.m) * a.n;
+  for (int idx = tid; idx < kRows * TOK; idx += kThreads) {
+    const int n = n0 + idx % kRows, m = m0 + idx / kRows;
+    if (n >= a.n || m >= a.m) continue;
+    const float* src = a.partials + m * a.n + n;
+    float v = 0.0f;
+    for (int s = 0; s < a.split_k; ++s) v += __ldcg(src + s * slice);
+    out[static_cast<int64_t>(m) * a.out_row_stride + n] = Elem<T>::from_float(v + bias_of(n));
+  }
+  if (tid == 0) a.counters[tile] = 0;  // ready for the next call
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+template <class T, bool ZEROS, int TOK, int STAGES, int MIN_BLOCKS>
+cudaError_t launch_tile(const KernelArgs& a, cudaStream_t stream) {
+  using L = Layout<T, TOK, STAGES>;
+  auto kernel = w4a16_wgmma_kernel<T, ZEROS, TOK, STAGES, MIN_BLOCKS>;
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(a.tiles_m * a.tiles_n), static_cast<unsigned>(a.split_k));
+  kernel<<<grid, kThreads, L::kBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// The three block tiles (w4a16_wgmma.h), from a sweep of eleven shapes / stage counts on an H100
+// (benchmarks/results/wgmma_sweep_*): 256 tokens take one block an SM (128 accumulators a thread)
+// and five stages; 128 and 64 tokens fit two blocks an SM, whose independent pipelines beat
+// deeper ones (128 x 128: 4 stages at two blocks an SM against 8 at one, 0.4-12% faster; the
+// 256 x 128 tile with two 64-row wgmmas a warpgroup measured 0-8% slower than 128 x 256).
+template <class T, bool ZEROS>
+cudaError_t launch_zeros(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStream_t stream) {
+  switch (p.tile) {
+    case WgmmaTile::k128x256:
+      return launch_tile<T, ZEROS, 256, 5, 1>(a, stream);
+    case WgmmaTile::k128x128:
+      return launch_tile<T, ZEROS, 128, 4, 2>(a, stream);
+    case WgmmaTile::k128x64:
+      return launch_tile<T, ZEROS, 64, 8, 2>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class T>
+cudaError_t launch_dtype(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStream_t stream) {
+  return p.zeros != nullptr ? launch_zeros<T, true>(p, a, stream) : launch_zeros<T, false>(p, a, stream);
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+int64_t w4a16_wgmma_tiles(const W4A16WgmmaParams& p) {
+  const int rows = wgmma_tile_rows(p.tile), tokens = wgmma_tile_tokens(p.tile);
+  return ((p.n + rows - 1) / rows) * ((p.m + tokens - 1) / tokens);
+}
+
+const char* w4a16_wgmma_check(const W4A16WgmmaParams& p) {
+  if (p.m < 0 || p.m >= (int64_t{1} << 31) / 128) return "m must be in 0 .. 2^24";
+  if (p.n < 16 || p.n % 16 != 0 || p.n >= (int64_t{1} << 30)) return "n must be a positive multiple of 16";
+  if (p.k < kWgmmaStepK || p.k % kWgmmaStepK != 0 || p.k >= (int64_t{1} << 30)) return "k must be a positive multiple of 64";
+  if (p.m * p.n >= (int64_t{1} << 31) && p.split_k > 1) return "split_k > 1 needs m * n < 2^31";
+  if (p.group_shift < 5) return "the group size must be >= 32 (or one group per channel)";
+  if (p.x == nullptr || p.qweight == nullptr || p.scales == nullptr || p.out == nullptr) return "null tensor";
+  if (!aligned16(p.x) || p.x_row_stride % 8 != 0) return "x must be 16-byte aligned with a row stride a multiple of 8";
+  if (!aligned16(p.qweight) || !aligned16(p.scales) || (p.zeros != nullptr && !aligned16(p.zeros))) {
+    return "qweight, scales and zeros must be 16-byte aligned";
+  }
+  if (p.out_row_stride < p.n) return "out rows must not overlap";
+  if (p.tile != WgmmaTile::k128x256 && p.tile != WgmmaTile::k128x128 && p.tile != WgmmaTile::k128x64) {
+    return "unknown tile";
+  }
+  if (p.split_k < 1 || p.split_k > p.k / kWgmmaStepK) return "split_k must be in 1 .. k / 64";
+  if (p.split_k > 1 && (p.partials == nullptr || p.counters == nullptr)) return "split_k > 1 needs partials and counters";
+  return nullptr;
+}
+
+cudaError_t w4a16_wgmma_launch(const W4A16WgmmaParams& p, cudaStream_t stream) {
+  if (w4a16_wgmma_check(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.m == 0) return cudaSuccess;
+  KernelArgs a;
+  a.m = static_cast<int>(p.m);
+  a.n = static_cast<int>(p.n);
+  a.k = static_cast<int>(p.k);
+  a.x = static_cast<const uint8_t*>(p.x);
+  a.x_row_bytes = p.x_row_stride * 2;
+  a.qweight = p.qweight;
+  a.scales = p.scales;
+  a.zeros = p.zeros;
+  a.group_shift = p.group_shift >= 31 ? 31 : p.group_shift;
+  a.two_groups = p.group_shift == 5;
+  a.bias = p.bias;
+  a.bias_fp32 = p.bias_fp32;
+  a.out = p.out;
+  a.out_row_stride = p.out_row_stride;
+  const int rows = wgmma_tile_rows(p.tile), tokens = wgmma_tile_tokens(p.tile);
+  a.tiles_n = static_cast<int>((p.n + rows - 1) / rows);
+  a.tiles_m = static_cast<int>((p.m + tokens - 1) / tokens);
+  // Slices of whole steps, none empty (the launcher's split may not divide the steps).
+  const int steps = a.k / kWgmmaStepK;
+  a.steps_per_split = (steps + p.split_k - 1) / p.split_k;
+  a.split_k = (steps + a.steps_per_split - 1) / a.steps_per_split;
+  a.partials = p.partials;
+  a.counters = p.counters;
+  return p.dtype == DType::kBFloat16 ? launch_dtype<__nv_bfloat16>(p, a, stream) : launch_dtype<__half>(p, a, stream);
+}
+
+}  // namespace machete_w4a16
+}  // namespace fused_llm

@@ -1,0 +1,79 @@
+// Framework-free interface of machete-w4a16's compiled large-M kernel (Hopper wgmma, sm_90a):
+//
+//   out[m, n] = T( sum_k x[m, k] w[n, k] + bias[n] ),   w[n, k] = T((q[n, k] - z) * s)
+//
+// the semantics of w4a16_mma.h (dequantize()'s value, fp32 sums, one rounding), on the same
+// prepacked weight (torch-ext/machete_w4a16/_format.py). The weight tile is dequantized in
+// registers straight into wgmma's register A operand (the product is computed as out^T = W x^T);
+// x is the shared-memory B operand. w4a16_wgmma.cu says how.
+//
+// CUDA only, and only in code built for sm_90a (wgmma): the binding includes this header in
+// CUDA builds and the Python dispatch calls the op only on capability 9.0 GPUs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "w4a16_mma.h"  // DType
+
+namespace fused_llm {
+namespace machete_w4a16 {
+
+// K columns one pipeline stage holds (one 128-byte swizzle row of x per token).
+constexpr int kWgmmaStepK = 64;
+
+// The block tiles the launcher takes: rows of W (two warpgroups of one 64-row wgmma each) x tokens
+// (the wgmma's N).
+enum class WgmmaTile : int32_t {
+  k128x256 = 0,  // n256: 128 accumulators a thread, one block an SM
+  k128x128 = 1,  // n128: two blocks an SM
+  k128x64 = 2,   // n64: two blocks an SM
+};
+constexpr int wgmma_tile_rows(WgmmaTile) { return 128; }
+constexpr int wgmma_tile_tokens(WgmmaTile t) {
+  return t == WgmmaTile::k128x256 ? 256 : t == WgmmaTile::k128x128 ? 128 : 64;
+}
+
+struct W4A16WgmmaParams {
+  int64_t m = 0;  // rows of x and out, >= 0 (0 launches nothing)
+  int64_t n = 0;  // output features (rows of W), a positive multiple of 16
+  int64_t k = 0;  // input features, a positive multiple of kWgmmaStepK
+  DType dtype = DType::kBFloat16;
+
+  // x [m, k]: unit-stride rows, row stride a multiple of 8 elements, base 16-byte aligned.
+  const void* x = nullptr;
+  int64_t x_row_stride = 0;
+  const uint32_t* qweight = nullptr;  // [n, k / 8], contiguous, 16-byte aligned
+  const void* scales = nullptr;       // [k / G, n] of T, contiguous, 16-byte aligned
+  const uint8_t* zeros = nullptr;     // [k / G, n] uint8, contiguous, 16-byte aligned, or nullptr (8)
+  // log2 of the group size G (a power of two >= 32), or >= 31 for one group per output channel.
+  int group_shift = 7;
+  const void* bias = nullptr;  // [n] or nullptr
+  bool bias_fp32 = false;      // bias dtype float32 (else T)
+
+  void* out = nullptr;  // [m, n] of T, unit-stride rows, row stride >= n
+  int64_t out_row_stride = 0;
+
+  WgmmaTile tile = WgmmaTile::k128x256;
+  // split_k > 1 splits the K steps over gridDim.z blocks whose fp32 partials ([split_k, m, n] in
+  // `partials`) the last block of each output tile to arrive sums in split order
+  // (deterministic); `counters` [tiles of out] int32, zero on entry, left zero.
+  int split_k = 1;
+  float* partials = nullptr;
+  int32_t* counters = nullptr;
+};
+
+// Output tiles of a launch (the counters split_k > 1 needs).
+int64_t w4a16_wgmma_tiles(const W4A16WgmmaParams& p);
+
+// nullptr when the kernel can run `p`, else a message naming the violated precondition (a
+// static string). The launcher checks it too and returns cudaErrorInvalidValue instead.
+const char* w4a16_wgmma_check(const W4A16WgmmaParams& p);
+
+// Enqueues the kernel on `stream`; m == 0 launches nothing. Returns cudaGetLastError() after
+// the launch. Needs a GPU of capability 9.0 (the code is sm_90a only).
+cudaError_t w4a16_wgmma_launch(const W4A16WgmmaParams& p, cudaStream_t stream);
+
+}  // namespace machete_w4a16
+}  // namespace fused_llm
