@@ -40,6 +40,7 @@
 // tile to arrive (an acq_rel-fenced counter), as in w4a16_mma.cu: deterministic, one launch.
 #include "w4a16_wgmma.h"
 
+#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes through the runtime)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -231,15 +232,32 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+// A stage's arrival barrier: one arrival (the thread that issues the copies, with the bytes to
+// expect), completed by the copies' transaction bytes.
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
-// cp.async writes shared memory through the generic proxy, wgmma reads it through the async one.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int phase) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(phase)
+      : "memory");
+}
+// A 2-D box of a tensor map into shared memory (the map's swizzle applied), completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int inner, int outer) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(inner), "r"(outer)
+      : "memory");
+}
+// Shared memory last read through the generic proxy (the W and scale loads) before the copy
+// engine (the async proxy) overwrites it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -294,11 +312,6 @@ __device__ __forceinline__ typename Elem<T>::T2 splat(T v) {
 
 struct KernelArgs {
   int m, n, k;
-  const uint8_t* x;
-  int64_t x_row_bytes;
-  const uint32_t* qweight;
-  const void* scales;
-  const uint8_t* zeros;
   int group_shift;
   bool two_groups;  // G = 32: a step spans two groups
   const void* bias;
@@ -311,6 +324,14 @@ struct KernelArgs {
   int32_t* counters;
 };
 
+// The copy engine's view of the operands (cuTensorMapEncodeTiled, w4a16_wgmma_launch): x [m, k]
+// in boxes of TOK rows x 64 columns, 128-byte swizzled; qweight [n, k / 8] int32 in boxes of
+// 128 rows x 8 words; scales / zeros [k / G, n] in boxes of 1 (2 at G = 32) groups x 128 rows.
+// Boxes reaching past m or n read zeros.
+struct TensorMaps {
+  CUtensorMap x, w, s, z;
+};
+
 template <class T, int TOK, int kStages>
 struct Layout {
   static constexpr int kX = TOK * 128;                   // x: TOK rows of 64 columns
@@ -321,12 +342,14 @@ struct Layout {
 };
 
 template <class T, bool ZEROS, int TOK, int kStages, int MIN_BLOCKS>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) w4a16_wgmma_kernel(const KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
+    w4a16_wgmma_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ TensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a code only; other targets get an empty kernel (never launched)
   using T2 = typename Elem<T>::T2;
   using L = Layout<T, TOK, kStages>;
   extern __shared__ uint8_t smem_raw[];
   __shared__ bool last_block;
+  __shared__ uint64_t full[kStages];  // stage arrival barriers
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // the swizzle's period
   uint8_t* xs = smem;
   uint8_t* ws = xs + kStages * L::kX;
@@ -350,40 +373,24 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) w4a16_wgmma_kernel(const
   const int g = lane / 4, t = lane % 4;
   const int row = 64 * wg + 16 * warp + g;  // this lane's W rows in the block: row and row + 8
 
-  // One stage: x rows past m and W rows past n are clamped (read, never stored).
+  // One stage, issued by thread 0: x's box, W's box, the group rows of scales (and zeros).
+  const int group_rows = a.two_groups ? 2 : 1;
+  const uint32_t stage_bytes =
+      L::kX + L::kW + group_rows * kRows * (int(sizeof(T)) + (ZEROS ? 1 : 0));
   auto load_stage = [&](int st, int step) {
-    uint8_t* xd = xs + st * L::kX;
-#pragma unroll
-    for (int j = 0; j < TOK * 8 / kThreads; ++j) {
-      const int c = tid + kThreads * j, r = c / 8, cc = c % 8;
-      const int64_t xr = min(m0 + r, a.m - 1);
-      cp_async16(xd + r * 128 + ((cc ^ (r % 8)) * 16), a.x + xr * a.x_row_bytes + step * 128 + cc * 16);
-    }
-    const int r = tid / 2, h = tid % 2;  // kRows * 2 chunks: one a thread
-    const int64_t wr = min(n0 + r, a.n - 1);
-    cp_async16(ws + st * L::kW + r * 32 + h * 16, a.qweight + wr * (a.k / 8) + step * 8 + h * 4);
     const int grp = (step * kWgmmaStepK) >> a.group_shift;  // group_shift 31: group 0 (k < 2^30)
-    constexpr int kSChunks = kRows * int(sizeof(T)) / 16;    // 16-byte chunks of a scale row
-    if (tid < 2 * kSChunks) {
-      const int gi = tid / kSChunks, cc = tid % kSChunks;
-      if (gi == 0 || a.two_groups) {  // chunks past n: all 8 rows past n (n % 16 == 0)
-        const int col = min(n0 + cc * 8, a.n - 8);
-        cp_async16(ss + st * L::kS + (gi * kRows + cc * 8) * int(sizeof(T)),
-                   static_cast<const T*>(a.scales) + static_cast<int64_t>(grp + gi) * a.n + col);
-      }
-    }
-    if constexpr (ZEROS) {
-      constexpr int kZChunks = kRows / 16;
-      const int zt = tid - 128;  // the second warpgroup, which issues no scale copies
-      if (zt >= 0 && zt < 2 * kZChunks) {
-        const int gi = zt / kZChunks, cc = zt % kZChunks;
-        if (gi == 0 || a.two_groups) {
-          const int col = min(n0 + cc * 16, a.n - 16);
-          cp_async16(zs + st * L::kZ + gi * kRows + cc * 16, a.zeros + static_cast<int64_t>(grp + gi) * a.n + col);
-        }
-      }
-    }
+    mbar_expect_tx(&full[st], stage_bytes);
+    tma_load_2d(xs + st * L::kX, &maps.x, &full[st], step * kWgmmaStepK, m0);
+    tma_load_2d(ws + st * L::kW, &maps.w, &full[st], step * kWgmmaStepK / 8, n0);
+    tma_load_2d(ss + st * L::kS, &maps.s, &full[st], n0, grp);
+    if constexpr (ZEROS) tma_load_2d(zs + st * L::kZ, &maps.z, &full[st], n0, grp);
   };
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) mbar_init(&full[s]);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
 
   float acc[TOK / 2];
 #pragma unroll
@@ -394,19 +401,19 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) w4a16_wgmma_kernel(const
   // made it serialize every wgmma: ptxas's C7513).
   uint32_t frag[kSlices][4];
 
+  if (tid == 0) {
 #pragma unroll
-  for (int s = 0; s < kStages - 2; ++s) {
-    if (s < nsteps) load_stage(s, s_begin + s);
-    cp_async_commit();
+    for (int s = 0; s < kStages - 2; ++s) {
+      if (s < nsteps) load_stage(s, s_begin + s);
+    }
   }
   const uint32_t xs_addr = smem_u32(xs);
   int one = 1;  // the wgmmas' accumulate flag, a register defined once
   asm volatile("" : "+r"(one));
   for (int i = 0; i < nsteps; ++i) {
-    cp_async_wait<kStages - 3>();  // step i's copies (this thread's) have landed
-    fence_proxy_async();
-    __syncthreads();  // everyone's copies; every wgmma of step i - 2 retired (see the top)
     const int st = i % kStages;
+    mbar_wait(&full[st], (i / kStages) % 2);  // step i's boxes have landed
+    __syncthreads();  // every wgmma of step i - 2 retired (see the top)
     const uint8_t* wst = ws + st * L::kW;
     const T* sst = reinterpret_cast<const T*>(ss + st * L::kS);
     const uint8_t* zst = zs + st * L::kZ;
@@ -439,9 +446,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) w4a16_wgmma_kernel(const
       wgmma_fence();  // the A registers just written, before the wgmma reads them
       Wgmma<T, TOK>::mma(acc, frag[kk], desc, one);
       wgmma_commit();
-      if (kk == 0) {  // the refill, once the tensor cores have this step's first slice
-        if (i + kStages - 2 < nsteps) load_stage((i + kStages - 2) % kStages, s_begin + i + kStages - 2);
-        cp_async_commit();
+      if (kk == 0 && tid == 0 && i + kStages - 2 < nsteps) {  // the refill, behind this step's first slice
+        fence_proxy_async();
+        load_stage((i + kStages - 2) % kStages, s_begin + i + kStages - 2);
       }
       wgmma_wait<kSlices - 1>();  // slice kk + 1 of the previous step retired: its registers are free
       fence_regs(frag[(kk + 1) % kSlices]);
@@ -505,14 +512,65 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) w4a16_wgmma_kernel(const
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's tensor-map encoder, through the runtime (no link against libcuda); null if absent.
+EncodeTiled encoder() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      return EncodeTiled{nullptr};
+    }
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// A row-major [outer, inner] tensor (rows `row_bytes` apart) in boxes of box_outer x box_inner.
+bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t outer,
+               uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle) {
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_inner, box_outer};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return encoder()(map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <class T, bool ZEROS, int TOK, int STAGES, int MIN_BLOCKS>
-cudaError_t launch_tile(const KernelArgs& a, cudaStream_t stream) {
+cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStream_t stream) {
   using L = Layout<T, TOK, STAGES>;
+  if (encoder() == nullptr) return cudaErrorNotSupported;
+  const CUtensorMapDataType t16 =
+      p.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const uint32_t group_rows = a.two_groups ? 2 : 1;
+  const uint64_t groups = a.group_shift >= 31 ? 1 : (p.k >> a.group_shift);
+  // One row of x has no stride to speak of (the binding passes 8 elements): any valid one does.
+  const uint64_t x_row_bytes = p.m == 1 ? uint64_t(p.k) * 2 : uint64_t(p.x_row_stride) * 2;
+  TensorMaps maps;
+  bool ok = encode_2d(&maps.x, t16, p.x, p.k, p.m, x_row_bytes, kWgmmaStepK, TOK, CU_TENSOR_MAP_SWIZZLE_128B) &&
+            encode_2d(&maps.w, CU_TENSOR_MAP_DATA_TYPE_INT32, p.qweight, p.k / 8, p.n, uint64_t(p.k) / 2,
+                      kWgmmaStepK / 8, kRows, CU_TENSOR_MAP_SWIZZLE_NONE) &&
+            encode_2d(&maps.s, t16, p.scales, p.n, groups, uint64_t(p.n) * 2, kRows, group_rows,
+                      CU_TENSOR_MAP_SWIZZLE_NONE);
+  if (ZEROS) {
+    ok = ok && encode_2d(&maps.z, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.zeros, p.n, groups, uint64_t(p.n), kRows,
+                         group_rows, CU_TENSOR_MAP_SWIZZLE_NONE);
+  } else {
+    maps.z = maps.s;  // never read
+  }
+  if (!ok) return cudaErrorInvalidValue;
   auto kernel = w4a16_wgmma_kernel<T, ZEROS, TOK, STAGES, MIN_BLOCKS>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(a.tiles_m * a.tiles_n), static_cast<unsigned>(a.split_k));
-  kernel<<<grid, kThreads, L::kBytes, stream>>>(a);
+  kernel<<<grid, kThreads, L::kBytes, stream>>>(a, maps);
   return cudaGetLastError();
 }
 
@@ -525,11 +583,11 @@ template <class T, bool ZEROS>
 cudaError_t launch_zeros(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStream_t stream) {
   switch (p.tile) {
     case WgmmaTile::k128x256:
-      return launch_tile<T, ZEROS, 256, 5, 1>(a, stream);
+      return launch_tile<T, ZEROS, 256, 5, 1>(p, a, stream);
     case WgmmaTile::k128x128:
-      return launch_tile<T, ZEROS, 128, 4, 2>(a, stream);
+      return launch_tile<T, ZEROS, 128, 4, 2>(p, a, stream);
     case WgmmaTile::k128x64:
-      return launch_tile<T, ZEROS, 64, 8, 2>(a, stream);
+      return launch_tile<T, ZEROS, 64, 8, 2>(p, a, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -575,11 +633,6 @@ cudaError_t w4a16_wgmma_launch(const W4A16WgmmaParams& p, cudaStream_t stream) {
   a.m = static_cast<int>(p.m);
   a.n = static_cast<int>(p.n);
   a.k = static_cast<int>(p.k);
-  a.x = static_cast<const uint8_t*>(p.x);
-  a.x_row_bytes = p.x_row_stride * 2;
-  a.qweight = p.qweight;
-  a.scales = p.scales;
-  a.zeros = p.zeros;
   a.group_shift = p.group_shift >= 31 ? 31 : p.group_shift;
   a.two_groups = p.group_shift == 5;
   a.bias = p.bias;
