@@ -7,7 +7,8 @@
 #    conftest would build every package, minutes of nvcc); FULL=1 builds everything first and
 #    runs the kernelize composition test too;
 # 2. compute-sanitizer memcheck on the kernel tests of every kernel / tile path, racecheck on
-#    the split-K CI case (its partials and the arrival counter);
+#    the split-K CI case and the Hopper kernel's tiles and splits (partials, arrival counters,
+#    the shared-memory epilogue);
 # 3. the quick benchmark (`fused-llm bench machete-w4a16 --quick`: 8B QKV, 8B gate/up, 70B down
 #    at 1 / 16 / 64 / 256 / 4096 tokens against cuBLAS bf16, tinygemm, GemLite if installed).
 # Each stage has a time limit, so the whole stays under 8 minutes on an H100; a stage that hits
@@ -75,11 +76,11 @@ grep -E "^(FAILED|ERROR)" "$OUT/test-w4a16.log" | head -20
 
 echo "=== compute-sanitizer"
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" -q --noconftest machete-w4a16/tests/test_w4a16.py \
-  -k "w4a16_gemm_ci or tile_configs or k_off or non_contiguous or bias_and_act_order or cuda_graph" > "$OUT/sanitize-memcheck.log" 2>&1
+  -k "w4a16_gemm_ci or tile_configs or k_off or non_contiguous or bias_and_act_order or cuda_graph or (wgmma_kernel and bfloat16) or wgmma_inputs" > "$OUT/sanitize-memcheck.log" 2>&1
 echo "compute-sanitizer memcheck exit: $? (9: errors found, 124: hit the 150 s limit)" | tee -a "$OUT/sanitize-memcheck.log"
 tail -4 "$OUT/sanitize-memcheck.log"
-timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 "${PYTEST[@]}" -q --noconftest machete-w4a16/tests/test_w4a16.py \
-  -k "w4a16_gemm_ci" > "$OUT/sanitize-racecheck.log" 2>&1
+timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 "${PYTEST[@]}" -q --noconftest machete-w4a16/tests/test_w4a16.py \
+  -k "w4a16_gemm_ci or (wgmma_kernel and bfloat16 and 128-False)" > "$OUT/sanitize-racecheck.log" 2>&1
 echo "compute-sanitizer racecheck exit: $?" | tee -a "$OUT/sanitize-racecheck.log"
 tail -3 "$OUT/sanitize-racecheck.log"
 

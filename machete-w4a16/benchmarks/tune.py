@@ -118,10 +118,11 @@ def wgmma_eligible(M: int, N: int, K: int, group: int) -> bool:
     return M > 32 and K % 64 == 0 and N % 16 == 0 and (group == -1 or group >= 32)
 
 
-def wgmma_candidates(quick: bool) -> list[list]:
+def wgmma_candidates() -> list[list]:
     """Phase 1 of the Hopper kernel: its whole launch space (the three block tiles x K split 1 /
-    2 / 4; --quick: 1 / 4). No compile: every entry is instantiated."""
-    splits = (1, 4) if quick else (1, 2, 4)
+    2 / 4, --quick too: each split won somewhere in benchmarks/results/wgmma_sweep_*). No
+    compile: every entry is instantiated."""
+    splits = (1, 2, 4)
     return [["wgmma", rows, tokens, s] for rows, tokens in ((128, 256), (128, 128), (128, 64)) for s in splits]
 
 
@@ -154,7 +155,7 @@ def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool, mma:
     compiled = mma and mma_eligible(M, K, group)
     if wgmma and not compiled and wgmma_eligible(M, N, K, group):
         default = cfg.entry_of(kern.wgmma_config(M, N, K, sms))
-        return default, [c for c in wgmma_candidates(quick) if c != default]
+        return default, [c for c in wgmma_candidates() if c != default]
     default = cfg.entry_of(kern.mma_config(M, N, K, sms) if compiled else kern.w4a16_config(M, N, K, group, sms))
     cands = []
     if compiled:

@@ -52,7 +52,7 @@ struct W4A16WgmmaParams {
   const void* bias = nullptr;  // [n] or nullptr
   bool bias_fp32 = false;      // bias dtype float32 (else T)
 
-  void* out = nullptr;  // [m, n] of T, unit-stride rows, row stride >= n
+  void* out = nullptr;  // [m, n] of T, unit-stride rows, row stride >= n and a multiple of 8, 16-byte aligned
   int64_t out_row_stride = 0;
 
   WgmmaTile tile = WgmmaTile::k128x256;

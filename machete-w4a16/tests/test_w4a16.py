@@ -314,6 +314,10 @@ def test_wgmma_inputs_it_copies_or_gathers():
     kern.launch_w4a16(x1, qw1.qweight, qw1.scales, qw1.zeros, None, None, out, 32,
                       cfg={"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": 64, "SPLIT_K": 1})  # fmt: skip
     assert_gemm_close(out, reference(x1, qw1), "K = 64, out row stride 64")
+    xs = wide[:, :1024]
+    odd = poison_(torch.empty(70, 264, dtype=torch.bfloat16, device=DEVICE))[:, 3:259]  # 6 bytes off 16
+    w4.ops.w4a16_gemm(odd, xs, qw.qweight, qw.scales, qw.zeros, qw.perm, None, qw.group_size)
+    assert_gemm_close(odd, reference(xs, qw), "an unaligned output view (a Triton kernel takes it)")
 
 
 @pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
@@ -345,15 +349,18 @@ def test_wgmma_refuses_what_it_cannot_run():
 
 @pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
 def test_wgmma_config():
-    """The Hopper kernel's default launch: 64 / 128 / 256 tokens a block by M, a 4-way K split
-    only at M <= 128 where the tiles fill less than half the SMs (plain Python: runs anywhere)."""
+    """The Hopper kernel's default launch (wgmma_config): the token tile by M and by how many
+    256-token tiles there are, K splits only up to M = 256 and within the SMs' blocks (plain
+    Python: runs anywhere)."""
     kern = w4._triton_kernels()
-    pick = lambda M, N, K: (kern.wgmma_config(M, N, K, 132)["BLOCK_M"], kern.wgmma_config(M, N, K, 132)["SPLIT_K"])  # noqa: E731
+    pick = lambda M, N, K: tuple(kern.wgmma_config(M, N, K, 132)[k] for k in ("BLOCK_M", "SPLIT_K"))  # noqa: E731
     assert pick(64, 4096, 4096) == (64, 4)       # 32 tiles
     assert pick(64, 28672, 4096) == (64, 1)      # 224 tiles
-    assert pick(128, 6144, 4096) == (64, 1)      # 96 tiles: more than half
-    assert pick(256, 4096, 14336) == (128, 1)
+    assert pick(128, 6144, 4096) == (128, 4)
+    assert pick(256, 4096, 14336) == (128, 4)    # 32 tiles of 256 tokens: under 45% of the SMs
+    assert pick(256, 8192, 28672) == (256, 2)
     assert pick(4096, 8192, 28672) == (256, 1)
+    assert pick(128, 4096, 1024) == (128, 1)     # 16 steps of 64: no slices shorter than 16
     assert all(kern.wgmma_config(M, 4096, 4096)["BLOCK_N"] == 128 for M in (33, 300, 5000))
 
 

@@ -574,16 +574,28 @@ def wgmma_supported(x: torch.Tensor, M: int, N: int, K: int, group_size: int) ->
     return _capability(x) == (9, 0)
 
 
+def _wgmma_out_ok(out: torch.Tensor) -> bool:
+    return out.data_ptr() % 16 == 0 and (out.shape[0] <= 1 or out.stride(0) % 8 == 0)
+
+
 def wgmma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
-    """The Hopper kernel's default launch (128 rows of W a block): 64 tokens a block up to
-    M = 128, 128 to 256, 256 above; at M <= 128 a K split over 4 blocks where the tiles fill
-    less than half the SMs. From the sweep of the three tiles x splits 1 / 2 / 4 over six 8B / 70B
-    projections at M = 64 .. 4096 (H100, 2026-11-24, benchmarks/results/wgmma_sweep_*): within
-    10% of the best launch at 21 of 30 points, 47% off at worst (8B gate/up, M = 128); the
-    tuning table (benchmarks/tune.py) holds the measured launches of the listed shapes."""
-    tokens = 64 if M <= 128 else 128 if M <= 256 else 256
-    tiles = triton.cdiv(N, 128) * triton.cdiv(M, tokens)
-    split = 4 if M <= 128 and tiles <= sms // 2 and K >= 4 * 64 else 1
+    """The Hopper kernel's default launch (128 rows of W a block): 256 tokens a block (one block an
+    SM) from M = 256 where those tiles fill at least 45% of the SMs, else 128 tokens past M = 64,
+    else 64 (both two blocks an SM); up to M = 256 a K split of 4 or 2 where the split tiles still
+    fit the SMs' blocks at once and each slice keeps >= 16 steps of 64. Fitted to the sweep of the
+    three tiles x splits 1 / 2 / 4 over six 8B / 70B projections at M = 64 .. 4096 (H100,
+    2026-11-24, benchmarks/results/wgmma_sweep_*): within 5% of the best launch at 28 of 30
+    points, 13% off at worst (8B O, M = 128). The tuning table (benchmarks/tune.py) holds the
+    measured launches of the listed shapes."""
+    rows = triton.cdiv(N, 128)
+    if M >= 256 and rows * triton.cdiv(M, 256) >= 0.45 * sms:
+        tokens, slots = 256, sms
+    else:
+        tokens, slots = (128 if M > 64 else 64), 2 * sms
+    tiles = rows * triton.cdiv(M, tokens)
+    split = 1
+    if M <= 256:
+        split = next((s for s in (4, 2) if tiles * s <= slots and K // 64 >= 16 * s), 1)
     return {"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": tokens, "SPLIT_K": split}
 
 
@@ -712,7 +724,10 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         if plan is not None:
             plan(x, qweight, scales, zeros, perm, bias, out)
             return
-    cfg = dict(cfg) if cfg is not None else select_config(M, N, K, group_size, x)
+    forced = cfg is not None
+    cfg = dict(cfg) if forced else select_config(M, N, K, group_size, x)
+    if cfg["kernel"] == "wgmma" and not forced and not _wgmma_out_ok(out):
+        cfg = w4a16_config(M, N, K, group_size)  # an output view the kernel's 16-byte stores cannot take
     kernel = cfg.pop("kernel")
     if kernel == "mma":
         if not mma_supported(x, M, K, group_size):
@@ -732,6 +747,9 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
             raise ValueError(f"cfg: the compiled 'wgmma' kernel cannot run M = {M}, N = {N}, K = {K}, group size "
                              f"{group_size} on {x.device} (needs the CUDA build, capability 9.0, K % 64 == 0, "
                              "N % 16 == 0, group size >= 32 or -1)")  # fmt: skip
+        if not _wgmma_out_ok(out):
+            raise ValueError("cfg: the compiled 'wgmma' kernel writes out in 16-byte stores: out must be 16-byte "
+                             f"aligned with a row stride a multiple of 8, got stride {out.stride(0)}")  # fmt: skip
         tile = (cfg["BLOCK_N"], cfg["BLOCK_M"])
         if tile not in _config.WGMMA_TILES:
             raise ValueError(f"cfg: the 'wgmma' kernel's (BLOCK_N, BLOCK_M) must be one of {_config.WGMMA_TILES}, got {tile}")
