@@ -2,15 +2,17 @@
 launch (kernel and tiles) that measured fastest.
 
 Written by ``benchmarks/tune.py`` on a GPU (the command that made it goes into ``MADE_BY``);
-nothing else edits it but its docstring. Measured once (``MADE_BY``, H100, 2026-11-24): the
-eight 8B / 70B projections at M buckets 1, 16, 128, 256, 4096, group 128, bf16; every other
-key takes the structural default (``_kernels.mma_config`` / ``w4a16_config``).
+nothing else edits it but its docstring. Measured once (``MADE_BY``, H100, 2026-11-24, with the
+Hopper kernel among the candidates): the eight 8B / 70B projections at M buckets 1, 16, 64, 128,
+256, 1024, 4096, group 128, bf16; every other key takes the structural default
+(``_kernels.mma_config`` / ``wgmma_config`` / ``w4a16_config``).
 
 ``TABLE[(gpu_name, dtype, N, K, group_size)]`` is a list of ``(m_max, entry)`` M buckets in
 increasing order (of 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096): a call with M rows
 takes the first bucket with ``M <= m_max``; past the last bucket, the default. ``entry`` is
-``["splitk", BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages]`` or ``["tiled",
-BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages]`` (``_config``), or None where no
+``["splitk", BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages]``, ``["tiled",
+BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages]``, ``["mma", SPLIT_K, num_warps,
+ROW_TILES]`` or ``["wgmma", BLOCK_N, BLOCK_M, SPLIT_K]`` (``_config``), or None where no
 candidate beat the default by the tuning margin. ``gpu_name`` is
 ``torch.cuda.get_device_name()``; ``dtype`` ``"bfloat16"`` or ``"float16"`` (x's and the
 scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
@@ -18,45 +20,61 @@ scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
 
 from __future__ import annotations
 
-MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,128,256,4096  # NVIDIA H100 80GB HBM3'
+MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3'
 
 TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096, 128): [(1, None),
                                                           (16, None),
-                                                          (128, ['splitk', 64, 64, 128, 4, 4, 3]),
-                                                          (256, None),
+                                                          (64, None),
+                                                          (128, ['wgmma', 128, 64, 4]),
+                                                          (256, ['wgmma', 128, 128, 2]),
+                                                          (1024, None),
                                                           (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 14336, 128): [(1, None),
                                                            (16, None),
-                                                           (128, ['splitk', 64, 64, 128, 4, 4, 3]),
+                                                           (64, None),
+                                                           (128, None),
                                                            (256, None),
+                                                           (1024, None),
                                                            (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 6144, 4096, 128): [(1, None),
                                                           (16, ['mma', 1, 4, 1]),
-                                                          (128, None),
-                                                          (256, None),
+                                                          (64, None),
+                                                          (128, ['wgmma', 128, 128, 2]),
+                                                          (256, ['wgmma', 128, 128, 1]),
+                                                          (1024, None),
                                                           (4096, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192, 128): [(1, ['mma', 1, 8, 2]),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192, 128): [(1, None),
                                                           (16, None),
+                                                          (64, None),
                                                           (128, None),
                                                           (256, None),
+                                                          (1024, None),
                                                           (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 28672, 128): [(1, ['mma', 1, 8, 2]),
                                                            (16, None),
+                                                           (64, None),
                                                            (128, None),
                                                            (256, None),
+                                                           (1024, None),
                                                            (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 10240, 8192, 128): [(1, None),
                                                            (16, None),
+                                                           (64, ['wgmma', 128, 64, 4]),
                                                            (128, None),
                                                            (256, None),
+                                                           (1024, None),
                                                            (4096, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 28672, 4096, 128): [(1, None),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 28672, 4096, 128): [(1, ['mma', 1, 4, 2]),
                                                            (16, None),
+                                                           (64, None),
                                                            (128, None),
                                                            (256, None),
+                                                           (1024, None),
                                                            (4096, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 57344, 8192, 128): [(1, None),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 57344, 8192, 128): [(1, ['mma', 1, 4, 2]),
                                                            (16, None),
+                                                           (64, None),
                                                            (128, None),
                                                            (256, None),
+                                                           (1024, None),
                                                            (4096, None)]}
