@@ -24,20 +24,17 @@
 // block to arrive (an acq_rel-fenced counter): deterministic, one launch.
 #include "w4a16_mma.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "w4a16_dequant.cuh"
 
 namespace fused_llm {
 namespace machete_w4a16 {
 namespace {
 
+// mma.sync m16n8k16, fp32 accumulators: c += A B (A four registers, B two, per lane).
 template <class T>
-struct Types;
+struct MmaSync;
 template <>
-struct Types<__nv_bfloat16> {
-  using T2 = __nv_bfloat162;
-  static constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0 twice: 128 + q for q < 16
-  static constexpr float kBase = 128.0f;
+struct MmaSync<__nv_bfloat16> {
   __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -47,10 +44,7 @@ struct Types<__nv_bfloat16> {
   }
 };
 template <>
-struct Types<__half> {
-  using T2 = __half2;
-  static constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024.0 twice: 1024 + q
-  static constexpr float kBase = 1024.0f;
+struct MmaSync<__half> {
   __device__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -72,51 +66,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
-}
-
-template <class T2>
-__device__ __forceinline__ uint32_t as_u32(T2 v) {
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// Codes of columns (2i, 2i + 1) of a packed word (nibble slots i, i + 4) -> (q - z) * s, two
-// 16-bit values in one register (the low half the even column).
-template <class T>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int i, typename Types<T>::T2 zz,
-                                                 typename Types<T>::T2 s) {
-  using T2 = typename Types<T>::T2;
-  const uint32_t bits = ((word >> (4 * i)) & 0x000F000Fu) | Types<T>::kMagic;
-  const T2 h = *reinterpret_cast<const T2*>(&bits);
-  return as_u32<T2>(__hmul2(__hsub2(h, zz), s));  // exact difference, one rounding
-}
-
-template <class T>
-__device__ __forceinline__ typename Types<T>::T2 splat(T v) {
-  typename Types<T>::T2 r;
-  r.x = v;
-  r.y = v;
-  return r;
-}
-
-template <class T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_float(__half v) {
-  return __half2float(v);
-}
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_float(float v) {
-  return __float2half_rn(v);
 }
 
 struct KernelArgs {
@@ -148,7 +97,7 @@ constexpr int kInFlight = 2;
 template <class T, int NT, int RT, bool ZEROS, int WARPS, bool X_AHEAD>
 __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mma_kernel(const KernelArgs a) {
   static_assert(!X_AHEAD || (NT == 1 && RT == 1), "x ahead: one n8 tile, one row tile");
-  using T2 = typename Types<T>::T2;
+  using T2 = typename Elem<T>::T2;
   constexpr int kRows = kTileRows * RT;                   // rows of a block (and of each warp)
   constexpr int kOut = kRows * kTokensPerMma * NT;        // outputs of a block's tile
   __shared__ float red[WARPS][kOut];
@@ -186,7 +135,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
                                                                              a.x_row_stride) +
              4 * t;
   }
-  const T2 zz_sym = splat<T>(from_float<T>(Types<T>::kBase + 8.0f));
+  const T2 zz_sym = zero_pair<T>(8);
 
   float acc[RT][NT][4];
 #pragma unroll
@@ -251,7 +200,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
         for (int h = 0; h < 2; ++h) {
           s2[r][h] = splat<T>(sc[u][r][h]);
           zz[r][h] = zz_sym;
-          if constexpr (ZEROS) zz[r][h] = splat<T>(from_float<T>(Types<T>::kBase + static_cast<float>(zp[u][r][h])));
+          if constexpr (ZEROS) zz[r][h] = zero_pair<T>(zp[u][r][h]);
           wq[r][h][0] = q[u][r][h].x;
           wq[r][h][1] = q[u][r][h].y;
           wq[r][h][2] = q[u][r][h].z;
@@ -274,7 +223,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               const uint4& v = xv[nt][word];  // columns 32t + 8 word .. + 7: steps 2 word, 2 word + 1
-              Types<T>::mma(acc[r][nt], frag, half ? v.z : v.x, half ? v.w : v.y);
+              MmaSync<T>::mma(acc[r][nt], frag, half ? v.z : v.x, half ? v.w : v.y);
             }
           }
         }
@@ -301,9 +250,9 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
   auto finish = [&](int idx, float v) {
     const int tok = idx / kRows, row = row0 + idx % kRows;
     if (a.bias != nullptr) {
-      v += a.bias_fp32 ? static_cast<const float*>(a.bias)[row] : to_float<T>(static_cast<const T*>(a.bias)[row]);
+      v += a.bias_fp32 ? static_cast<const float*>(a.bias)[row] : Elem<T>::to_float(static_cast<const T*>(a.bias)[row]);
     }
-    out[static_cast<int64_t>(tok) * a.out_row_stride + row] = from_float<T>(v);
+    out[static_cast<int64_t>(tok) * a.out_row_stride + row] = Elem<T>::from_float(v);
   };
   const int valid = min(a.m, kTokensPerMma * NT) * kRows;  // [token][row] indices < valid
   if (a.split_k == 1) {
