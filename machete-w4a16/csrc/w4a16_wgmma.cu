@@ -8,7 +8,8 @@
 //
 // Block: two warpgroups (256 threads), each owning 64 of the block's 128 rows of W and all TOK
 // tokens of the tile (the wgmma's N: 64, 128 or 256). Each K step of 64 columns is one pipeline
-// stage in shared memory, filled by every thread with 16-byte cp.async (no producer warp):
+// stage in shared memory, filled by the copy engine (TMA boxes on one mbarrier per stage, issued
+// by thread 0):
 //   x:      TOK rows x 128 bytes, 128-byte swizzled (16-byte chunk c of row r at c ^ (r % 8)), the
 //           canonical K-major layout of a wgmma B operand: descriptor stride 1024 bytes per 8
 //           rows, a k16 slice 32 bytes further;
@@ -27,8 +28,9 @@
 // commit group with A registers of its own; after issuing slice kk a warpgroup waits until at
 // most three groups are pending (slice kk + 1 of the previous step retired) and dequantizes
 // slice kk + 1 into its registers while up to three wgmmas run. At the top of step i a block
-// barrier follows the first such wait of step i - 1, so every wgmma of step i - 2 has retired
-// and its stage is the one refilled.
+// barrier follows all four waits of step i - 1; after the last only slices 1-3 of step i - 1
+// can be pending, so every wgmma (and shared load) of step i - 2 has retired and its stage is
+// the one refilled.
 //
 // Measured (H100, benchmarks/results/wgmma_sweep_*): 0.6-0.8x cuBLAS bf16 at M >= 256, about half
 // the tensor cores' peak; Nsight Compute shows the tensor pipe half busy with no stall reason
@@ -42,6 +44,8 @@
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes through the runtime)
 
+#include <atomic>
+
 #include "w4a16_dequant.cuh"
 
 namespace fused_llm {
@@ -52,6 +56,7 @@ constexpr int kThreads = 256;  // two warpgroups
 constexpr int kSlices = kWgmmaStepK / 16;  // k16 wgmma slices a step
 constexpr int kRows = 128;  // rows of W a block covers: 64 a warpgroup
 constexpr int kGroupM = 8;     // row tiles of x that walk W's tiles together (L2 reuse of W)
+constexpr int kMaxDevices = 64;  // devices whose shared-memory limit is cached as set
 
 // wgmma m64nNk16, A (4 registers a thread) from registers, B from shared memory through a
 // descriptor, D += A B (accumulate != 0) or D = A B; B K-major (no transpose), scales +1.
@@ -497,8 +502,15 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
   }
   if (!ok) return cudaErrorInvalidValue;
   auto kernel = w4a16_wgmma_kernel<T, ZEROS, TOK, STAGES, MIN_BLOCKS>;
-  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
-  if (attr != cudaSuccess) return attr;
+  // The shared-memory limit is a per-device attribute: set once per device this process uses.
+  static std::atomic<bool> limit_set[kMaxDevices];
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (device >= kMaxDevices || !limit_set[device].load(std::memory_order_relaxed)) {
+    const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
+    if (attr != cudaSuccess) return attr;
+    if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
+  }
   const dim3 grid(static_cast<unsigned>(a.tiles_m * a.tiles_n), static_cast<unsigned>(a.split_k));
   kernel<<<grid, kThreads, L::kBytes, stream>>>(a, maps);
   return cudaGetLastError();

@@ -314,6 +314,13 @@ def test_wgmma_inputs_it_copies_or_gathers():
     kern.launch_w4a16(x1, qw1.qweight, qw1.scales, qw1.zeros, None, None, out, 32,
                       cfg={"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": 64, "SPLIT_K": 1})  # fmt: skip
     assert_gemm_close(out, reference(x1, qw1), "K = 64, out row stride 64")
+    x1, qw1, _ = make(1, 256, 1024, torch.bfloat16, 128, True, seed=53)  # M = 1, forced: the binding's one-row stride
+    out = poison_(torch.empty(1, 256, dtype=torch.bfloat16, device=DEVICE))
+    kern.launch_w4a16(x1, qw1.qweight, qw1.scales, qw1.zeros, None, None, out, 128,
+                      cfg={"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": 64, "SPLIT_K": 2})  # fmt: skip
+    assert_gemm_close(out, reference(x1, qw1), "M = 1, split 2")
+    xb = x1.expand(70, 1024)  # row stride 0: copied first
+    assert_gemm_close(w4.w4a16_gemm(xb, qw1), reference(xb, qw1), "an expanded x")
     xs = wide[:, :1024]
     odd = poison_(torch.empty(70, 264, dtype=torch.bfloat16, device=DEVICE))[:, 3:259]  # 6 bytes off 16
     w4.ops.w4a16_gemm(odd, xs, qw.qweight, qw.scales, qw.zeros, qw.perm, None, qw.group_size)

@@ -564,18 +564,21 @@ def mma_supported(x: torch.Tensor, M: int, K: int, group_size: int) -> bool:
 
 def wgmma_supported(x: torch.Tensor, M: int, N: int, K: int, group_size: int) -> bool:
     """Whether the compiled Hopper kernel can run this call: the CUDA build on a GPU of
-    capability 9.0 (its code is sm_90a), M >= 1, K a multiple of 64 (a pipeline stage), N of 16
+    capability 9.0 (its code is sm_90a), 1 <= M < 2^24, K a multiple of 64 (a pipeline stage), N of 16
     (the 16-byte copies of a block's scales and zeros), a group of >= 32 columns or one per
     channel (a stage spans at most two groups)."""
-    if not (x.is_cuda and M >= 1 and K % 64 == 0 and N % 16 == 0 and (group_size == -1 or group_size >= 32)):
+    if not (x.is_cuda and 1 <= M < 1 << 24 and K % 64 == 0 and N % 16 == 0 and (group_size == -1 or group_size >= 32)):
         return False
     if _wgmma_op() is None:
         return False
     return _capability(x) == (9, 0)
 
 
-def _wgmma_out_ok(out: torch.Tensor) -> bool:
-    return out.data_ptr() % 16 == 0 and (out.shape[0] <= 1 or out.stride(0) % 8 == 0)
+def _wgmma_tensors_ok(out: torch.Tensor, *weight) -> bool:
+    """What the Hopper kernel needs of the tensors w4a16_gemm does not check: 16-byte aligned
+    weight tensors (its copy engine's boxes) and an output it can write in 16-byte stores."""
+    aligned = all(t.data_ptr() % 16 == 0 for t in weight if t is not None)
+    return aligned and out.data_ptr() % 16 == 0 and (out.shape[0] <= 1 or out.stride(0) % 8 == 0)
 
 
 def wgmma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
@@ -683,7 +686,7 @@ class _CompiledPlan:
     def __call__(self, x, qweight, scales, zeros, perm, bias, out) -> None:
         if perm is not None:
             x = x.index_select(1, perm)
-        elif x.stride(1) != 1 or (x.shape[0] > 1 and x.stride(0) % 8) or x.data_ptr() % 16:
+        elif x.stride(1) != 1 or (x.shape[0] > 1 and (x.stride(0) % 8 or x.stride(0) < x.shape[1])) or x.data_ptr() % 16:
             x = x.clone(memory_format=torch.contiguous_format)
         self.op(out, x, qweight, scales, zeros, bias, self.group_size, *self.args)
 
@@ -726,8 +729,8 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
             return
     forced = cfg is not None
     cfg = dict(cfg) if forced else select_config(M, N, K, group_size, x)
-    if cfg["kernel"] == "wgmma" and not forced and not _wgmma_out_ok(out):
-        cfg = w4a16_config(M, N, K, group_size)  # an output view the kernel's 16-byte stores cannot take
+    if cfg["kernel"] == "wgmma" and not forced and not _wgmma_tensors_ok(out, qweight, scales, zeros):
+        cfg = w4a16_config(M, N, K, group_size)  # views the kernel's 16-byte copies and stores cannot take
     kernel = cfg.pop("kernel")
     if kernel == "mma":
         if not mma_supported(x, M, K, group_size):
@@ -747,15 +750,17 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
             raise ValueError(f"cfg: the compiled 'wgmma' kernel cannot run M = {M}, N = {N}, K = {K}, group size "
                              f"{group_size} on {x.device} (needs the CUDA build, capability 9.0, K % 64 == 0, "
                              "N % 16 == 0, group size >= 32 or -1)")  # fmt: skip
-        if not _wgmma_out_ok(out):
-            raise ValueError("cfg: the compiled 'wgmma' kernel writes out in 16-byte stores: out must be 16-byte "
-                             f"aligned with a row stride a multiple of 8, got stride {out.stride(0)}")  # fmt: skip
+        if not _wgmma_tensors_ok(out, qweight, scales, zeros):
+            raise ValueError("cfg: the compiled 'wgmma' kernel reads and writes in 16-byte units: qweight, scales, "
+                             "zeros and out must be 16-byte aligned, out's row stride a multiple of 8")  # fmt: skip
         tile = (cfg["BLOCK_N"], cfg["BLOCK_M"])
         if tile not in _config.WGMMA_TILES:
             raise ValueError(f"cfg: the 'wgmma' kernel's (BLOCK_N, BLOCK_M) must be one of {_config.WGMMA_TILES}, got {tile}")
         tiles = triton.cdiv(N, tile[0]) * triton.cdiv(M, tile[1])
         counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if cfg["SPLIT_K"] > 1 else None
-        args = (_config.WGMMA_TILES.index(tile), min(cfg["SPLIT_K"], K // 64), counters)
+        split = min(cfg["SPLIT_K"], K // 64) if M * N < 1 << 31 else 1  # the partials' int offsets
+        counters = counters if split > 1 else None
+        args = (_config.WGMMA_TILES.index(tile), split, counters)
         plan = _CompiledPlan(_wgmma_op(), group_size, args)
         if key is not None:
             _COMPILED_PLANS[key] = plan
