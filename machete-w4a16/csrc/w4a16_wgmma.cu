@@ -32,11 +32,11 @@
 // can be pending, so every wgmma (and shared load) of step i - 2 has retired and its stage is
 // the one refilled.
 //
-// Measured (H100, benchmarks/results/wgmma_sweep_*): 0.6-0.8x cuBLAS bf16 at M >= 256, about half
-// the tensor cores' peak; Nsight Compute shows the tensor pipe half busy with no stall reason
-// dominant (no wgmma waits to speak of: the dequantization and the x copies' issue, not the
-// tensor cores, set the pace). Machete's warp-specialized design (TMA producer, dequantizing
-// consumers) is the next step.
+// Measured (H100, graph-replayed against cuBLAS bf16, benchmarks/results/tune_*): 0.62-1.22x at
+// M = 256, 0.75-0.97x at 1024, 0.90-1.05x at 4096. Filling the stages with every thread's
+// cp.async instead had held it at half the tensor cores' rate: the copies, not the
+// dequantization, were the limit (docs/machete-w4a16-hopper-kernel.md). The small-N shapes
+// (8B QKV / O) trail at M = 256-1024, too few row tiles to fill the SMs: stream-K is the next step.
 //
 // Split K (grid.y > 1): fp32 partials summed in split order by the last block of each output
 // tile to arrive (an acq_rel-fenced counter), as in w4a16_mma.cu: deterministic, one launch.
