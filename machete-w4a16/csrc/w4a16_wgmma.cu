@@ -312,8 +312,6 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
     }
   }
   const uint32_t xs_addr = smem_u32(xs);
-  int one = 1;  // the wgmmas' accumulate flag, a register defined once
-  asm volatile("" : "+r"(one));
   for (int i = 0; i < nsteps; ++i) {
     const int st = i % kStages;
     mbar_wait(&full[st], (i / kStages) % 2);  // step i's boxes have landed
@@ -342,13 +340,8 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
       frag[kk][1] = dequant_pair<T>(hi.x, t, z_hi, s_hi);  // row g + 8
       frag[kk][2] = dequant_pair<T>(lo.y, t, z_lo, s_lo);  // row g, columns 2t + 8, 2t + 9
       frag[kk][3] = dequant_pair<T>(hi.y, t, z_hi, s_hi);  // row g + 8
-      // Every input of the wgmma defined before the fence: an input register written between the
-      // fence and the wgmma makes ptxas serialize all of them (C7513).
-      uint64_t desc = b_descriptor(xs_addr + st * L::kX + kk * 32);
-      fence_regs(frag[kk]);
-      asm volatile("" : "+l"(desc)::"memory");
       wgmma_fence();  // the A registers just written, before the wgmma reads them
-      Wgmma<T, TOK>::mma(acc, frag[kk], desc, one);
+      Wgmma<T, TOK>::mma(acc, frag[kk], b_descriptor(xs_addr + st * L::kX + kk * 32), 1);
       wgmma_commit();
       if (kk == 0 && tid == 0 && i + kStages - 2 < nsteps) {  // the refill, behind this step's first slice
         fence_proxy_async();

@@ -122,6 +122,24 @@ void fill_common(Params& p, const GemmShape& s, at::Tensor& out, const at::Tenso
   p.out_row_stride = s.M == 1 ? s.N : out.stride(0);
 }
 
+// The tail both ops share: the split-K partials [split_k, M, N] (for a split in range; the
+// kernel's check names one out of range), the kernel's own check, the launch on the current stream.
+template <class Params, class Check, class Launch>
+void check_and_launch(Params& p, const GemmShape& s, const at::Tensor& x, int64_t split_k, int64_t max_split,
+                      const char* op, Check check, Launch launch) {
+  using fused_llm::binding::msg;
+  at::Tensor partials;
+  if (split_k > 1 && split_k <= max_split) {
+    partials = at::empty({split_k, s.M, s.N}, x.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
+  const char* reason = check(p);
+  TORCH_CHECK(reason == nullptr, msg(op, ": ", reason == nullptr ? "" : reason));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
+  const cudaError_t err = launch(p, stream);
+  TORCH_CHECK(err == cudaSuccess, msg(op, ": kernel launch failed: ", cudaGetErrorString(err)));
+}
+
 }  // namespace
 
 void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -140,16 +158,7 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
   p.counters = counters.has_value() ? counters->data_ptr<int32_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   p.sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // cached by ATen per device
-  at::Tensor partials;
-  if (split_k > 1 && split_k <= s.K / mw::kWindow) {  // out of range: the check below says so
-    partials = at::empty({split_k, s.M, s.N}, x.options().dtype(at::kFloat));
-    p.partials = partials.data_ptr<float>();
-  }
-  const char* reason = mw::w4a16_mma_check(p);
-  TORCH_CHECK(reason == nullptr, msg("w4a16_mma: ", reason == nullptr ? "" : reason));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  const cudaError_t err = mw::w4a16_mma_launch(p, stream);
-  TORCH_CHECK(err == cudaSuccess, msg("w4a16_mma: kernel launch failed: ", cudaGetErrorString(err)));
+  check_and_launch(p, s, x, split_k, s.K / mw::kWindow, "w4a16_mma", mw::w4a16_mma_check, mw::w4a16_mma_launch);
 }
 
 void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -169,16 +178,8 @@ void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight
   const auto* props = at::cuda::getCurrentDeviceProperties();
   TORCH_CHECK(props->major == 9 && props->minor == 0,
               msg("w4a16_wgmma: needs a GPU of capability 9.0 (sm_90a code), got ", props->major, ".", props->minor));
-  at::Tensor partials;
-  if (split_k > 1 && split_k <= s.K / mw::kWgmmaStepK) {  // out of range: the check below says so
-    partials = at::empty({split_k, s.M, s.N}, x.options().dtype(at::kFloat));
-    p.partials = partials.data_ptr<float>();
-  }
-  const char* reason = mw::w4a16_wgmma_check(p);
-  TORCH_CHECK(reason == nullptr, msg("w4a16_wgmma: ", reason == nullptr ? "" : reason));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
-  const cudaError_t err = mw::w4a16_wgmma_launch(p, stream);
-  TORCH_CHECK(err == cudaSuccess, msg("w4a16_wgmma: kernel launch failed: ", cudaGetErrorString(err)));
+  check_and_launch(p, s, x, split_k, s.K / mw::kWgmmaStepK, "w4a16_wgmma", mw::w4a16_wgmma_check,
+                   mw::w4a16_wgmma_launch);
 }
 #endif  // CUDA_KERNEL
 

@@ -756,10 +756,9 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         tile = (cfg["BLOCK_N"], cfg["BLOCK_M"])
         if tile not in _config.WGMMA_TILES:
             raise ValueError(f"cfg: the 'wgmma' kernel's (BLOCK_N, BLOCK_M) must be one of {_config.WGMMA_TILES}, got {tile}")
-        tiles = triton.cdiv(N, tile[0]) * triton.cdiv(M, tile[1])
-        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if cfg["SPLIT_K"] > 1 else None
         split = min(cfg["SPLIT_K"], K // 64) if M * N < 1 << 31 else 1  # the partials' int offsets
-        counters = counters if split > 1 else None
+        tiles = triton.cdiv(N, tile[0]) * triton.cdiv(M, tile[1])
+        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if split > 1 else None
         args = (_config.WGMMA_TILES.index(tile), split, counters)
         plan = _CompiledPlan(_wgmma_op(), group_size, args)
         if key is not None:
