@@ -41,6 +41,22 @@ def make_x(tokens: int, K: int, device, seed: int = 0, dtype=torch.bfloat16) -> 
     return torch.randn(tokens, K, generator=g, device=device, dtype=dtype)
 
 
+# Bit offset of column c of a packed word: the package's nibble slot (c // 2) + 4 (c % 2), times 4.
+COLUMN_SHIFTS = (0, 16, 4, 20, 8, 24, 12, 28)
+
+
+def dequant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    """What a user without the kernel writes, in plain torch (the suite's torch.compile peer):
+    unpack the codes (``shifts``: ``COLUMN_SHIFTS`` as an int32 tensor), ``(q - 8) * s`` in x's
+    dtype (the difference exact, one rounding: dequantize()'s value), ``F.linear``. Symmetric
+    weights, groups along K."""
+    N, K = qweight.shape[0], qweight.shape[1] * 8
+    groups = scales.shape[0]
+    q = ((qweight.unsqueeze(-1) >> shifts) & 0xF).reshape(N, groups, K // groups)
+    w = ((q - 8).to(x.dtype) * scales.t().unsqueeze(-1)).reshape(N, K)
+    return F.linear(x, w)
+
+
 def reference(kernel, x: torch.Tensor, qw) -> torch.Tensor:
     """cuBLAS on the dequantized weight: ``F.linear(x, dequantize(qw))`` in x's dtype."""
     return F.linear(x, kernel.dequantize(qw))

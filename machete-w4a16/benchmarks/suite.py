@@ -9,7 +9,10 @@ GPTQ checkpoints hold). ``ours`` is w4a16_gemm as users call it (the kernel pick
   targets are ratios to it);
 * ``tinygemm``: ``torch.ops.aten._weight_int4pack_mm`` (torch's built-in int4 GEMM, bf16,
   ``_convert_weight_to_int4pack`` layout, ``w = (q - 8) * scale + zero`` with zero 0 here);
-* ``gemlite``: GemLite's Triton W4A16 layer (``GemLiteLinearTriton``), when importable.
+* ``gemlite``: GemLite's Triton W4A16 layer (``GemLiteLinearTriton``), when importable;
+* ``torch_compile``: ``torch.compile(dynamic=False, fullgraph=True)`` of the plain-torch
+  unpack, dequantize and ``F.linear`` (``benchmark.dequant_linear``): what Inductor makes of the
+  code a user would write without a kernel.
 Bytes: ours / tinygemm / gemlite read N K / 2 bytes of codes plus the scales; cuBLAS 2 N K.
 """
 
@@ -20,7 +23,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from fused_llm_dev.bench.suite import Case, Fn, Provider, Suite, importable, load_sibling, package_loader, within_scale
+from fused_llm_dev.bench.suite import (Case, Fn, Provider, Suite, compile_static, importable, load_sibling, package_loader,
+                                       within_scale)  # fmt: skip
 
 ref = load_sibling(__file__)
 TOKENS = (1, 4, 16, 32, 64, 128, 256, 1024, 4096)
@@ -110,6 +114,18 @@ def make_tinygemm(case: Case, seed: int) -> Fn:
     return lambda: torch.ops.aten._weight_int4pack_mm(x, w, GROUP, scale_zero)
 
 
+@functools.cache
+def _compiled():
+    return compile_static(ref.dequant_linear)
+
+
+def make_compile(case: Case, seed: int) -> Fn:
+    _, x, qw = _inputs(case, seed)
+    fn = _compiled()
+    shifts = torch.tensor(ref.COLUMN_SHIFTS, dtype=torch.int32, device=x.device)
+    return lambda: fn(x, qw.qweight, qw.scales, shifts)
+
+
 _gemlite_unavailable = importable("gemlite.core", "GemLiteLinearTriton")
 
 
@@ -149,6 +165,8 @@ def build_suite() -> Suite:
             Provider("cublas_bf16", make_cublas, bytes_moved=_bf16_bytes, note="F.linear on the dequantized bf16 weight"),
             Provider("tinygemm", make_tinygemm, unavailable=_tinygemm_unavailable, note="aten._weight_int4pack_mm, " + int4_note),
             Provider("gemlite", make_gemlite, unavailable=_gemlite_unavailable, note="GemLiteLinearTriton, " + int4_note),
+            Provider("torch_compile", make_compile, unavailable=_ours_unavailable,
+                     note="torch.compile(dynamic=False) of unpack + (q - 8) s + F.linear, " + int4_note),  # fmt: skip
         ],
         bytes_moved=_int4_bytes,
         flops=_flops,
