@@ -66,7 +66,26 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool)
         tiles = -(-N // bn) * -(-M // bm)
         split = max(1, min(-(-p * sms // tiles), -(-K // bk)))
         out.add(kernel.SkinnyConfig(bm, bn, bk, split, 8 if bn == 128 else 4, st))
+    if M == 1:
+        out |= set(gemv_candidates(kernel, K, elem, quick))
     return sorted(out, key=lambda c: c.as_list())
+
+
+def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
+    """The GEMV at M = 1 with few rows and long K steps (2-16 rows x 2-16 KiB of each row a step,
+    8K or 16K fp32 accumulators: 32-64 registers a thread at 8 warps), no K split: the grid has
+    N / BLOCK_N programs. The shape of Inductor's M = 1 reduction, which read 2304 x 16384 bf16
+    at 27.5 us where cuBLAS took 31.9 (H100, 2026-11-24, results/INDEX.md); quick: 8 warps."""
+    out = []
+    for bn, kb in ((2, 8192), (4, 4096), (4, 8192), (8, 2048), (8, 4096), (16, 2048)):
+        bk = min(kb // elem, _pow2_floor(K))
+        for warps, stages in itertools.product((8,) if quick else (8, 16), (2, 3)):
+            out.append(kernel.SkinnyConfig(1, bn, max(32, bk), 1, warps, stages))
+    return out
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
 
 
 def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, margin: float, log):

@@ -213,7 +213,8 @@ def test_strides_and_out():
 @pytest.mark.skipif(not TRITON, reason="the Triton kernel's configurations")
 @pytest.mark.parametrize(
     "cfg",
-    [(1, 32, 64, 1), (1, 16, 128, 3), (16, 32, 32, 5), (16, 64, 64, 2), (32, 16, 128, 4), (64, 32, 32, 3)],
+    [(1, 32, 64, 1), (1, 16, 128, 3), (1, 1, 256, 1), (1, 4, 512, 1), (16, 32, 32, 5), (16, 64, 64, 2), (32, 16, 128, 4),
+     (64, 32, 32, 3)],
     ids=lambda c: "M{}-N{}-K{}-split{}".format(*c),
 )
 @pytest.mark.parametrize("deterministic", [True, False], ids=["ordered", "atomic"])
@@ -237,10 +238,14 @@ def test_configs(cfg, deterministic):
 
 
 def test_default_config():
-    """GEMV at M = 1, the smallest dot tile holding M (64 at most), the K split within the K
-    steps; gfx942's smaller K steps and 2 stages."""
-    c = sg.skinny_config(1, 2304, 16384, 2)
-    assert (c.BLOCK_M, c.BLOCK_K) == (16, 128) and 1 < c.SPLIT_K <= 16384 // 128
+    """The GEMV at M = 1 for 16-bit inputs on CUDA (4 rows, 8 KiB K steps, at most half of K),
+    else the smallest dot tile holding M (64 at most), the K split within the K steps; gfx942's
+    smaller K steps and 2 stages."""
+    assert sg.skinny_config(1, 2304, 16384, 2) == sg.SkinnyConfig(1, 4, 4096, 1, 8, 3)
+    assert sg.skinny_config(1, 4096, 4096, 2) == sg.SkinnyConfig(1, 4, 2048, 1, 8, 2)
+    assert sg.skinny_config(1, 64, 48, 2).BLOCK_K == 32
+    for c in (sg.skinny_config(1, 2304, 16384, 1), sg.skinny_config(1, 2304, 16384, 2, hip=True)):
+        assert c.BLOCK_M == 16 and 1 < c.SPLIT_K <= 16384 // c.BLOCK_K
     assert sg.skinny_config(5, 2304, 16384, 2).BLOCK_M == 16
     assert sg.skinny_config(33, 2304, 16384, 2).BLOCK_M == 64
     assert sg.skinny_config(500, 2304, 16384, 2).BLOCK_M == 64
@@ -391,6 +396,7 @@ def _bad_cases():
         ("config type", lambda: sg.gemm(x, w, config=[16, 32, 32, 1]), TypeError, "config: expected a SkinnyConfig or None, got list"),
         ("config M", lambda: sg.SkinnyConfig(8, 32, 32, 1), ValueError, r"SkinnyConfig.BLOCK_M: expected 1 \(GEMV\) or a power of two >= 16"),
         ("config K", lambda: sg.SkinnyConfig(16, 32, 48, 1), ValueError, "SkinnyConfig.BLOCK_K: expected a power of two >= 32, got 48"),
+        ("config N", lambda: sg.SkinnyConfig(16, 8, 32, 1), ValueError, r"SkinnyConfig.BLOCK_N: expected a power of two >= 16 with a tl.dot tile \(BLOCK_M 16\), got 8"),
         ("grad", lambda: sg.gemm(x, torch.nn.Parameter(w)), RuntimeError, "x, w, bias: the skinny ops are inference only"),
         ("fp8 x dtype", lambda: sg.gemm_fp8(x, w, xs, ws), TypeError, "x: expected dtype float8_e4m3fn or float8_e4m3fnuz, got torch.bfloat16"),
         ("fp8 w dtype", lambda: sg.gemm_fp8(xq, w, xs, ws), TypeError, r"w: expected dtype torch.float8_e4m3\w+ \(x's\), got torch.bfloat16"),

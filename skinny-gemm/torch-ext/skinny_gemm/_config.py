@@ -16,12 +16,17 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
 @dataclass(frozen=True)
 class SkinnyConfig:
     """One launch of ``_skinny_gemm_kernel``: BLOCK_M tokens (1: the FMA GEMV; else >= 16, the
-    tl.dot tile's narrow side), BLOCK_N weight rows, BLOCK_K columns per step, SPLIT_K slices
-    (an upper bound: the launcher rounds the slice to whole steps and drops empty slices),
-    num_warps, num_stages."""
+    tl.dot tile's narrow side), BLOCK_N weight rows (>= 16 for a dot tile, its wide side; the
+    GEMV takes any power of two: few rows with long K steps read each row in long runs),
+    BLOCK_K columns per step, SPLIT_K slices (an upper bound: the launcher rounds the slice to
+    whole steps and drops empty slices), num_warps, num_stages."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -31,10 +36,13 @@ class SkinnyConfig:
     num_stages: int = 3
 
     def __post_init__(self):
-        check_config(self, powers_of_two={"BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 1},
+        check_config(self, powers_of_two={"BLOCK_M": 1, "BLOCK_N": 1, "BLOCK_K": 32, "num_warps": 1},
                      at_least={"SPLIT_K": 1, "num_stages": 1})  # fmt: skip
         if self.BLOCK_M != 1 and self.BLOCK_M < 16:
             raise ValueError(f"SkinnyConfig.BLOCK_M: expected 1 (GEMV) or a power of two >= 16 (tl.dot), got {self.BLOCK_M}")
+        if self.BLOCK_M != 1 and self.BLOCK_N < 16:
+            raise ValueError(f"SkinnyConfig.BLOCK_N: expected a power of two >= 16 with a tl.dot tile (BLOCK_M {self.BLOCK_M}), "
+                             f"got {self.BLOCK_N}")  # fmt: skip
 
     def launch_kwargs(self) -> dict:
         return {"BLOCK_M": self.BLOCK_M, "BLOCK_N": self.BLOCK_N, "BLOCK_K": self.BLOCK_K,
@@ -51,10 +59,13 @@ def skinny_config(M: int, N: int, K: int, elem_bytes: int, sms: int = 132, hip: 
     Defaults for shapes the tuning table (``benchmarks/tune.py``) does not list, from the H100
     sweeps at 2304 x 16384 (2026-11-24), each derived as follows.
 
-    * BLOCK_M: the smallest tl.dot tile (16, 32, 64) holding M, also at M = 1: the dot tile's
-      pipelined loads beat the FMA GEMV (BLOCK_M = 1, a config option) there, bf16 30.9 vs
-      32.8 us, FP8 18.9 vs 21.6; above 64 tokens, 64-row tiles (the kernel is not meant for
-      prefill, but any M works).
+    * M = 1, 16-bit on CUDA: the FMA GEMV on 4 weight rows a program, K steps of 8 KiB (at most
+      half of K: two steps to pipeline), no K split, 8 warps, 3 stages (2 with fewer than four
+      steps): the configuration the tuner kept at M = 1 on all eleven bf16 shapes of the
+      issue (1.04-1.22x cuBLAS, where the 16-row dot tile had been 0.93-1.00x; H100,
+      2026-11-24). FP8 keeps the dot tile below: the GEMV won 5 of its 11 shapes.
+    * BLOCK_M: the smallest tl.dot tile (16, 32, 64) holding M (FP8 and gfx942 also at M = 1);
+      above 64 tokens, 64-row tiles (the kernel is not meant for prefill, but any M works).
     * BLOCK_N = 64 weight rows: wgmma's M; with 16 tokens the fp32 accumulator is 8 registers
       per thread at 4 warps.
     * BLOCK_K: 256 bytes of each weight row per step (128 16-bit or 256 FP8 elements); on gfx942
@@ -63,6 +74,9 @@ def skinny_config(M: int, N: int, K: int, elem_bytes: int, sms: int = 132, hip: 
       more slices cost partial-tile traffic: 4 per SM was 2-10% slower), at most one slice
       per K step.
     """
+    if M == 1 and elem_bytes == 2 and not hip:
+        block_k = max(32, _pow2_floor(min(8192 // elem_bytes, K // 2)))
+        return SkinnyConfig(1, 4, block_k, 1, num_warps=8, num_stages=3 if K >= 4 * block_k else 2)
     block_m = min(64, max(16, _next_pow2(M)))
     block_k = max(32, (128 if hip else 256) // elem_bytes)
     block_n = 64

@@ -107,13 +107,17 @@ def _skinny_gemm_kernel(
         kk = k0 + ks
         w_ptrs = w_rows + kk[None, :]
         x_ptrs = x_rows + kk.to(tl.int64)[None, :] * s_xk  # s_xk == 1 is specialized away
+        # The GEMV streams W past L2 (read once) and keeps x there (every program reads it):
+        # Inductor's M = 1 reduction does the same.
+        w_evict: tl.constexpr = "evict_first" if BLOCK_M == 1 else ""
+        x_evict: tl.constexpr = "evict_last" if BLOCK_M == 1 else ""
         if EVEN_K:
-            w = tl.load(w_ptrs)
-            x = tl.load(x_ptrs)
+            w = tl.load(w_ptrs, eviction_policy=w_evict)
+            x = tl.load(x_ptrs, eviction_policy=x_evict)
         else:
             kmask = kk < k_hi
-            w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0)
-            x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0, eviction_policy=w_evict)
+            x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0, eviction_policy=x_evict)
         if BLOCK_M > 1:
             if COMPILED and SCALED:
                 # FP8: promote the tensor core's partial sums to the fp32 accumulator after every

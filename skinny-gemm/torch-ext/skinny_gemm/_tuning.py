@@ -2,9 +2,10 @@
 than cuBLAS (``F.linear`` / ``torch._scaled_mm``), and with which configuration.
 
 Written by ``benchmarks/tune.py`` on a GPU (the command that made it goes into ``MADE_BY``);
-nothing else edits it. Measured on an H100 (2026-11-24) for the Llama-405B TP8 QKV / down and
-Llama-3-8B QKV / O / down shapes at M buckets 1, 4, 16, 64; every other GPU, shape and dtype
-runs cuBLAS.
+nothing else edits it but its docstring. Measured on an H100 (2026-11-24) for the Llama-405B
+TP8 QKV / down and Llama-3-8B QKV / O / down shapes at M buckets 1, 4, 16, 64, then (the GEMV
+among the candidates) for all eleven shapes of the issue at M = 1; every other GPU, shape,
+bucket and dtype runs cuBLAS.
 
 ``TABLE[(gpu_name, dtype, N, K)]`` is a list of ``(m_max, config)`` M buckets in increasing
 order (M <= 1, 2, 4, 8, 16, 32, 64): a call with M tokens takes the first bucket with
@@ -16,43 +17,57 @@ for the skinny kernel, or None where cuBLAS won. ``gpu_name`` is
 
 from __future__ import annotations
 
-MADE_BY = ('python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; '
-           'python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3')
+MADE_BY = 'python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3'
 
-TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 2304, 16384): [(1, None),
+TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 3]),
                                                       (4, [16, 64, 128, 4, 4, 4]),
                                                       (16, None),
                                                       (64, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096): [(1, None),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096): [(1, [1, 4, 4096, 1, 8, 3]),
                                                      (4, [16, 32, 128, 2, 4, 4]),
                                                      (16, [16, 32, 128, 2, 4, 4]),
                                                      (64, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 14336): [(1, None), (4, None), (16, None), (64, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 6144, 4096): [(1, None),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 14336): [(1, [1, 4, 2048, 1, 8, 2]),
+                                                      (4, None),
+                                                      (16, None),
+                                                      (64, None)],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 6144, 4096): [(1, [1, 4, 4096, 1, 8, 2]),
                                                      (4, None),
                                                      (16, [16, 32, 128, 1, 4, 4]),
                                                      (64, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 16384, 6656): [(1, None),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192): [(1, [1, 4, 4096, 1, 8, 2])],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 28672): [(1, [1, 4, 4096, 1, 8, 3])],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 10240, 8192): [(1, [1, 4, 4096, 1, 8, 3])],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 13312, 16384): [(1, [1, 4, 4096, 1, 8, 2])],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 16384, 6656): [(1, [1, 4, 4096, 1, 8, 2]),
                                                       (4, [16, 64, 128, 1, 4, 4]),
                                                       (16, [16, 64, 128, 1, 4, 4]),
                                                       (64, None)],
- ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 2304, 16384): [(1, [16, 64, 256, 4, 4, 4]),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 28672, 4096): [(1, [1, 4, 4096, 1, 8, 2])],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 57344, 8192): [(1, [1, 4, 4096, 1, 8, 3])],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 2]),
                                                            (4, [16, 64, 256, 4, 4, 4]),
                                                            (16, [16, 64, 256, 4, 4, 4]),
                                                            (64, [64, 32, 256, 8, 4, 4])],
- ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 4096, 4096): [(1, [16, 64, 256, 5, 4, 4]),
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 4096, 4096): [(1, [1, 2, 4096, 1, 8, 2]),
                                                           (4, [16, 32, 256, 2, 4, 4]),
                                                           (16, [16, 32, 256, 2, 4, 4]),
                                                           (64, [64, 32, 256, 2, 4, 4])],
- ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 4096, 14336): [(1, [16, 64, 256, 3, 4, 4]),
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 4096, 14336): [(1, [1, 8, 2048, 1, 8, 2]),
                                                            (4, [16, 32, 256, 2, 4, 4]),
                                                            (16, [16, 32, 256, 2, 4, 4]),
                                                            (64, [64, 32, 256, 3, 4, 4])],
- ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 6144, 4096): [(1, [16, 64, 256, 2, 4, 4]),
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 6144, 4096): [(1, [1, 2, 4096, 1, 8, 3]),
                                                           (4, [16, 32, 256, 1, 4, 4]),
                                                           (16, [16, 32, 256, 1, 4, 4]),
                                                           (64, None)],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 8192, 8192): [(1, [16, 64, 256, 2, 4, 4])],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 8192, 28672): [(1, [1, 32, 256, 2, 4, 4])],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 10240, 8192): [(1, [1, 4, 4096, 1, 8, 3])],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 13312, 16384): [(1, [16, 64, 256, 2, 4, 4])],
  ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 16384, 6656): [(1, [16, 64, 256, 1, 4, 4]),
                                                            (4, [16, 64, 256, 1, 4, 4]),
                                                            (16, [16, 64, 256, 1, 4, 4]),
-                                                           (64, None)]}
+                                                           (64, None)],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 28672, 4096): [(1, [1, 32, 256, 1, 4, 4])],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 57344, 8192): [(1, [16, 64, 256, 1, 4, 4])]}
