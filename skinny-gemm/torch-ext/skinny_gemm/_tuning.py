@@ -17,13 +17,13 @@ for the skinny kernel, or None where cuBLAS won. ``gpu_name`` is
 
 from __future__ import annotations
 
-MADE_BY = 'python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3'
+MADE_BY = 'python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1 --dtypes bfloat16  # NVIDIA H100 80GB HBM3'
 
-TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 3]),
+TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 1]),
                                                       (4, [16, 64, 128, 4, 4, 4]),
                                                       (16, None),
                                                       (64, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096): [(1, [1, 4, 4096, 1, 8, 3]),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096): [(1, [1, 4, 4096, 1, 8, 1]),
                                                      (4, [16, 32, 128, 2, 4, 4]),
                                                      (16, [16, 32, 128, 2, 4, 4]),
                                                      (64, None)],
@@ -35,16 +35,16 @@ TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('
                                                      (4, None),
                                                      (16, [16, 32, 128, 1, 4, 4]),
                                                      (64, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192): [(1, [1, 4, 4096, 1, 8, 2])],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 28672): [(1, [1, 4, 4096, 1, 8, 3])],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192): [(1, [1, 4, 4096, 1, 8, 1])],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 28672): [(1, [1, 4, 4096, 1, 8, 1])],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 10240, 8192): [(1, [1, 4, 4096, 1, 8, 3])],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 13312, 16384): [(1, [1, 4, 4096, 1, 8, 2])],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 16384, 6656): [(1, [1, 4, 4096, 1, 8, 2]),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 16384, 6656): [(1, [1, 4, 4096, 1, 8, 1]),
                                                       (4, [16, 64, 128, 1, 4, 4]),
                                                       (16, [16, 64, 128, 1, 4, 4]),
                                                       (64, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 28672, 4096): [(1, [1, 4, 4096, 1, 8, 2])],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 57344, 8192): [(1, [1, 4, 4096, 1, 8, 3])],
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 57344, 8192): [(1, [1, 4, 4096, 1, 8, 2])],
  ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 2]),
                                                            (4, [16, 64, 256, 4, 4, 4]),
                                                            (16, [16, 64, 256, 4, 4, 4]),
