@@ -3,8 +3,9 @@
 
 A child process because the package conftests set TRITON_INTERPRET=1 in this one on a machine
 without a GPU, and every compile needs Triton's real JIT; the check compiles in a fresh Triton
-cache, so each run really compiles: 151 specializations, ~210 s of CPU time (machete-w4a16's 24
-added 26 s, skinny-gemm's 27 19 s; 180-270 s on a 2-core machine shared with other jobs)."""
+cache, so each run really compiles: 165 specializations (2026-11-24), ~150-210 s of CPU time (machete-w4a16's 24
+added 26 s, skinny-gemm's 27 19 s, its 35 of 2026-11-24 16 s alone; 180-270 s on a 2-core
+machine shared with other jobs)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,11 @@
 #    the split-K CI case and the Hopper kernel's tiles and splits (partials, arrival counters,
 #    the shared-memory epilogue);
 # 3. the quick benchmark (`fused-llm bench machete-w4a16 --quick`: 8B QKV, 8B gate/up, 70B down
-#    at 1 / 16 / 64 / 256 / 4096 tokens against cuBLAS bf16, tinygemm, GemLite if installed).
-# Each stage has a time limit, so the whole stays under 9 minutes on an H100; a stage that hits
-# its limit says so in its log and the next one still runs.
+#    at 1 / 16 / 64 / 256 / 4096 tokens against cuBLAS bf16, tinygemm, torch.compile of the plain-torch
+#    dequantize + F.linear, GemLite if installed).
+# Each stage has a time limit; the whole takes about 7.5 minutes on an H100 (the limits add up
+# to more than one 10-minute call); a stage that hits its limit says so in its log and the next
+# one still runs.
 # STAGE picks what runs (one 10-minute device call each; none of the last four has run yet):
 #   STAGE=tests (default)   1-3 above;
 #   STAGE=tune              benchmarks/tune.py, bf16, every shape and bucket (phase 2 paced to

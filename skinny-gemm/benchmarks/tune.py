@@ -57,8 +57,8 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool)
         block_ns, kbytes, per_sm, stages = (32, 64), (256,), (1, 2, 4), (4,)
     else:
         block_ns, kbytes, per_sm, stages = (32, 64, 128), (128, 256, 512), (1, 2, 4, 8), (3, 4, 6)
-    # At M = 1 both the FMA GEMV and a 16-row tl.dot tile (x's row repeated): the dot tile's
-    # pipelined loads won at 2304 x 16384 on the H100 (bf16 30.9 vs 32.8 us, FP8 18.9 vs 21.6).
+    # At M = 1 both the FMA GEMV on 32 / 64 rows and a 16-row tl.dot tile (x's row repeated),
+    # plus the few-row GEMV of gemv_candidates, which won every bf16 shape on the H100.
     block_ms = (1, 16) if M == 1 else (default.BLOCK_M,)
     out = {default}
     for bm, bn, kb, p, st in itertools.product(block_ms, block_ns, kbytes, per_sm, stages):
@@ -72,8 +72,9 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool)
 
 
 def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
-    """The GEMV at M = 1 with few rows and long K steps (2-16 rows x 2-16 KiB of each row a step,
-    8K or 16K fp32 accumulators: 32-64 registers a thread at 8 warps), no K split: the grid has
+    """The GEMV at M = 1 with few rows and long K steps (2-16 rows x 2-8 KiB of each row a step:
+    8K or 16K fp32 accumulators in 16-bit, 32-64 registers a thread at 8 warps; 16K or 32K in
+    FP8), no K split: the grid has
     N / BLOCK_N programs; 1-3 stages (one: plain loads, as Inductor's reductions run), 8 warps
     (quick) or 8 / 16. The shape of Inductor's M = 1 reduction, which read 2304 x 16384 bf16 at
     27.5 us where cuBLAS took 31.9 (H100, 2026-11-24, results/INDEX.md)."""

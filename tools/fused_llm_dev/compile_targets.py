@@ -480,7 +480,7 @@ def _skinny_gemm_scenarios(module, dev: Device) -> list[Scenario]:
     out: list[Scenario] = []
     hip = dev.backend == "hip"
 
-    def case(label, M, N, K, dtype="bfloat16", deterministic=True, bias=False, scales=None, out_dtype=None, gemv=False):
+    def case(label, M, N, K, dtype="bfloat16", deterministic=True, bias=False, scales=None, out_dtype=None, cfg=None):
         def launch():
             x, w = _empty((M, K), dtype), _empty((N, K), dtype)
             y = _empty((M, N), out_dtype or dtype)
@@ -489,17 +489,23 @@ def _skinny_gemm_scenarios(module, dev: Device) -> list[Scenario]:
                 xs = _empty((M if scales == "token" else 1,), "float32")
                 ws = _empty((N if scales == "token" else 1,), "float32")
             b = _empty((N,), "float32" if scales is not None else dtype) if bias else None
-            cfg = m.skinny_config(M, N, K, x.element_size(), dev.sms, hip=hip)
-            if gemv:  # the FMA GEMV: a config option (the tuning table's), not skinny_config's choice
-                cfg = m.SkinnyConfig(1, cfg.BLOCK_N, cfg.BLOCK_K, cfg.SPLIT_K, cfg.num_warps, cfg.num_stages)
-            m.launch_skinny(x, w, b, y, xs, ws, deterministic, cfg)
+            config = m.SkinnyConfig(*cfg) if cfg is not None else m.skinny_config(M, N, K, x.element_size(), dev.sms, hip=hip)
+            m.launch_skinny(x, w, b, y, xs, ws, deterministic, config)
 
         out.append(Scenario(label, launch))
 
-    for M, det in ((1, True), (8, False), (16, True)):
+    # Explicit configurations where skinny_config's choice at M = 1 (the few-row GEMV without a
+    # K split on CUDA) would leave a path uncompiled: the 16-row dot tile at one token, and the
+    # GEMV with each split-K reduction.
+    case("Llama-405B TP8 QKV, bfloat16, ordered split K, 1 token (16-row dot tile)", 1, 2304, 16384,
+         cfg=(16, 64, 128, 4, 4, 2 if hip else 4))  # fmt: skip
+    for M, det in ((8, False), (16, True)):
         case(f"Llama-405B TP8 QKV, bfloat16, {'ordered' if det else 'atomic'} split K, {_tokens(M)}", M, 2304, 16384,
              deterministic=det)  # fmt: skip
-    case("Llama-405B TP8 QKV, bfloat16, FMA GEMV, 1 token", 1, 2304, 16384, gemv=True)
+    case("Llama-405B TP8 QKV, bfloat16, FMA GEMV, 1 token", 1, 2304, 16384)
+    for det in (True, False):
+        case(f"Llama-3 8B O, bfloat16, FMA GEMV on 4 rows, {'ordered' if det else 'atomic'} split K, 1 token", 1, 4096,
+             _HIDDEN, deterministic=det, cfg=(1, 4, 1024, 2, 8, 2))  # fmt: skip
     case("Llama-3 8B QKV, bfloat16, bias, 4 tokens", 4, 6144, _HIDDEN, bias=True)
     case("Llama-3 8B down, float16, 64 tokens", 64, _HIDDEN, _MLP, "float16")
     case("Llama-3 70B gate/up, bfloat16, 64 tokens (one K slice)", 64, 2 * _MLP_70B, _HIDDEN_70B)

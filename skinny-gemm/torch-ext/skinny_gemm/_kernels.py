@@ -97,6 +97,10 @@ def _skinny_gemm_kernel(
     # Wrapped indices, never stored: no load masks on M or N.
     w_rows = w_ptr + (cols % N).to(tl.int64)[:, None] * s_wn
     x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm
+    # The GEMV streams W past L2 (read once) and keeps x there (every program reads it):
+    # Inductor's M = 1 reduction does the same.
+    w_evict: tl.constexpr = "evict_first" if BLOCK_M == 1 else ""
+    x_evict: tl.constexpr = "evict_last" if BLOCK_M == 1 else ""
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     if BLOCK_M > 1:
@@ -107,10 +111,6 @@ def _skinny_gemm_kernel(
         kk = k0 + ks
         w_ptrs = w_rows + kk[None, :]
         x_ptrs = x_rows + kk.to(tl.int64)[None, :] * s_xk  # s_xk == 1 is specialized away
-        # The GEMV streams W past L2 (read once) and keeps x there (every program reads it):
-        # Inductor's M = 1 reduction does the same.
-        w_evict: tl.constexpr = "evict_first" if BLOCK_M == 1 else ""
-        x_evict: tl.constexpr = "evict_last" if BLOCK_M == 1 else ""
         if EVEN_K:
             w = tl.load(w_ptrs, eviction_policy=w_evict)
             x = tl.load(x_ptrs, eviction_policy=x_evict)

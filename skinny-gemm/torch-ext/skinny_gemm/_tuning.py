@@ -4,8 +4,9 @@ than cuBLAS (``F.linear`` / ``torch._scaled_mm``), and with which configuration.
 Written by ``benchmarks/tune.py`` on a GPU (the command that made it goes into ``MADE_BY``);
 nothing else edits it but its docstring. Measured on an H100 (2026-11-24) for the Llama-405B
 TP8 QKV / down and Llama-3-8B QKV / O / down shapes at M buckets 1, 4, 16, 64, then (the GEMV
-among the candidates) for all eleven shapes of the issue at M = 1; every other GPU, shape,
-bucket and dtype runs cuBLAS.
+among the candidates) for all eleven shapes of the issue at M = 1 (bf16 last, with 1-3
+stages among them); every other GPU, shape and dtype runs cuBLAS, and so does an M past a
+shape's last bucket.
 
 ``TABLE[(gpu_name, dtype, N, K)]`` is a list of ``(m_max, config)`` M buckets in increasing
 order (M <= 1, 2, 4, 8, 16, 32, 64): a call with M tokens takes the first bucket with
