@@ -238,16 +238,15 @@ def test_configs(cfg, deterministic):
 
 
 def test_default_config():
-    """The GEMV at M = 1 for 16-bit inputs on CUDA (4 rows, 8 KiB K steps or half that where it
-    divides K, a K split only for small N), else the smallest dot tile holding M (64 at most),
-    the K split within the K steps; gfx942's smaller K steps and 2 stages."""
+    """The GEMV at M = 1 for 16-bit inputs on CUDA where N / 4 programs fill the SMs twice (4
+    rows, 8 KiB K steps or half that where it divides K), else the smallest dot tile holding M
+    (64 at most), the K split within the K steps; gfx942's smaller K steps and 2 stages."""
     assert sg.skinny_config(1, 2304, 16384, 2) == sg.SkinnyConfig(1, 4, 4096, 1, 8, 2)
     assert sg.skinny_config(1, 4096, 4096, 2) == sg.SkinnyConfig(1, 4, 4096, 1, 8, 2)
     assert sg.skinny_config(1, 4096, 14336, 2).BLOCK_K == 2048  # 14336 = 7 * 2048
     assert sg.skinny_config(1, 16384, 6656, 2).BLOCK_K == 4096  # 6656 = 13 * 512: a masked tail
-    assert sg.skinny_config(1, 64, 48, 2).BLOCK_K == 32
-    assert sg.skinny_config(1, 300, 4096, 2, sms=132).SPLIT_K == 1  # 4096 columns: one step
-    assert sg.skinny_config(1, 300, 16384, 2, sms=132).SPLIT_K == 4  # 75 programs, 4 steps
+    assert sg.skinny_config(1, 1056, 48, 2, sms=132) == sg.SkinnyConfig(1, 4, 32, 1, 8, 2)
+    assert sg.skinny_config(1, 1052, 16384, 2, sms=132).BLOCK_M == 16  # 263 programs: the dot tile
     for c in (sg.skinny_config(1, 2304, 16384, 1), sg.skinny_config(1, 2304, 16384, 2, hip=True)):
         assert c.BLOCK_M == 16 and 1 < c.SPLIT_K <= 16384 // c.BLOCK_K
     assert sg.skinny_config(5, 2304, 16384, 2).BLOCK_M == 16

@@ -61,8 +61,8 @@ def skinny_config(M: int, N: int, K: int, elem_bytes: int, sms: int = 132, hip: 
 
     * M = 1, 16-bit on CUDA: the FMA GEMV on 4 weight rows a program, K steps of 8 KiB (half
       that where it divides K and 8 KiB does not: 2048 columns at K = 14336, as the tuner
-      picked), 8 warps, and a K split only where N / 4 programs leave SMs idle (about 2 a SM,
-      as below). The tuner kept a few-row GEMV at M = 1 on all eleven bf16 shapes of the
+      picked), 8 warps, no K split, where N / 4 programs give every SM two (N >= 1056 on an
+      H100; below that the dot tile and its K split below). The tuner kept a few-row GEMV at M = 1 on all eleven bf16 shapes of the
       issue (1.04-1.24x cuBLAS, where the 16-row dot tile had been 0.93-1.00x; H100,
       2026-11-24), mostly this one. Stages do not matter to it (Triton does not pipeline
       these loads: 128 bytes of shared memory at 3 stages; 2 and 3 measured the same). FP8
@@ -77,13 +77,11 @@ def skinny_config(M: int, N: int, K: int, elem_bytes: int, sms: int = 132, hip: 
       more slices cost partial-tile traffic: 4 per SM was 2-10% slower), at most one slice
       per K step.
     """
-    if M == 1 and elem_bytes == 2 and not hip:
+    if M == 1 and elem_bytes == 2 and not hip and _cdiv(N, 4) >= 2 * sms:
         block_k = _pow2_floor(min(8192 // elem_bytes, K))
         if K % block_k and (K & -K) >= block_k // 2:
             block_k //= 2  # whole steps where half the step divides K
-        block_k = max(32, block_k)
-        split = max(1, min(_cdiv(2 * sms, _cdiv(N, 4)), _cdiv(K, block_k)))
-        return SkinnyConfig(1, 4, block_k, split, num_warps=8, num_stages=2)
+        return SkinnyConfig(1, 4, max(32, block_k), 1, num_warps=8, num_stages=2)
     block_m = min(64, max(16, _next_pow2(M)))
     block_k = max(32, (128 if hip else 256) // elem_bytes)
     block_n = 64
