@@ -62,9 +62,9 @@ def skinny_config(M: int, N: int, K: int, elem_bytes: int, sms: int = 132, hip: 
     * M = 1, 16-bit on CUDA: the FMA GEMV on 4 weight rows a program, K steps of 8 KiB (half
       that where it divides K and 8 KiB does not: 2048 columns at K = 14336, as the tuner
       picked), 8 warps, no K split, where N / 4 programs give every SM two (N >= 1056 on an
-      H100; below that the dot tile and its K split below). The tuner kept a few-row GEMV at M = 1 on all eleven bf16 shapes of the
-      issue (1.04-1.24x cuBLAS, where the 16-row dot tile had been 0.93-1.00x; H100,
-      2026-11-24), mostly this one. Stages do not matter to it (Triton does not pipeline
+      H100; below that the dot tile and its K split below). The tuner kept a few-row GEMV at
+      M = 1 on all eleven bf16 shapes of the issue (1.04-1.24x cuBLAS, where the 16-row dot
+      tile had been 0.93-1.00x; H100, 2026-11-24), mostly this one. Stages do not matter to it (Triton does not pipeline
       these loads: 128 bytes of shared memory at 3 stages; 2 and 3 measured the same). FP8
       keeps the dot tile below: the few-row GEMV won 5 of its 11 shapes.
     * BLOCK_M: the smallest tl.dot tile (16, 32, 64) holding M (FP8 and gfx942 also at M = 1);
