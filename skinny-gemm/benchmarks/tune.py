@@ -75,8 +75,9 @@ def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
     """The GEMV at M = 1 with few rows and long K steps (2-16 rows x 2-8 KiB of each row a step:
     8K or 16K fp32 accumulators in 16-bit, 32-64 registers a thread at 8 warps; 16K or 32K in
     FP8), no K split: the grid has N / BLOCK_N programs; 1-3 stages (one: plain loads, as
-    Inductor's reductions run), 8 warps (quick) or 8 / 16. The shape of Inductor's M = 1 reduction, which read 2304 x 16384 bf16 at
-    27.5 us where cuBLAS took 31.9 (H100, 2026-11-24, results/INDEX.md)."""
+    Inductor's reductions run), 8 warps (quick) or 8 / 16. The shape of Inductor's M = 1
+    reduction, which read 2304 x 16384 bf16 at 27.5 us where cuBLAS took 31.9 (H100,
+    2026-11-24, results/INDEX.md)."""
     out = []
     for bn, kb in ((2, 8192), (4, 4096), (4, 8192), (8, 2048), (8, 4096), (16, 2048)):
         bk = min(kb // elem, _pow2_floor(K))
