@@ -99,23 +99,11 @@ def splitk_candidates(M: int, N: int, K: int, group: int, sms: int, quick: bool)
     return out
 
 
-def mma_eligible(M: int, K: int, group: int) -> bool:
-    """Where the compiled small-M kernel can run (``_kernels.mma_supported`` on a CUDA build of
-    a GPU of capability >= 8.0): M <= 32, K % 128 == 0, groups >= 32 or per channel."""
-    return 1 <= M <= 32 and K % 128 == 0 and (group == -1 or group >= 32)
-
-
 def mma_candidates(quick: bool) -> list[list]:
     """Phase 1 of the compiled kernel: its whole launch space (K split 1 / 2 / 4 x 4 / 8 warps x
     1 / 2 row tiles per warp; --quick: no K split). No compile: every entry is instantiated."""
     splits = (1,) if quick else (1, 2, 4)
     return [["mma", s, w, rt] for s in splits for w in (4, 8) for rt in (1, 2)]
-
-
-def wgmma_eligible(M: int, N: int, K: int, group: int) -> bool:
-    """Where the Hopper kernel runs by default (``_kernels.select_config`` on a CUDA build of a
-    capability 9.0 GPU): past the small-M kernel's M, K % 64 == 0, N % 16 == 0, groups >= 32."""
-    return M > 32 and K % 64 == 0 and N % 16 == 0 and (group == -1 or group >= 32)
 
 
 def wgmma_candidates() -> list[list]:
@@ -152,8 +140,9 @@ def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool, mma:
     past M = 32 it is the default and its launches replace the Triton kernels' (slower at every
     point of benchmarks/results/wgmma_sweep_*; select_config takes no Triton entry there)."""
     cfg = import_module(kern.__name__.rpartition(".")[0] + "._config")
-    compiled = mma and mma_eligible(M, K, group)
-    if wgmma and not compiled and wgmma_eligible(M, N, K, group):
+    # As select_config on a CUDA build of such a GPU: the compiled kernels' own shape rules.
+    compiled = mma and kern.mma_shape_ok(M, K, group)
+    if wgmma and not compiled and M > cfg.MMA_MAX_M and kern.wgmma_shape_ok(M, N, K, group):
         default = cfg.entry_of(kern.wgmma_config(M, N, K, sms))
         return default, [c for c in wgmma_candidates() if c != default]
     default = cfg.entry_of(kern.mma_config(M, N, K, sms) if compiled else kern.w4a16_config(M, N, K, group, sms))

@@ -551,11 +551,24 @@ def _capability(x: torch.Tensor) -> tuple[int, int]:
     return cap
 
 
+def mma_shape_ok(M: int, K: int, group_size: int) -> bool:
+    """The shapes the compiled small-M kernel takes: 1 <= M <= 32, K a multiple of 128 (a lane's
+    window), a group of >= 32 columns or one per channel (a lane's 32 columns of a window in one
+    group)."""
+    return 1 <= M <= _config.MMA_MAX_M and K % 128 == 0 and (group_size == -1 or group_size >= 32)
+
+
+def wgmma_shape_ok(M: int, N: int, K: int, group_size: int) -> bool:
+    """The shapes the compiled Hopper kernel takes: 1 <= M < 2^24, K a multiple of 64 (a pipeline
+    stage), N of 16 (the 16-byte copies of a block's scales and zeros), a group of >= 32 columns
+    or one per channel (a stage spans at most two groups)."""
+    return 1 <= M < 1 << 24 and K % 64 == 0 and N % 16 == 0 and (group_size == -1 or group_size >= 32)
+
+
 def mma_supported(x: torch.Tensor, M: int, K: int, group_size: int) -> bool:
     """Whether the compiled small-M kernel can run this call: the CUDA build on a GPU of
-    capability >= 8.0 (bf16 mma.sync), 1 <= M <= 32, K a multiple of 128 (a lane's window), a
-    group of >= 32 columns or one per channel (a lane's 32 columns of a window in one group)."""
-    if not (x.is_cuda and 1 <= M <= _config.MMA_MAX_M and K % 128 == 0 and (group_size == -1 or group_size >= 32)):
+    capability >= 8.0 (bf16 mma.sync) and :func:`mma_shape_ok`."""
+    if not (x.is_cuda and mma_shape_ok(M, K, group_size)):
         return False
     if _mma_op() is None:
         return False
@@ -564,10 +577,8 @@ def mma_supported(x: torch.Tensor, M: int, K: int, group_size: int) -> bool:
 
 def wgmma_supported(x: torch.Tensor, M: int, N: int, K: int, group_size: int) -> bool:
     """Whether the compiled Hopper kernel can run this call: the CUDA build on a GPU of
-    capability 9.0 (its code is sm_90a), 1 <= M < 2^24, K a multiple of 64 (a pipeline stage), N of 16
-    (the 16-byte copies of a block's scales and zeros), a group of >= 32 columns or one per
-    channel (a stage spans at most two groups)."""
-    if not (x.is_cuda and 1 <= M < 1 << 24 and K % 64 == 0 and N % 16 == 0 and (group_size == -1 or group_size >= 32)):
+    capability 9.0 (its code is sm_90a) and :func:`wgmma_shape_ok`."""
+    if not (x.is_cuda and wgmma_shape_ok(M, N, K, group_size)):
         return False
     if _wgmma_op() is None:
         return False
