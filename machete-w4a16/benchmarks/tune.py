@@ -108,9 +108,9 @@ def mma_candidates(quick: bool) -> list[list]:
 
 def wgmma_candidates() -> list[list]:
     """Phase 1 of the Hopper kernel: its whole launch space (the three block tiles x K split 1 /
-    2 / 4, --quick too: each split won somewhere in benchmarks/results/wgmma_sweep_*). No
+    2 / 3 / 4, --quick too: each split won somewhere in benchmarks/results/wgmma_*). No
     compile: every entry is instantiated."""
-    splits = (1, 2, 4)
+    splits = (1, 2, 3, 4)
     return [["wgmma", rows, tokens, s] for rows, tokens in ((128, 256), (128, 128), (128, 64)) for s in splits]
 
 
@@ -383,6 +383,8 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
     release_memory()
     row.update(default=default, default_us=t_default, best=list(best), best_us=t_best, chosen=chosen,
                candidates=len(times), failed=sum(t == float("inf") for t in times.values()))  # fmt: skip
+    # Every launch's time (the JSON only): what a structural default is fitted to.
+    row["timings"] = {" ".join(map(str, k)): (None if t == float("inf") else round(t, 3)) for k, t in times.items()}
     return row
 
 
@@ -402,7 +404,7 @@ def write_results(rows: list[dict], gpu: str, dtype: str, argv: list[str]) -> Pa
                 versions=dict(torch=torch.__version__, triton=triton.__version__))  # fmt: skip
     stem.with_suffix(".json").write_text(json.dumps(dict(**meta, rows=rows), indent=1))
     with stem.with_suffix(".csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "timings"], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     return stem

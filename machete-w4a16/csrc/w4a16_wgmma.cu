@@ -38,12 +38,17 @@
 // dequantization, were the limit (docs/machete-w4a16-hopper-kernel.md). The small-N shapes
 // (8B QKV / O) trail at M = 256-1024, too few row tiles to fill the SMs: stream-K is the next step.
 //
-// Split K (grid.y > 1): fp32 partials summed in split order by the last block of each output
-// tile to arrive (an acq_rel-fenced counter), as in w4a16_mma.cu: deterministic, one launch.
+// Split K (grid.y = S > 1): the S blocks of an output tile are one thread-block cluster (1, S, 1),
+// each taking an even share of the K steps. Each leaves its fp32 tile in its own shared memory;
+// after a cluster barrier block r sums its share of the tile's rows over the S tiles in slice
+// order through distributed shared memory (deterministic) and stores it. Summing fp32 partials
+// through global memory instead (the last block of a tile to arrive reading every slice: 384 KB
+// for a 3-way split of a 128 x 256 tile) cost more than the split saved at every shape.
 #include "w4a16_wgmma.h"
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes through the runtime)
 
+#include <algorithm>
 #include <atomic>
 
 #include "w4a16_dequant.cuh"
@@ -191,6 +196,25 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// The cluster's barrier: every thread of every block arrives (release) and waits (acquire), so
+// shared-memory writes before it are visible to the other blocks' loads after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The address of the same shared-memory location in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t map_to_cta(uint32_t addr, int rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
+  float4 v;
+  // volatile: kept after the cluster barrier (an asm with a memory clobber) that orders it.
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
+  return v;
+}
 // Keeps registers live (and in place) up to this point: the A operands of an in-flight wgmma,
 // and the accumulators around the asynchronous region.
 template <int N>
@@ -222,10 +246,18 @@ struct KernelArgs {
   void* out;
   int64_t out_row_stride;
   int tiles_m, tiles_n;
-  int split_k, steps_per_split;
-  float* partials;
-  int32_t* counters;
+  int split_k;       // blocks a tile (gridDim.y): 1 .. kWgmmaMaxSplit, each an even share of the steps
+  float* partials;   // the 64- / 128-token tiles' split: fp32 [split_k][tiles][TOK][kRows]
+  int32_t* counters;  // and the arrival counter of each tile
 };
+
+// The staged fp32 tile [TOK][kRows] of a K split, rows XOR-swizzled by token so that a warp's
+// stores of one accumulator (8 rows x 4 token pairs) hit 32 banks (unswizzled: 4-way
+// conflicts); groups of 4 rows stay contiguous (a float4 of the reduction).
+template <int kRowsT>
+__device__ __forceinline__ int staged_index(int tok, int row) {
+  return tok * kRowsT + (row ^ (8 * ((tok / 2) % 4)));
+}
 
 // The copy engine's view of the operands (cuTensorMapEncodeTiled, w4a16_wgmma_launch): x [m, k]
 // in boxes of TOK rows x 64 columns, 128-byte swizzled; qweight [n, k / 8] int32 in boxes of
@@ -269,8 +301,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
   const int tile_n = (pid % group) / gm;
   const int n0 = tile_n * kRows, m0 = tile_m * TOK;
   const int steps = a.k / kWgmmaStepK;
-  const int s_begin = blockIdx.y * a.steps_per_split;
-  const int nsteps = min(s_begin + a.steps_per_split, steps) - s_begin;  // >= 1 (the launcher)
+  const int slice = static_cast<int>(blockIdx.y);  // its rank in the cluster
+  const int s_begin = slice * steps / a.split_k;
+  const int nsteps = (slice + 1) * steps / a.split_k - s_begin;  // >= 1: steps >= split_k
 
   const int tid = threadIdx.x;
   const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
@@ -372,7 +405,11 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 #pragma unroll
       for (int i = 0; i < TOK / 2; ++i) {
         if ((i / 2) % 2 != h) continue;
-        tile[(8 * (i / 4) + 2 * t + i % 2) * kRows + r] = Elem<T>::from_float(acc[i] + bn);
+        const int tok = 8 * (i / 4) + 2 * t + i % 2;
+        // Rows XOR-swizzled by (tok / 2) % 4 (8-row groups, a 16-byte chunk, stay whole): a warp's
+        // stores of one accumulator then hit distinct banks (unswizzled: 4-way conflicts). Written
+        // with t, which it equals: the general form cost ptxas 64 more registers.
+        tile[tok * kRows + (r ^ (16 * t))] = Elem<T>::from_float(acc[i] + bn);  // (tok / 2) % 4 == t
       }
     }
     __syncthreads();
@@ -381,62 +418,112 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
       const int tok = c / kChunks, n = n0 + (c % kChunks) * 8;
       if (m0 + tok < a.m && n < a.n) {  // n % 16 == 0: a chunk lies wholly inside or past n
         *reinterpret_cast<uint4*>(out + static_cast<int64_t>(m0 + tok) * a.out_row_stride + n) =
-            *reinterpret_cast<const uint4*>(tile + tok * kRows + (c % kChunks) * 8);
+            *reinterpret_cast<const uint4*>(tile + tok * kRows + (((c % kChunks) * 8) ^ (16 * ((tok / 2) % 4))));
       }
     }
     return;
   }
-  // Split K: this slice's partial -> partials[slice, m, n] (m n < 2^31: int offsets), through
-  // shared memory as fp32 [TOK][kRows] (it fits in the stages) for 16-byte stores; the last block
-  // of the tile to arrive sums the slices in order.
+  // Split K: this slice's fp32 tile [TOK][kRows] in its own shared memory (the stages are free).
   __syncthreads();
   float* ptile = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int i = 0; i < TOK / 2; ++i) {
-    ptile[(8 * (i / 4) + 2 * t + i % 2) * kRows + row + 8 * ((i / 2) % 2)] = acc[i];
+    // staged_index(tok, r) with (tok / 2) % 4 == t written as t: the general form cost ptxas 64-85
+    // more registers.
+    ptile[(8 * (i / 4) + 2 * t + i % 2) * kRows + ((row + 8 * ((i / 2) % 2)) ^ (8 * t))] = acc[i];
   }
-  __syncthreads();
-  float* part = a.partials + static_cast<int64_t>(blockIdx.y) * a.m * a.n;
-  for (int c = tid; c < TOK * kRows / 4; c += kThreads) {
-    const int tok = c / (kRows / 4), n = n0 + (c % (kRows / 4)) * 4;
-    if (m0 + tok < a.m && n < a.n) {
-      *reinterpret_cast<float4*>(part + (m0 + tok) * a.n + n) =
-          *reinterpret_cast<const float4*>(ptile + tok * kRows + (c % (kRows / 4)) * 4);
+  constexpr int kQuads = TOK * kRows / 4;  // float4s of a tile
+  constexpr int kBatch = 4;                // float4s a thread sums at once, their loads in flight
+  // A float4 of the summed tile: rows n .. n + 3 of token m, rounded once, the bias added.
+  auto store_quad = [&](int c, const float4& v) {
+    const int n = n0 + (c % (kRows / 4)) * 4, m = m0 + c / (kRows / 4);
+    if (n >= a.n || m >= a.m) return;
+    union {
+      T h[4];
+      uint2 u;
+    } o;
+    o.h[0] = Elem<T>::from_float(v.x + bias_of(n));
+    o.h[1] = Elem<T>::from_float(v.y + bias_of(n + 1));
+    o.h[2] = Elem<T>::from_float(v.z + bias_of(n + 2));
+    o.h[3] = Elem<T>::from_float(v.w + bias_of(n + 3));
+    // n % 4 == 0, the output 16-byte aligned with a row stride of 8: one 8-byte store.
+    *reinterpret_cast<uint2*>(out + static_cast<int64_t>(m) * a.out_row_stride + n) = o.u;
+  };
+  // Shared-memory offset (floats) of float4 c ([token][4 rows]) of the staged tile.
+  auto staged_quad = [](int c) { return staged_index<kRows>(c / (kRows / 4), (c % (kRows / 4)) * 4); };
+  if constexpr (TOK == 256) {
+    // The tile's blocks are one cluster: each sums its share of the tile's float4s over the
+    // cluster's staged tiles in slice order (its own too) through distributed shared memory.
+    cluster_sync();
+    const int share = kQuads / a.split_k;  // the last block takes the remainder
+    const int c_begin = slice * share, c_end = slice + 1 == a.split_k ? kQuads : c_begin + share;
+    const uint32_t ptile_addr = smem_u32(ptile);
+    for (int c0 = c_begin + tid; c0 < c_end; c0 += kThreads * kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int r = 0; r < a.split_k; ++r) {
+        float4 p[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int c = min(c0 + j * kThreads, c_end - 1);  // past the share: read, never stored
+          p[j] = ld_cluster_f4(map_to_cta(ptile_addr + 4 * staged_quad(c), r));
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          v[j].x += p[j].x;
+          v[j].y += p[j].y;
+          v[j].z += p[j].z;
+          v[j].w += p[j].w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        if (c0 + j * kThreads < c_end) store_quad(c0 + j * kThreads, v[j]);
+      }
     }
-  }
-  const int tile = tile_m * a.tiles_n + tile_n;
-  __threadfence();  // this block's partials visible device-wide before its arrival is counted
-  __syncthreads();
-  if (tid == 0) last_block = atomicAdd(a.counters + tile, 1) == a.split_k - 1;
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();  // the other slices' partials, visible before they are read
-  // Four columns a thread at a time (n % 16 == 0, m n < 2^31), the loads of several columns and
-  // slices in flight: a loop of one dependent load after another made a 2-way split of 8B QKV at
-  // M = 256 take 69 us against 43 without it.
-  const int64_t slice = static_cast<int64_t>(a.m) * a.n;
-  constexpr int kQuads = kRows / 4;
-#pragma unroll 4
-  for (int c = tid; c < kQuads * TOK; c += kThreads) {
-    const int n = n0 + (c % kQuads) * 4, m = m0 + c / kQuads;
-    if (n >= a.n || m >= a.m) continue;
-    const float* src = a.partials + m * a.n + n;
-    float4 v = __ldcg(reinterpret_cast<const float4*>(src));
-#pragma unroll 4
-    for (int s = 1; s < a.split_k; ++s) {
-      const float4 p = __ldcg(reinterpret_cast<const float4*>(src + s * slice));
-      v.x += p.x;
-      v.y += p.y;
-      v.z += p.z;
-      v.w += p.w;
+    cluster_sync();  // the other blocks' reads of this block's tile done before it exits
+  } else {
+    // Through global memory (a cluster's blocks may share an SM at these tiles' two blocks an SM,
+    // which measured slower: benchmarks/results/wgmma_split_*): this slice's partial to its slot,
+    // then the last block of the tile to arrive sums the slots in slice order.
+    __syncthreads();
+    const int tile = blockIdx.x;
+    const int64_t slot = int64_t{kQuads} * 4;
+    float4* mine = reinterpret_cast<float4*>(a.partials + (int64_t{slice} * a.tiles_m * a.tiles_n + tile) * slot);
+    for (int c = tid; c < kQuads; c += kThreads) {
+      __stcg(mine + c, *reinterpret_cast<const float4*>(ptile + staged_quad(c)));
     }
-    T* o = out + static_cast<int64_t>(m) * a.out_row_stride + n;
-    o[0] = Elem<T>::from_float(v.x + bias_of(n));
-    o[1] = Elem<T>::from_float(v.y + bias_of(n + 1));
-    o[2] = Elem<T>::from_float(v.z + bias_of(n + 2));
-    o[3] = Elem<T>::from_float(v.w + bias_of(n + 3));
+    __threadfence();  // this block's partial visible device-wide before its arrival is counted
+    __syncthreads();
+    if (tid == 0) last_block = atomicAdd(a.counters + tile, 1) == a.split_k - 1;
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();  // the other slices' partials, visible before they are read
+    static_assert(kQuads % (kThreads * kBatch) == 0, "whole batches");
+    for (int c0 = tid; c0 < kQuads; c0 += kThreads * kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int r = 0; r < a.split_k; ++r) {
+        const float4* src =
+            reinterpret_cast<const float4*>(a.partials + (int64_t{r} * a.tiles_m * a.tiles_n + tile) * slot);
+        float4 p[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) p[j] = __ldcg(src + c0 + j * kThreads);
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          v[j].x += p[j].x;
+          v[j].y += p[j].y;
+          v[j].z += p[j].z;
+          v[j].w += p[j].w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) store_quad(c0 + j * kThreads, v[j]);
+    }
+    if (tid == 0) a.counters[tile] = 0;  // ready for the next call
   }
-  if (tid == 0) a.counters[tile] = 0;  // ready for the next call
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -504,8 +591,20 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
     if (attr != cudaSuccess) return attr;
     if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
   }
-  const dim3 grid(static_cast<unsigned>(a.tiles_m * a.tiles_n), static_cast<unsigned>(a.split_k));
-  kernel<<<grid, kThreads, L::kBytes, stream>>>(a, maps);
+  // The 256-token tile's K split is a cluster of the tile's split_k blocks (1, split_k, 1).
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(a.tiles_m * a.tiles_n), static_cast<unsigned>(a.split_k));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = L::kBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = static_cast<unsigned>(a.split_k);
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = TOK == 256 && a.split_k > 1 ? 1 : 0;
+  if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a, maps); err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 
@@ -541,11 +640,15 @@ int64_t w4a16_wgmma_tiles(const W4A16WgmmaParams& p) {
   return ((p.n + rows - 1) / rows) * ((p.m + tokens - 1) / tokens);
 }
 
+int64_t w4a16_wgmma_partial_floats(const W4A16WgmmaParams& p) {
+  if (p.split_k <= 1 || p.tile == WgmmaTile::k128x256) return 0;
+  return p.split_k * w4a16_wgmma_tiles(p) * wgmma_tile_rows(p.tile) * wgmma_tile_tokens(p.tile);
+}
+
 const char* w4a16_wgmma_check(const W4A16WgmmaParams& p) {
   if (p.m < 0 || p.m >= (int64_t{1} << 31) / 128) return "m must be in 0 .. 2^24";
   if (p.n < 16 || p.n % 16 != 0 || p.n >= (int64_t{1} << 30)) return "n must be a positive multiple of 16";
   if (p.k < kWgmmaStepK || p.k % kWgmmaStepK != 0 || p.k >= (int64_t{1} << 30)) return "k must be a positive multiple of 64";
-  if (p.m * p.n >= (int64_t{1} << 31) && p.split_k > 1) return "split_k > 1 needs m * n < 2^31";
   if (p.group_shift < 5) return "the group size must be >= 32 (or one group per channel)";
   if (p.x == nullptr || p.qweight == nullptr || p.scales == nullptr || p.out == nullptr) return "null tensor";
   if (!aligned16(p.x) || p.x_row_stride % 8 != 0) return "x must be 16-byte aligned with a row stride a multiple of 8";
@@ -559,8 +662,12 @@ const char* w4a16_wgmma_check(const W4A16WgmmaParams& p) {
   if (p.tile != WgmmaTile::k128x256 && p.tile != WgmmaTile::k128x128 && p.tile != WgmmaTile::k128x64) {
     return "unknown tile";
   }
-  if (p.split_k < 1 || p.split_k > p.k / kWgmmaStepK) return "split_k must be in 1 .. k / 64";
-  if (p.split_k > 1 && (p.partials == nullptr || p.counters == nullptr)) return "split_k > 1 needs partials and counters";
+  if (p.split_k < 1 || p.split_k > std::min<int64_t>(p.k / kWgmmaStepK, kWgmmaMaxSplit)) {
+    return "split_k must be in 1 .. min(k / 64, 8)";
+  }
+  if (w4a16_wgmma_partial_floats(p) > 0 && (p.partials == nullptr || p.counters == nullptr)) {
+    return "split_k > 1 with the 128- / 64-token tile needs partials and counters";
+  }
   return nullptr;
 }
 
@@ -580,10 +687,7 @@ cudaError_t w4a16_wgmma_launch(const W4A16WgmmaParams& p, cudaStream_t stream) {
   const int rows = wgmma_tile_rows(p.tile), tokens = wgmma_tile_tokens(p.tile);
   a.tiles_n = static_cast<int>((p.n + rows - 1) / rows);
   a.tiles_m = static_cast<int>((p.m + tokens - 1) / tokens);
-  // Slices of whole steps, none empty (the launcher's split may not divide the steps).
-  const int steps = a.k / kWgmmaStepK;
-  a.steps_per_split = (steps + p.split_k - 1) / p.split_k;
-  a.split_k = (steps + a.steps_per_split - 1) / a.steps_per_split;
+  a.split_k = p.split_k;
   a.partials = p.partials;
   a.counters = p.counters;
   return p.dtype == DType::kBFloat16 ? launch_dtype<__nv_bfloat16>(p, a, stream) : launch_dtype<__half>(p, a, stream);

@@ -56,16 +56,24 @@ struct W4A16WgmmaParams {
   int64_t out_row_stride = 0;
 
   WgmmaTile tile = WgmmaTile::k128x256;
-  // split_k > 1 splits the K steps over gridDim.z blocks whose fp32 partials ([split_k, m, n] in
-  // `partials`) the last block of each output tile to arrive sums in split order
-  // (deterministic); `counters` [tiles of out] int32, zero on entry, left zero.
+  // split_k > 1 (<= kWgmmaMaxSplit, <= k / 64) shares each output tile's K steps out evenly over
+  // split_k blocks whose fp32 tiles are summed in split order (deterministic): at the 256-token
+  // tile the blocks are a thread-block cluster summing through distributed shared memory; at the
+  // others the last block of the tile to arrive sums `partials` (w4a16_wgmma_partial_floats()
+  // floats), counting arrivals in `counters` (w4a16_wgmma_tiles() int32, zero on entry, left zero).
   int split_k = 1;
   float* partials = nullptr;
   int32_t* counters = nullptr;
 };
 
-// Output tiles of a launch (the counters split_k > 1 needs).
+// The largest K split: a portable cluster size.
+constexpr int kWgmmaMaxSplit = 8;
+
+// Output tiles of a launch (the counters a split of the 128- / 64-token tiles needs).
 int64_t w4a16_wgmma_tiles(const W4A16WgmmaParams& p);
+
+// fp32 elements of the partials the launch needs (0: none).
+int64_t w4a16_wgmma_partial_floats(const W4A16WgmmaParams& p);
 
 // nullptr when the kernel can run `p`, else a message naming the violated precondition (a
 // static string). The launcher checks it too and returns cudaErrorInvalidValue instead.

@@ -278,23 +278,28 @@ WGMMA = MMA and hasattr(w4.ops, "w4a16_wgmma") and torch.cuda.get_device_capabil
 
 
 @pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
-@pytest.mark.parametrize("tile, split", [((128, 256), 1), ((128, 128), 3), ((128, 64), 1), ((128, 64), 4), ((128, 256), 2)])
+@pytest.mark.parametrize("tile, split", [((128, 256), 1), ((128, 128), 3), ((128, 64), 1), ((128, 64), 4), ((128, 256), 2),
+                                         ((128, 64), 8)])  # fmt: skip
 @pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_wgmma_kernel(tile, split, group_size, zero_point, dtype):
     """The compiled Hopper kernel at each block tile: M off and on the token tiles (33, 64, 300),
-    N a multiple of 16 off the 128-row tile, uneven K splits, every group size it takes; each
-    launch twice (the split-K counters must be left reset) on a poisoned output, with a bias."""
+    N a multiple of 16 off the 128-row tile, K splits (clusters of 2-8 blocks; 3 uneven), every
+    group size it takes; each launch twice on a poisoned output, with a bias; a split's result
+    the same bits both times (its slices summed in a fixed order)."""
     kern = w4._triton_kernels()
     N, K = 1040, 1024
     cfg = {"kernel": "wgmma", "BLOCK_N": tile[0], "BLOCK_M": tile[1], "SPLIT_K": split}
     for M in (33, 64, 300):
         x, qw, b = make(M, N, K, dtype, group_size, zero_point, seed=M + split, bias=M % 2 == 1)
         ref = reference(x, qw, b)
+        outs = []
         for _ in range(2):
             out = poison_(torch.empty(M, N, dtype=dtype, device=DEVICE))
             kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out, qw.group_size, cfg=cfg)
             assert_gemm_close(out, ref, f"wgmma M={M} {cfg}")
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]), f"wgmma M={M} {cfg}: two runs differ"
 
 
 @pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
@@ -344,30 +349,42 @@ def test_wgmma_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="must be one of"):
         kern.launch_w4a16(x, qw.qweight, qw.scales, None, None, None, out, 128, cfg={**cfg, "BLOCK_M": 32})
     op = w4.ops.w4a16_wgmma
+    counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
     with pytest.raises(RuntimeError, match="tile: expected 0 .128 x 256., 1 .128 x 128. or 2 .128 x 64., got 3"):
         op(out, x, qw.qweight, qw.scales, None, None, 128, 3, 1, None)
-    with pytest.raises(RuntimeError, match="w4a16_wgmma: split_k must be in 1 .. k / 64"):
-        op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 5, torch.zeros(8, dtype=torch.int32, device=DEVICE))
-    with pytest.raises(RuntimeError, match="w4a16_wgmma: split_k > 1 needs partials and counters"):
-        op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 2, None)
+    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be in 1 .. min\(k / 64, 8\)"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 5, None)  # K = 256: 4 steps
+    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be in 1 .. min\(k / 64, 8\)"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 0, None)
+    x9, qw9, _ = make(40, 32, 1024, torch.bfloat16, 128, False, seed=55)
+    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be in 1 .. min\(k / 64, 8\)"):
+        op(out, x9, qw9.qweight, qw9.scales, None, None, 128, 0, 9, None)  # past a portable cluster
+    with pytest.raises(RuntimeError, match="w4a16_wgmma: split_k > 1 with the 128- / 64-token tile needs partials and counters"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 2, 2, None)
     with pytest.raises(RuntimeError, match="counters: expected a contiguous int32 tensor of >= 1 zeros"):
-        op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 2, torch.zeros(0, dtype=torch.int32, device=DEVICE))
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 2, 2, counters[:0])
+    op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 2, None)  # the 256-token tile's split: a cluster, no counters
+    assert_gemm_close(out, reference(x, qw), "128 x 256, split 2 (a cluster)")
 
 
 @pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
 def test_wgmma_config():
-    """The Hopper kernel's default launch (wgmma_config): the token tile by M and by how many
-    256-token tiles there are, K splits only up to M = 256 and within the SMs' blocks (plain
-    Python: runs anywhere)."""
+    """The Hopper kernel's default launch (wgmma_config): from M = 256 the 256-token tile, split
+    into clusters of 1-3 blocks to fill the waves of SMs; below, 128 / 64 tokens with K splits of
+    4 or 2 within the SMs' blocks (plain Python: runs anywhere)."""
     kern = w4._triton_kernels()
     pick = lambda M, N, K: tuple(kern.wgmma_config(M, N, K, 132)[k] for k in ("BLOCK_M", "SPLIT_K"))  # noqa: E731
     assert pick(64, 4096, 4096) == (64, 4)       # 32 tiles
     assert pick(64, 28672, 4096) == (64, 1)      # 224 tiles
     assert pick(128, 6144, 4096) == (128, 4)
-    assert pick(256, 4096, 14336) == (128, 4)    # 32 tiles of 256 tokens: under 45% of the SMs
-    assert pick(256, 8192, 28672) == (256, 2)
-    assert pick(4096, 8192, 28672) == (256, 1)
     assert pick(128, 4096, 1024) == (128, 1)     # 16 steps of 64: no slices shorter than 16
+    assert pick(256, 6144, 4096) == (256, 2)     # 48 tiles: 96 blocks
+    assert pick(256, 4096, 4096) == (256, 3)     # 32 tiles: 96 blocks
+    assert pick(256, 28672, 4096) == (256, 1)    # 224 tiles: 1.7 waves, no split fills them better
+    assert pick(1024, 6144, 4096) == (256, 2)    # 192 tiles: 1.45 waves; 384 blocks: 2.9
+    assert pick(1024, 4096, 4096) == (256, 1)    # 128 tiles: one wave
+    assert pick(256, 4096, 2048) == (256, 2)     # 32 steps: slices of >= 16
+    assert pick(4096, 8192, 28672) == (256, 1)
     assert all(kern.wgmma_config(M, 4096, 4096)["BLOCK_N"] == 128 for M in (33, 300, 5000))
 
 
@@ -416,7 +433,7 @@ def test_tuning_entries_round_trip_and_bad_entries():
            ["tiled", 64, 64, 64, 8, 4, 3],
            ["splitk", 1, 64, 128, 0, 4, 3], ["gemv", 1, 64, 128, 2, 4, 3], ["splitk", 1, 64, 128, 2, 4],
            ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 1], ["mma", 2, 4, 4], ["mma", 0, 4, 1], ["mma", 2, 4],
-           ["wgmma", 256, 128, 1], ["wgmma", 128, 64, 0], ["wgmma", 128, 64], None]  # fmt: skip
+           ["wgmma", 256, 128, 1], ["wgmma", 128, 64, 0], ["wgmma", 128, 64, 9], ["wgmma", 128, 64], None]  # fmt: skip
     for entry in bad:
         with pytest.raises((ValueError, TypeError), match="tuning entry"):
             c.config_of(entry)

@@ -7,7 +7,8 @@
 // and the Hopper large-M kernel's (capability 9.0 only: its code is sm_90a):
 //   w4a16_wgmma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
 //               int group_size, int tile, int split_k, Tensor(a!)? counters) -> ()
-// counters (split_k > 1 only): the arrival counter of each output tile, zero on entry, left zero.
+// counters (split_k > 1; w4a16_wgmma's 128 x 256 tile needs none: a thread-block cluster sums
+// its split): the arrival counter of each output tile, zero on entry, left zero.
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -122,17 +123,10 @@ void fill_common(Params& p, const GemmShape& s, at::Tensor& out, const at::Tenso
   p.out_row_stride = s.M == 1 ? s.N : out.stride(0);
 }
 
-// The tail both ops share: the split-K partials [split_k, M, N] (for a split in range; the
-// kernel's check names one out of range), the kernel's own check, the launch on the current stream.
+// The tail both ops share: the kernel's own check, the launch on the current stream.
 template <class Params, class Check, class Launch>
-void check_and_launch(Params& p, const GemmShape& s, const at::Tensor& x, int64_t split_k, int64_t max_split,
-                      const char* op, Check check, Launch launch) {
+void check_and_launch(const Params& p, const at::Tensor& x, const char* op, Check check, Launch launch) {
   using fused_llm::binding::msg;
-  at::Tensor partials;
-  if (split_k > 1 && split_k <= max_split) {
-    partials = at::empty({split_k, s.M, s.N}, x.options().dtype(at::kFloat));
-    p.partials = partials.data_ptr<float>();
-  }
   const char* reason = check(p);
   TORCH_CHECK(reason == nullptr, msg(op, ": ", reason == nullptr ? "" : reason));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.get_device()).stream();
@@ -158,7 +152,13 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
   p.counters = counters.has_value() ? counters->data_ptr<int32_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   p.sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // cached by ATen per device
-  check_and_launch(p, s, x, split_k, s.K / mw::kWindow, "w4a16_mma", mw::w4a16_mma_check, mw::w4a16_mma_launch);
+  // The split-K partials [split_k, M, N] (for a split in range; the kernel's check names one out of range).
+  at::Tensor partials;
+  if (split_k > 1 && split_k <= s.K / mw::kWindow) {
+    partials = at::empty({split_k, s.M, s.N}, x.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
+  }
+  check_and_launch(p, x, "w4a16_mma", mw::w4a16_mma_check, mw::w4a16_mma_launch);
 }
 
 void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -178,8 +178,14 @@ void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight
   const auto* props = at::cuda::getCurrentDeviceProperties();
   TORCH_CHECK(props->major == 9 && props->minor == 0,
               msg("w4a16_wgmma: needs a GPU of capability 9.0 (sm_90a code), got ", props->major, ".", props->minor));
-  check_and_launch(p, s, x, split_k, s.K / mw::kWgmmaStepK, "w4a16_wgmma", mw::w4a16_wgmma_check,
-                   mw::w4a16_wgmma_launch);
+  at::Tensor partials;  // the split's fp32 partials (the 128- / 64-token tiles)
+  if (split_k > 1 && split_k <= std::min<int64_t>(s.K / mw::kWgmmaStepK, mw::kWgmmaMaxSplit)) {
+    if (const int64_t floats = mw::w4a16_wgmma_partial_floats(p); floats > 0) {
+      partials = at::empty({floats}, x.options().dtype(at::kFloat));
+      p.partials = partials.data_ptr<float>();
+    }
+  }
+  check_and_launch(p, x, "w4a16_wgmma", mw::w4a16_wgmma_check, mw::w4a16_wgmma_launch);
 }
 #endif  // CUDA_KERNEL
 

@@ -593,23 +593,32 @@ def _wgmma_tensors_ok(out: torch.Tensor, *weight) -> bool:
 
 
 def wgmma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
-    """The Hopper kernel's default launch (128 rows of W a block): 256 tokens a block (one block an
-    SM) from M = 256 where those tiles fill at least 45% of the SMs, else 128 tokens past M = 64,
-    else 64 (both two blocks an SM); up to M = 256 a K split of 4 or 2 where the split tiles still
-    fit the SMs' blocks at once and each slice keeps >= 16 steps of 64. Fitted to the sweep of the
-    three tiles x splits 1 / 2 / 4 over six 8B / 70B projections at M = 64 .. 4096 (H100,
-    2026-11-24, benchmarks/results/wgmma_sweep_*): within 5% of the best launch at 28 of 30
-    points, 13% off at worst (8B O, M = 128). The tuning table (benchmarks/tune.py) holds the
-    measured launches of the listed shapes."""
-    rows = triton.cdiv(N, 128)
-    if M >= 256 and rows * triton.cdiv(M, 256) >= 0.45 * sms:
-        tokens, slots = 256, sms
-    else:
-        tokens, slots = (128 if M > 64 else 64), 2 * sms
+    """The Hopper kernel's default launch (128 rows of W a block).
+
+    From M = 256: 256 tokens a block (one block an SM), its K split (a thread-block cluster of
+    1-3 blocks, each slice >= 16 steps of 64) the smallest that fills the waves of SMs within 3%
+    of the best: 8B QKV at M = 256 (48 tiles) takes 2 (96 blocks: 29.1 us against 44.2 unsplit),
+    at M = 1024 (192 tiles, 1.45 waves) 2 as well (86.8 against 90.2). Clusters of 4 measured
+    slower than of 2 (8B O at M = 256: 37.8 against 28.6 us: not all fit in one wave).
+    Below: 128 tokens past M = 64, else 64 (two blocks an SM), a K split of 4 or 2 where the
+    split tiles still fit the SMs' blocks at once and each slice keeps >= 16 steps.
+    From the sweeps of every tile x split over the eight 8B / 70B projections (H100, 2026-11-24,
+    benchmarks/results/wgmma_split_*); the tuning table (benchmarks/tune.py) holds the measured
+    launches of the listed shapes."""
+    rows, steps = triton.cdiv(N, 128), K // 64
+    if M >= 256:
+        tiles = rows * triton.cdiv(M, 256)
+
+        def filled(s: int) -> float:  # the share of the SMs' block slots the launch's waves use
+            return tiles * s / (triton.cdiv(tiles * s, sms) * sms)
+
+        splits = [s for s in (1, 2, 3) if s == 1 or steps >= 16 * s]
+        best = max(filled(s) for s in splits)
+        split = next(s for s in splits if filled(s) >= best - 0.03)
+        return {"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": 256, "SPLIT_K": split}
+    tokens = 128 if M > 64 else 64
     tiles = rows * triton.cdiv(M, tokens)
-    split = 1
-    if M <= 256:
-        split = next((s for s in (4, 2) if tiles * s <= slots and K // 64 >= 16 * s), 1)
+    split = next((s for s in (4, 2) if tiles * s <= 2 * sms and steps >= 16 * s), 1)
     return {"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": tokens, "SPLIT_K": split}
 
 
@@ -767,9 +776,12 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         tile = (cfg["BLOCK_N"], cfg["BLOCK_M"])
         if tile not in _config.WGMMA_TILES:
             raise ValueError(f"cfg: the 'wgmma' kernel's (BLOCK_N, BLOCK_M) must be one of {_config.WGMMA_TILES}, got {tile}")
-        split = min(cfg["SPLIT_K"], K // 64) if M * N < 1 << 31 else 1  # the partials' int offsets
+        split = min(cfg["SPLIT_K"], K // 64, _config.WGMMA_MAX_SPLIT)
         tiles = triton.cdiv(N, tile[0]) * triton.cdiv(M, tile[1])
-        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if split > 1 else None
+        # The 256-token tile's split is a thread-block cluster (no counters); the others' sum
+        # partials in global memory.
+        counted = split > 1 and tile != _config.WGMMA_TILES[0]
+        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if counted else None
         args = (_config.WGMMA_TILES.index(tile), split, counters)
         plan = _CompiledPlan(_wgmma_op(), group_size, args)
         if key is not None:
