@@ -20,13 +20,14 @@ scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
 
 from __future__ import annotations
 
-MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3'
+MADE_BY = ('python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, '
+           'then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits)')
 
 TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096, 128): [(1, None),
                                                           (16, None),
                                                           (64, None),
-                                                          (128, ['wgmma', 128, 64, 4]),
-                                                          (256, ['wgmma', 128, 128, 2]),
+                                                          (128, None),
+                                                          (256, None),
                                                           (1024, None),
                                                           (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 14336, 128): [(1, None),
@@ -39,8 +40,8 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 6144, 4096, 128): [(1, None),
                                                           (16, ['mma', 1, 4, 1]),
                                                           (64, None),
-                                                          (128, ['wgmma', 128, 128, 2]),
-                                                          (256, ['wgmma', 128, 128, 1]),
+                                                          (128, None),
+                                                          (256, None),
                                                           (1024, None),
                                                           (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192, 128): [(1, None),
@@ -59,9 +60,9 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                            (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 10240, 8192, 128): [(1, None),
                                                            (16, None),
-                                                           (64, ['wgmma', 128, 64, 4]),
-                                                           (128, None),
-                                                           (256, None),
+                                                           (64, ['wgmma', 128, 64, 3]),
+                                                           (128, ['wgmma', 128, 128, 3]),
+                                                           (256, ['wgmma', 128, 256, 1]),
                                                            (1024, None),
                                                            (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 28672, 4096, 128): [(1, ['mma', 1, 4, 2]),
