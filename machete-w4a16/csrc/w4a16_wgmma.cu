@@ -32,18 +32,20 @@
 // can be pending, so every wgmma (and shared load) of step i - 2 has retired and its stage is
 // the one refilled.
 //
-// Measured (H100, graph-replayed against cuBLAS bf16, benchmarks/results/tune_*): 0.62-1.22x at
-// M = 256, 0.75-0.97x at 1024, 0.90-1.05x at 4096. Filling the stages with every thread's
-// cp.async instead had held it at half the tensor cores' rate: the copies, not the
-// dequantization, were the limit (docs/machete-w4a16-hopper-kernel.md). The small-N shapes
-// (8B QKV / O) trail at M = 256-1024, too few row tiles to fill the SMs: stream-K is the next step.
+// Split K (grid.y = S > 1, each block an even share of the tile's steps), summed in slice order
+// (deterministic) two ways. At the 256-token tile (one block an SM) the S blocks are one
+// thread-block cluster (1, S, 1): each stages its fp32 tile in its own shared memory and, after a
+// cluster barrier, sums its share of the tile's rows over the S tiles through distributed shared
+// memory. At the 128- / 64-token tiles the slices' fp32 tiles go to global memory and the last
+// block of the tile to arrive (an acq_rel-fenced counter) sums them; clusters measured slower
+// there (the two blocks an SM those tiles run may put a cluster's blocks on one SM).
+// Stream-K (persistent blocks, equal runs of all tiles' steps) and a rotated K order per block
+// were tried and not kept (benchmarks/results/wgmma_split_*).
 //
-// Split K (grid.y = S > 1): the S blocks of an output tile are one thread-block cluster (1, S, 1),
-// each taking an even share of the K steps. Each leaves its fp32 tile in its own shared memory;
-// after a cluster barrier block r sums its share of the tile's rows over the S tiles in slice
-// order through distributed shared memory (deterministic) and stores it. Summing fp32 partials
-// through global memory instead (the last block of a tile to arrive reading every slice: 384 KB
-// for a 3-way split of a 128 x 256 tile) cost more than the split saved at every shape.
+// Measured (H100, graph-replayed against cuBLAS bf16, benchmarks/results/tune_*): 0.83-1.32x at
+// M = 256, 0.80-0.96x at 1024, 0.90-0.97x at 4096 (the quick benchmark). Filling the stages with
+// every thread's cp.async instead had held it at half the tensor cores' rate: the copies, not
+// the dequantization, were the limit (docs/machete-w4a16-hopper-kernel.md).
 #include "w4a16_wgmma.h"
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes through the runtime)
