@@ -35,8 +35,8 @@
 // Split K (grid.y = S > 1, each block an even share of the tile's steps), summed in slice order
 // (deterministic) two ways. At the 256-token tile (one block an SM) the S blocks are one
 // thread-block cluster (1, S, 1): each stages its fp32 tile in its own shared memory and, after a
-// cluster barrier, sums its share of the tile's rows over the S tiles through distributed shared
-// memory. At the 128- / 64-token tiles the slices' fp32 tiles go to global memory and the last
+// cluster barrier, sums its share of the tile (a band of its tokens) over the S tiles through
+// distributed shared memory. At the 128- / 64-token tiles the slices' fp32 tiles go to global memory and the last
 // block of the tile to arrive (an acq_rel-fenced counter) sums them; clusters measured slower
 // there (the two blocks an SM those tiles run may put a cluster's blocks on one SM).
 // Stream-K (persistent blocks, equal runs of all tiles' steps) and a rotated K order per block
@@ -454,8 +454,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
   // Shared-memory offset (floats) of float4 c ([token][4 rows]) of the staged tile.
   auto staged_quad = [](int c) { return staged_index<kRows>(c / (kRows / 4), (c % (kRows / 4)) * 4); };
   if constexpr (TOK == 256) {
-    // The tile's blocks are one cluster: each sums its share of the tile's float4s over the
-    // cluster's staged tiles in slice order (its own too) through distributed shared memory.
+    // The tile's blocks are one cluster: each sums its share of the tile's float4s (a band of
+    // tokens) over the cluster's staged tiles in slice order through distributed shared memory,
+    // its own tile through its own shared memory (a local load; 8B O at M = 256 measured 23.3 us
+    // either way).
     cluster_sync();
     const int share = kQuads / a.split_k;  // the last block takes the remainder
     const int c_begin = slice * share, c_end = slice + 1 == a.split_k ? kQuads : c_begin + share;
@@ -469,8 +471,6 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
           const int c = min(c0 + j * kThreads, c_end - 1);  // past the share: read, never stored
-          // Its own tile from its own shared memory: the distributed loads are the slow part
-          // (8B O at M = 256, 3 slices: 23.3 us, 15.4 of them the slices' steps).
           p[j] = r == slice ? *reinterpret_cast<const float4*>(ptile + staged_quad(c))
                             : ld_cluster_f4(map_to_cta(ptile_addr + 4 * staged_quad(c), r));
         }
@@ -609,7 +609,10 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = TOK == 256 && a.split_k > 1 ? 1 : 0;
-  if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a, maps); err != cudaSuccess) return err;
+  if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a, maps); err != cudaSuccess) {
+    (void)cudaGetLastError();  // returned, not left for the next launch check to find
+    return err;
+  }
   return cudaGetLastError();
 }
 

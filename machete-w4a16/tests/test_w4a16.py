@@ -279,14 +279,15 @@ WGMMA = MMA and hasattr(w4.ops, "w4a16_wgmma") and torch.cuda.get_device_capabil
 
 @pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
 @pytest.mark.parametrize("tile, split", [((128, 256), 1), ((128, 128), 3), ((128, 64), 1), ((128, 64), 4), ((128, 256), 2),
-                                         ((128, 64), 8)])  # fmt: skip
+                                         ((128, 64), 8), ((128, 256), 3), ((128, 256), 8)])  # fmt: skip
 @pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_wgmma_kernel(tile, split, group_size, zero_point, dtype):
     """The compiled Hopper kernel at each block tile: M off and on the token tiles (33, 64, 300),
-    N a multiple of 16 off the 128-row tile, K splits (clusters of 2-8 blocks; 3 uneven), every
-    group size it takes; each launch twice on a poisoned output, with a bias; a split's result
-    the same bits both times (its slices summed in a fixed order)."""
+    N a multiple of 16 off the 128-row tile, K splits (2-8 blocks: a cluster at the 256-token
+    tile, global partials at the others; 3 uneven), every group size it takes; each launch twice
+    on a poisoned output, with a bias; a split's result the same bits both times (its slices
+    summed in a fixed order)."""
     kern = w4._triton_kernels()
     N, K = 1040, 1024
     cfg = {"kernel": "wgmma", "BLOCK_N": tile[0], "BLOCK_M": tile[1], "SPLIT_K": split}
@@ -380,6 +381,7 @@ def test_wgmma_config():
     assert pick(128, 4096, 1024) == (128, 1)     # 16 steps of 64: no slices shorter than 16
     assert pick(256, 6144, 4096) == (256, 2)     # 48 tiles: 96 blocks
     assert pick(256, 4096, 4096) == (256, 3)     # 32 tiles: 96 blocks
+    assert pick(256, 10240, 8192) == (256, 1)    # 80 tiles: one wave, which no split keeps
     assert pick(256, 28672, 4096) == (256, 1)    # 224 tiles: 1.7 waves, no split fills them better
     assert pick(1024, 6144, 4096) == (256, 2)    # 192 tiles: 1.45 waves; 384 blocks: 2.9
     assert pick(1024, 4096, 4096) == (256, 1)    # 128 tiles: one wave

@@ -167,6 +167,9 @@ void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight
   using fused_llm::binding::msg;
   const GemmShape s = check_gemm(out, x, qweight, scales, zeros, bias, group_size);
   TORCH_CHECK(tile >= 0 && tile <= 2, msg("tile: expected 0 (128 x 256), 1 (128 x 128) or 2 (128 x 64), got ", tile));
+  // In range before the narrowing below (the kernel's check names the k / 64 bound).
+  TORCH_CHECK(split_k >= 1 && split_k <= mw::kWgmmaMaxSplit,
+              msg("w4a16_wgmma: split_k must be in 1 .. min(k / 64, 8), got ", split_k));
   mw::W4A16WgmmaParams p;
   fill_common(p, s, out, x, qweight, scales, zeros, bias);
   p.tile = static_cast<mw::WgmmaTile>(tile);

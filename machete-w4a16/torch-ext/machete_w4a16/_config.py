@@ -14,8 +14,8 @@ stores, written by ``benchmarks/tune.py``):
   for splitk), 4 or 8 warps per block, 1 or 2 16-row tiles per warp;
 * ``["wgmma", BLOCK_N, BLOCK_M, SPLIT_K]``: the compiled Hopper large-M kernel
   (csrc/w4a16_wgmma.cu, capability 9.0): a block tile of BLOCK_N rows of W x BLOCK_M tokens,
-  one of ``WGMMA_TILES``, K split over a cluster of SPLIT_K blocks per tile (an upper bound: at
-  most ``WGMMA_MAX_SPLIT`` and K / 64).
+  one of ``WGMMA_TILES``, K split over SPLIT_K blocks per tile (an upper bound: at most
+  ``WGMMA_MAX_SPLIT`` and K / 64; at the 256-token tile the blocks are a thread-block cluster).
 
 :func:`config_of` turns an entry into the dict ``_kernels.launch_w4a16`` takes (``cfg``), and
 :func:`entry_of` back; :func:`tuned_config` looks an M up in the table.
@@ -39,7 +39,8 @@ MMA_ROW_TILES = (1, 2)
 MMA_MAX_M = 32
 # The Hopper kernel's block tiles (W rows, tokens), in the op's tile-id order (w4a16_wgmma.h).
 WGMMA_TILES = ((128, 256), (128, 128), (128, 64))
-# Its largest K split: a portable thread-block cluster (csrc/w4a16_wgmma.h kWgmmaMaxSplit).
+# Its largest K split (csrc/w4a16_wgmma.h kWgmmaMaxSplit): a portable thread-block cluster at the
+# 256-token tile; the same bound at the others.
 WGMMA_MAX_SPLIT = 8
 
 

@@ -597,13 +597,15 @@ def wgmma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
 
     From M = 256: 256 tokens a block (one block an SM), its K split (a thread-block cluster of
     1-3 blocks, each slice >= 16 steps of 64) the smallest that fills the waves of SMs within 3%
-    of the best: 8B QKV at M = 256 (48 tiles) takes 2 (96 blocks: 29.1 us against 44.2 unsplit),
-    at M = 1024 (192 tiles, 1.45 waves) 2 as well (86.8 against 90.2). Clusters of 4 measured
-    slower than of 2 (8B O at M = 256: 37.8 against 28.6 us: not all fit in one wave).
-    Below: 128 tokens past M = 64, else 64 (two blocks an SM), a K split of 4 or 2 where the
-    split tiles still fit the SMs' blocks at once and each slice keeps >= 16 steps.
-    From the sweeps of every tile x split over the eight 8B / 70B projections (H100, 2026-11-24,
-    benchmarks/results/wgmma_split_*); the tuning table (benchmarks/tune.py) holds the measured
+    of the best, where the tiles fit one wave only if the split ones still do: 8B QKV at M = 256
+    (48 tiles) takes 2 (96 blocks: 28.9 us against 44.0 unsplit), 8B O (32 tiles) 3 (23.3 against
+    28.3 with 2), 70B QKV (80 tiles) none (83.7 us; 3 blocks, two waves: 103.1); at M = 1024 8B
+    QKV (192 tiles, 1.45 waves) takes 2 (85.4 against 90.2). Clusters of 4 measured slower than of
+    2 (8B O at M = 256: 37.8 against 28.6 us: not all fit in one wave). This rule picks the
+    fastest 256-token launch at all 16 points of M = 256 / 1024 in benchmarks/results/tune_*.
+    Below M = 256: 128 tokens past M = 64, else 64 (two blocks an SM), a K split of 4 or 2 where
+    the split tiles still fit the SMs' blocks at once and each slice keeps >= 16 steps
+    (benchmarks/results/wgmma_split_*). The tuning table (benchmarks/tune.py) holds the measured
     launches of the listed shapes."""
     rows, steps = triton.cdiv(N, 128), K // 64
     if M >= 256:
@@ -612,7 +614,7 @@ def wgmma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
         def filled(s: int) -> float:  # the share of the SMs' block slots the launch's waves use
             return tiles * s / (triton.cdiv(tiles * s, sms) * sms)
 
-        splits = [s for s in (1, 2, 3) if s == 1 or steps >= 16 * s]
+        splits = [s for s in (1, 2, 3) if s == 1 or (steps >= 16 * s and (tiles > sms or tiles * s <= sms))]
         best = max(filled(s) for s in splits)
         split = next(s for s in splits if filled(s) >= best - 0.03)
         return {"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": 256, "SPLIT_K": split}
