@@ -181,12 +181,10 @@ void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight
   const auto* props = at::cuda::getCurrentDeviceProperties();
   TORCH_CHECK(props->major == 9 && props->minor == 0,
               msg("w4a16_wgmma: needs a GPU of capability 9.0 (sm_90a code), got ", props->major, ".", props->minor));
-  at::Tensor partials;  // the split's fp32 partials (the 128- / 64-token tiles)
-  if (split_k > 1 && split_k <= std::min<int64_t>(s.K / mw::kWgmmaStepK, mw::kWgmmaMaxSplit)) {
-    if (const int64_t floats = mw::w4a16_wgmma_partial_floats(p); floats > 0) {
-      partials = at::empty({floats}, x.options().dtype(at::kFloat));
-      p.partials = partials.data_ptr<float>();
-    }
+  at::Tensor partials;  // the split's fp32 partials (the 128- / 64-token tiles); the check follows
+  if (const int64_t floats = mw::w4a16_wgmma_partial_floats(p); floats > 0) {
+    partials = at::empty({floats}, x.options().dtype(at::kFloat));
+    p.partials = partials.data_ptr<float>();
   }
   check_and_launch(p, x, "w4a16_wgmma", mw::w4a16_wgmma_check, mw::w4a16_wgmma_launch);
 }

@@ -78,16 +78,15 @@ def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
     Inductor's reductions run), 8 warps (quick) or 8 / 16. The shape of Inductor's M = 1
     reduction, which read 2304 x 16384 bf16 at 27.5 us where cuBLAS took 31.9 (H100,
     2026-11-24, results/INDEX.md)."""
+    from importlib import import_module
+
+    pow2_floor = import_module(kernel.__name__ + "._config")._pow2_floor  # as skinny_config's K step
     out = []
     for bn, kb in ((2, 8192), (4, 4096), (4, 8192), (8, 2048), (8, 4096), (16, 2048)):
-        bk = min(kb // elem, _pow2_floor(K))
+        bk = min(kb // elem, pow2_floor(K))
         for warps, stages in itertools.product((8,) if quick else (8, 16), (1, 2, 3)):
             out.append(kernel.SkinnyConfig(1, bn, max(32, bk), 1, warps, stages))
     return out
-
-
-def _pow2_floor(n: int) -> int:
-    return 1 << (max(n, 1).bit_length() - 1)
 
 
 def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, margin: float, log):

@@ -780,10 +780,8 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
             raise ValueError(f"cfg: the 'wgmma' kernel's (BLOCK_N, BLOCK_M) must be one of {_config.WGMMA_TILES}, got {tile}")
         split = min(cfg["SPLIT_K"], K // 64, _config.WGMMA_MAX_SPLIT)
         tiles = triton.cdiv(N, tile[0]) * triton.cdiv(M, tile[1])
-        # The 256-token tile's split is a thread-block cluster (no counters); the others' sum
-        # partials in global memory.
-        counted = split > 1 and tile != _config.WGMMA_TILES[0]
-        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if counted else None
+        # Read only where the split sums through global memory (the op knows which tiles do).
+        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if split > 1 else None
         args = (_config.WGMMA_TILES.index(tile), split, counters)
         plan = _CompiledPlan(_wgmma_op(), group_size, args)
         if key is not None:
