@@ -26,6 +26,8 @@
 
 #include "w4a16_dequant.cuh"
 
+#include <atomic>
+
 namespace fused_llm {
 namespace machete_w4a16 {
 namespace {
@@ -66,6 +68,20 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+}
+
+// Programmatic dependent launch (sm90+): the kernel may start while the previous kernel on the
+// stream is still running; before griddepcontrol.wait, which returns once that kernel has
+// completed and its writes are visible, it only hints its first weights into L2.
+__device__ __forceinline__ void wait_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 struct KernelArgs {
@@ -151,15 +167,19 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
   uint8_t zp[kInFlight][RT][2];
   constexpr bool kXAhead = X_AHEAD;  // x's window fetched with the weights: 16 registers a slot
   uint4 xq[kXAhead ? kInFlight : 1][NT][4];
-  auto fetch = [&](int u, int w) {
-    if (w < w_end) {
-      if constexpr (kXAhead) {
+  auto fetch_x = [&](int u, int w) {
+    if constexpr (kXAhead) {
+      if (w < w_end) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) xq[u][nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
         }
       }
+    }
+  };
+  auto fetch_w = [&](int u, int w) {
+    if (w < w_end) {
       const int64_t grp = static_cast<int64_t>((w * kWindow + 32 * t) >> a.group_shift) * a.n;
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
@@ -172,8 +192,27 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
       }
     }
   };
+  // Launched as a programmatic dependent (PDL), the block starts while the previous kernel on
+  // the stream finishes: its first windows' weights are fetched into L2 then (a hint, which
+  // cannot read stale data), and every load into registers follows the wait. Loading them into
+  // registers before the wait gained another ~8% at 8B QKV / O, M = 1, but would read weights a
+  // previous kernel might still be writing (H100, benchmarks/results/mma_pdl_*).
 #pragma unroll
-  for (int u = 0; u < kInFlight; ++u) fetch(u, w_begin + warp + u * WARPS);
+  for (int u = 0; u < kInFlight; ++u) {
+    const int w = w_begin + warp + u * WARPS;
+    if (w < w_end) {
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(wp[r][h] + 4 * w));
+      }
+    }
+  }
+  wait_prior_grid();
+#pragma unroll
+  for (int u = 0; u < kInFlight; ++u) fetch_w(u, w_begin + warp + u * WARPS);
+#pragma unroll
+  for (int u = 0; u < kInFlight; ++u) fetch_x(u, w_begin + warp + u * WARPS);
 
   for (int w0 = w_begin + warp; w0 < w_end; w0 += WARPS * kInFlight) {
 #pragma unroll
@@ -207,7 +246,8 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
           wq[r][h][3] = q[u][r][h].w;
         }
       }
-      fetch(u, w + WARPS * kInFlight);  // the slot's next window, in flight while this one computes
+      fetch_x(u, w + WARPS * kInFlight);  // the slot's next window, in flight while this one computes
+      fetch_w(u, w + WARPS * kInFlight);
 #pragma unroll
       for (int word = 0; word < 4; ++word) {
 #pragma unroll
@@ -230,6 +270,8 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
       }
     }
   }
+
+  allow_next_grid();  // the next kernel may launch and fetch its weights during this epilogue
 
   // The warps' tiles, summed in warp order. Accumulator (c0, c1): row g, tokens 2t, 2t + 1;
   // (c2, c3): row g + 8. Shared layout [token][row].
@@ -293,6 +335,55 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
   if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next call
 }
 
+// Launches `kernel`; with `pdl`, as a programmatic dependent of the stream's previous kernel, only
+// where this kernel's code waits for it (its binary built for sm90+: the sm80 build has no
+// griddepcontrol and would race the previous kernel).
+// Every kernel of this file has the same binary version on a device: asked once per device.
+bool device_code_waits(const void* kernel) {
+  constexpr int kDevices = 64;
+  static std::atomic<int8_t> known[kDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) {
+    cudaGetLastError();
+    return false;
+  }
+  if (const int8_t k = known[device].load(std::memory_order_relaxed); k != 0) return k == 2;
+  cudaFuncAttributes attr;
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const bool waits = attr.binaryVersion >= 90;
+  known[device].store(waits ? 2 : 1, std::memory_order_relaxed);
+  return waits;
+}
+
+template <class Kernel>
+cudaError_t launch_kernel(Kernel* kernel, dim3 grid, int threads, cudaStream_t stream, const KernelArgs& a, bool pdl) {
+  pdl = pdl && device_code_waits(reinterpret_cast<const void*>(kernel));
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = pdl ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
+  if (err != cudaSuccess) cudaGetLastError();  // clear it: the caller reports the returned error
+  return err;
+}
+
+template <class T, int NT, int RT, bool ZEROS, int WARPS>
+cudaError_t launch_variant(dim3 grid, cudaStream_t stream, const KernelArgs& a, bool pdl, bool x_ahead) {
+  constexpr int kThreads = WARPS * 32;
+  if constexpr (NT == 1 && RT == 1) {
+    if (x_ahead) return launch_kernel(w4a16_mma_kernel<T, NT, RT, ZEROS, WARPS, true>, grid, kThreads, stream, a, pdl);
+  }
+  return launch_kernel(w4a16_mma_kernel<T, NT, RT, ZEROS, WARPS, false>, grid, kThreads, stream, a, pdl);
+}
+
 template <class T, int NT, bool ZEROS>
 cudaError_t launch_shape(const W4A16MmaParams& p, const KernelArgs& a, cudaStream_t stream) {
   const int rows = kTileRows * p.row_tiles;
@@ -303,24 +394,13 @@ cudaError_t launch_shape(const W4A16MmaParams& p, const KernelArgs& a, cudaStrea
   // 9.18 -> 11.30 us) the lost occupancy costs more (benchmarks/results/mma_variants_*).
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
   const bool x_ahead = NT == 1 && p.row_tiles == 1 && p.sms > 0 && blocks <= int64_t{p.sms} * (16 / p.warps);
-  if (p.warps == 4 && p.row_tiles == 1) {
-    if (x_ahead) {
-      w4a16_mma_kernel<T, NT, 1, ZEROS, 4, NT == 1><<<grid, 128, 0, stream>>>(a);
-    } else {
-      w4a16_mma_kernel<T, NT, 1, ZEROS, 4, false><<<grid, 128, 0, stream>>>(a);
-    }
-  } else if (p.warps == 4 && p.row_tiles == 2) {
-    w4a16_mma_kernel<T, NT, 2, ZEROS, 4, false><<<grid, 128, 0, stream>>>(a);
-  } else if (p.warps == 8 && p.row_tiles == 1) {
-    if (x_ahead) {
-      w4a16_mma_kernel<T, NT, 1, ZEROS, 8, NT == 1><<<grid, 256, 0, stream>>>(a);
-    } else {
-      w4a16_mma_kernel<T, NT, 1, ZEROS, 8, false><<<grid, 256, 0, stream>>>(a);
-    }
-  } else {
-    w4a16_mma_kernel<T, NT, 2, ZEROS, 8, false><<<grid, 256, 0, stream>>>(a);
+  const bool pdl = p.pdl;
+  if (p.warps == 4) {
+    if (p.row_tiles == 1) return launch_variant<T, NT, 1, ZEROS, 4>(grid, stream, a, pdl, x_ahead);
+    return launch_variant<T, NT, 2, ZEROS, 4>(grid, stream, a, pdl, false);
   }
-  return cudaGetLastError();
+  if (p.row_tiles == 1) return launch_variant<T, NT, 1, ZEROS, 8>(grid, stream, a, pdl, x_ahead);
+  return launch_variant<T, NT, 2, ZEROS, 8>(grid, stream, a, pdl, false);
 }
 
 template <class T, bool ZEROS>

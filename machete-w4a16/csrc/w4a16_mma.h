@@ -65,6 +65,10 @@ struct W4A16MmaParams {
   // The device's multiprocessors (0: unknown). With it the launcher fetches x a window ahead
   // when the grid fits at 16 warps an SM (w4a16_mma.cu launch_shape); results are identical.
   int sms = 0;
+  // Launch as a programmatic dependent of the stream's previous kernel (sm90+; ignored below):
+  // the blocks start, and hint their first weights into L2, while that kernel finishes; they
+  // read x only once it has completed.
+  bool pdl = true;
 };
 
 // nullptr when the kernel can run `p`, else a message naming the violated precondition (a

@@ -605,6 +605,46 @@ def test_layer_from_linear(bias, zero_point):
 # CUDA graphs and a side stream: only on a GPU (the interpreter has neither).
 
 
+@pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
+@pytest.mark.parametrize("split, warps, row_tiles", [(1, 8, 1), (1, 4, 2), (3, 4, 1)])
+def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles):
+    """On sm90 the kernel is a programmatic dependent launch: it starts while the previous kernel
+    runs and must read x (and the split-K counters) only after that kernel completed. x comes
+    from the kernel right before (a matmul, whose output it is), and a chain of four GEMMs feeds
+    each one's output to the next (the previous kernel is then the kernel itself), eager and
+    replayed from a CUDA graph; against the reference of each step."""
+    kern = w4._triton_kernels()
+    cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles}
+    N = K = 2048
+    g = gen(31)
+    a = torch.randn(4, 4096, generator=g).bfloat16().to(DEVICE)
+    b = (torch.randn(4096, K, generator=g) / 64).bfloat16().to(DEVICE)
+    qws = [w4.quantize((torch.randn(N, K, generator=g) / K**0.5).bfloat16().to(DEVICE), 128, False) for _ in range(4)]
+
+    def chain():
+        outs = [poison_(torch.empty(4, N, dtype=torch.bfloat16, device=DEVICE)) for _ in qws]
+        xs = [torch.matmul(a, b)]  # written by the kernel right before the first GEMM
+        for qw, out in zip(qws, outs):  # back to back: each GEMM's previous kernel wrote its x
+            kern.launch_w4a16(xs[-1], qw.qweight, qw.scales, None, None, None, out, 128, cfg=cfg)
+            xs.append(out)
+        return xs
+
+    def check(xs, name):
+        for i, qw in enumerate(qws):
+            assert_gemm_close(xs[i + 1], reference(xs[i], qw), f"{name} step {i} {cfg}")
+
+    check(chain(), "eager")
+    chain()  # warm-up: the launch plans
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        xs = chain()
+    for seed in (32, 33):
+        a.copy_(torch.randn(4, 4096, generator=gen(seed)).bfloat16())
+        graph.replay()
+        torch.cuda.synchronize()
+        check(xs, f"graph replay {seed}")
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("M", [1, 16, 200])
 def test_cuda_graph_capture(M):
