@@ -336,9 +336,12 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
 }
 
 // Launches `kernel`; with `pdl`, as a programmatic dependent of the stream's previous kernel, only
-// where this kernel's code waits for it (its binary built for sm90+: the sm80 build has no
-// griddepcontrol and would race the previous kernel).
-// Every kernel of this file has the same binary version on a device: asked once per device.
+// where this kernel's code waits for it (device_code_waits: the sm80 code has no griddepcontrol
+// and would race the previous kernel). Returns the launch's own error, cleared.
+// Whether the kernel's code has griddepcontrol: it was compiled from sm90+ PTX (__CUDA_ARCH__ is
+// the PTX architecture). Not the binary version: compute_80 PTX JIT-compiled for a Hopper GPU
+// reports binaryVersion 90 and has no wait. Every kernel of this file is compiled for the same
+// architectures: asked once per device.
 bool device_code_waits(const void* kernel) {
   constexpr int kDevices = 64;
   static std::atomic<int8_t> known[kDevices] = {};  // 0 unknown, 1 no, 2 yes
@@ -353,7 +356,7 @@ bool device_code_waits(const void* kernel) {
     cudaGetLastError();
     return false;
   }
-  const bool waits = attr.binaryVersion >= 90;
+  const bool waits = attr.ptxVersion >= 90;
   known[device].store(waits ? 2 : 1, std::memory_order_relaxed);
   return waits;
 }

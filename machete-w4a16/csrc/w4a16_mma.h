@@ -75,8 +75,9 @@ struct W4A16MmaParams {
 // static string). The launcher checks it too and returns cudaErrorInvalidValue instead.
 const char* w4a16_mma_check(const W4A16MmaParams& p);
 
-// Enqueues the kernel on `stream`; m == 0 launches nothing. Returns cudaGetLastError() after
-// the launch. Needs a GPU of capability >= 8.0 (bf16 mma.sync).
+// Enqueues the kernel on `stream`; m == 0 launches nothing. Returns the launch's error
+// (cudaLaunchKernelEx's, then cleared), cudaSuccess when it was enqueued. Needs a GPU of
+// capability >= 8.0 (bf16 mma.sync).
 cudaError_t w4a16_mma_launch(const W4A16MmaParams& p, cudaStream_t stream);
 
 }  // namespace machete_w4a16
