@@ -335,9 +335,6 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
   if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next call
 }
 
-// Launches `kernel`; with `pdl`, as a programmatic dependent of the stream's previous kernel, only
-// where this kernel's code waits for it (device_code_waits: the sm80 code has no griddepcontrol
-// and would race the previous kernel). Returns the launch's own error, cleared.
 // Whether the kernel's code has griddepcontrol: it was compiled from sm90+ PTX (__CUDA_ARCH__ is
 // the PTX architecture). Not the binary version: compute_80 PTX JIT-compiled for a Hopper GPU
 // reports binaryVersion 90 and has no wait. Every kernel of this file is compiled for the same
@@ -361,6 +358,9 @@ bool device_code_waits(const void* kernel) {
   return waits;
 }
 
+// Launches `kernel`; with `pdl`, as a programmatic dependent of the stream's previous kernel, only
+// where this kernel's code waits for it (device_code_waits: the sm80 code has no griddepcontrol
+// and would race the previous kernel). Returns the launch's own error, cleared.
 template <class Kernel>
 cudaError_t launch_kernel(Kernel* kernel, dim3 grid, int threads, cudaStream_t stream, const KernelArgs& a, bool pdl) {
   pdl = pdl && device_code_waits(reinterpret_cast<const void*>(kernel));
