@@ -209,6 +209,14 @@ __device__ __forceinline__ uint32_t map_to_cta(uint32_t addr, int rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
   return out;
 }
+// v += p, lane by lane: a slice's partial into the running sum of the split-K epilogues.
+__device__ __forceinline__ void add_to(float4& v, const float4& p) {
+  v.x += p.x;
+  v.y += p.y;
+  v.z += p.z;
+  v.w += p.w;
+}
+
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
   float4 v;
   // volatile: kept after the cluster barrier (an asm with a memory clobber) that orders it.
@@ -475,12 +483,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
                             : ld_cluster_f4(map_to_cta(ptile_addr + 4 * staged_quad(c), r));
         }
 #pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          v[j].x += p[j].x;
-          v[j].y += p[j].y;
-          v[j].z += p[j].z;
-          v[j].w += p[j].w;
-        }
+        for (int j = 0; j < kBatch; ++j) add_to(v[j], p[j]);
       }
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
@@ -517,12 +520,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) p[j] = __ldcg(src + c0 + j * kThreads);
 #pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          v[j].x += p[j].x;
-          v[j].y += p[j].y;
-          v[j].z += p[j].z;
-          v[j].w += p[j].w;
-        }
+        for (int j = 0; j < kBatch; ++j) add_to(v[j], p[j]);
       }
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) store_quad(c0 + j * kThreads, v[j]);
