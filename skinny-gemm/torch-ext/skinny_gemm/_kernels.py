@@ -213,12 +213,13 @@ def launch_skinny(x, w, bias, out, x_scale=None, w_scale=None, deterministic: bo
     dev = x.device
     scaled = x_scale is not None
     key = None
-    if cfg is None and x.is_cuda:
+    if x.is_cuda:
         # A launch plan per call signature (_triton_launch): every integer argument and each
-        # tensor's dtype and 16-byte alignment are functions of this key.
+        # tensor's dtype and 16-byte alignment are functions of this key (and of cfg: the
+        # dispatch table's configurations are frozen dataclasses, made once each).
         key = (x.get_device(), x.shape, x.stride(), N, w.stride(0), out.stride(0), x.dtype, out.dtype,
                None if bias is None else bias.dtype, None if not scaled else (x_scale.numel(), w_scale.numel()),
-               deterministic,
+               deterministic, cfg,
                aligned16(*[t for t in (x, w, x_scale, w_scale, bias, out) if t is not None]))  # fmt: skip
         plan = _PLANS.get(key)
         if plan is not None:
