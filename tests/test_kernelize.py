@@ -113,6 +113,71 @@ def test_fused_decoder_compiles_fullgraph(batch, length):
     torch.testing.assert_close(_logits(compiled, tokens), got, rtol=0.02, atol=0.02 * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("mask", ["none", "bool", "additive"])
+def test_one_token_gqa_is_transformers_sdpa(dtype, mask):
+    """decoder.one_token_gqa (SDPA with enable_gqa, no repeat_kv) against transformers'
+    sdpa_attention_forward on the same one-token inputs: grouped heads 8 / 2, a padded batch."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    B, H, H_kv, L, D = 3, 8, 2, 13, 64
+    attn = torch.nn.Module()
+    attn.num_key_value_groups, attn.scaling, attn.is_causal = H // H_kv, D**-0.5, True
+    q = torch.randn(B, H, 1, D, device=DEVICE, dtype=dtype)
+    k, v = (torch.randn(B, H_kv, L + 3, D, device=DEVICE, dtype=dtype) for _ in range(2))  # a cache longer than the mask
+    keep = torch.rand(B, 1, 1, L, device=DEVICE) > 0.3
+    keep[..., -1] = True  # every row attends to something
+    m = {"none": None, "bool": keep, "additive": torch.zeros(B, 1, 1, L, device=DEVICE, dtype=dtype).masked_fill(~keep, -1e4)}[mask]
+    kk, vv = (k, v) if m is None else (k[:, :, :L], v[:, :, :L])
+    ref, _ = sdpa_attention_forward(attn, q, kk, vv, m, dropout=0.0, scaling=attn.scaling)
+    got = fused_llm.decoder.one_token_gqa(attn, q, kk, vv, m, {"position_ids": None, "output_attentions": False})
+    assert got.shape == ref.shape == (B, 1, H, D) and got.is_contiguous()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+
+
+def test_one_token_gqa_hands_back():
+    """Where the grouped call would not be transformers' computation, one_token_gqa returns None."""
+    attn = torch.nn.Module()
+    attn.scaling = 0.125
+    q = torch.randn(1, 8, 1, 64, device=DEVICE)
+    kv = torch.randn(1, 2, 5, 64, device=DEVICE)
+    assert fused_llm.decoder.one_token_gqa(attn, q, kv, kv, None, {}) is not None
+    assert fused_llm.decoder.one_token_gqa(attn, q, q.expand(1, 8, 5, 64), q.expand(1, 8, 5, 64), None, {}) is None  # no groups
+    wide = torch.randn(1, 8, 1, 256, device=DEVICE)
+    assert fused_llm.decoder.one_token_gqa(attn, wide, kv.repeat(1, 1, 1, 4), kv.repeat(1, 1, 1, 4), None, {}) is None
+    assert fused_llm.decoder.one_token_gqa(attn, q, kv, kv, None, {"softcap": 30.0}) is None
+    assert fused_llm.decoder.one_token_gqa(attn, q, kv, kv, None, {"output_attentions": True}) is None
+
+
+@pytest.mark.kernels_ci
+def test_fused_decoder_decodes_through_one_token_gqa(monkeypatch):
+    """Static-cache greedy decode of a kernelized GQA model (a mask on every step) runs its
+    one-token steps through one_token_gqa and gives the tokens and scores of the same layers
+    with it turned off (transformers' repeat_kv path)."""
+    model = tiny_llama(DEVICE, torch.bfloat16)
+    fused_llm.kernelize(model)
+    layers = [m for m in model.modules() if getattr(m, "fused_llm_decoder", False)]
+    assert layers and all(m.fused_llm_gqa_decode == fused_llm.decoder.masked_gqa_sdpa(DEVICE) for m in layers)
+    calls = []
+    grouped = fused_llm.decoder.one_token_gqa
+    monkeypatch.setattr(fused_llm.decoder, "one_token_gqa", lambda *a: calls.append(1) or grouped(*a))
+    prompt = torch.randint(0, model.config.vocab_size, (2, 7), device=DEVICE)
+
+    def run(enabled: bool):
+        for m in layers:
+            m.fused_llm_gqa_decode = enabled
+        with torch.inference_mode():
+            out = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static",
+                                 output_scores=True, return_dict_in_generate=True)  # fmt: skip
+        return out.sequences, torch.stack(out.scores)
+
+    on, off = run(True), run(False)
+    assert len(calls) == 3 * len(layers)  # the 3 one-token steps after the prefill, each layer
+    assert torch.equal(on[0], off[0])
+    torch.testing.assert_close(on[1], off[1], rtol=0.02, atol=0.02 * off[1].abs().max().item())
+
+
 def test_fused_decoder_keeps_weights_shared():
     """q / k / v weights are views of the fused tensor: state_dict keeps its keys and shapes."""
     model = tiny_llama(DEVICE, torch.bfloat16)

@@ -7,7 +7,9 @@ This forward computes the same layer in 9 ops and launches:
     rms_norm (rmsnorm-fp8)                       input_layernorm
     one GEMM of [W_q; W_k; W_v]                  q_proj, k_proj, v_proj
     apply_rotary_transformers (rope-triton)      apply_rotary_pos_emb, transformers' rounding
-    cache update + the model's attention         unchanged (sdpa / eager / flash: the config's)
+    cache update + the model's attention         unchanged (sdpa / eager / flash: the config's;
+                                                 one-token sdpa with grouped K / V heads: see
+                                                 one_token_gqa)
     o_proj
     fused_add_rms_norm (rmsnorm-fp8)             residual add + post_attention_layernorm
     gated_mlp (gated-mlp)                        gate_proj, up_proj, act_fn, * (no [.., 2U] tensor)
@@ -27,9 +29,12 @@ from __future__ import annotations
 import types
 from dataclasses import dataclass
 
+import warnings
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # transformers' hidden_act names -> gated-mlp's activations (gelu_new / gelu_pytorch_tanh: tanh form)
 HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
@@ -155,13 +160,16 @@ def record_settings(layer: nn.Module, activations: dict[str, str]) -> None:
     """What every fused forward (bf16, FP8, 4-bit) reads of the layer's config, read once at
     install rather than on every token step: ``fused_llm_activation`` (the MLP's activation by
     the name its kernel uses, from ``activations``: gated-mlp's or swiglu-fp8's table) and
-    ``fused_llm_sliding_window`` (what `attend` passes to the attention)."""
+    ``fused_llm_sliding_window`` (what `attend` passes to the attention) and
+    ``fused_llm_gqa_decode`` (`masked_gqa_sdpa` on the layer's device: a model moved to another
+    GPU after kernelize keeps the answer of the first)."""
     attn = layer.self_attn
     layer.fused_llm_activation = activations[layer.mlp.config.hidden_act]
     window = getattr(attn, "sliding_window", None)  # Qwen2 / Qwen3 keep it per layer
     if window is None and "Mistral" in type(attn).__name__:
         window = getattr(attn.config, "sliding_window", None)
     layer.fused_llm_sliding_window = window
+    layer.fused_llm_gqa_decode = masked_gqa_sdpa(layer.input_layernorm.weight.device)
 
 
 def install(layer: nn.Module, kernels: Kernels) -> None:
@@ -217,6 +225,71 @@ def attention_functions():
     return _ATTENTION_FUNCTIONS[0]
 
 
+# One query token against grouped K / V heads (one_token_gqa): per CUDA device, whether cuDNN's
+# SDPA takes it with a mask, probed once.
+_MASKED_GQA: dict[str, bool] = {}
+# The backends one_token_gqa allows: cuDNN, the one fused kernel with both grouped heads and a
+# mask (flash takes no mask, memory-efficient no grouped heads), else math (never an error).
+_GQA_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+# kwargs that change what transformers' sdpa_attention_forward computes: with any of them set,
+# one_token_gqa leaves the call to it.
+_SDPA_SPECIAL_KWARGS = ("softcap", "position_bias", "cache", "is_causal", "output_attentions", "s_aux", "sinks")
+
+
+def masked_gqa_sdpa(device: torch.device | str) -> bool:
+    """Whether `one_token_gqa` runs on ``device``: on CUDA where cuDNN's SDPA computes grouped
+    K / V heads (``enable_gqa``) with a boolean mask (one tiny call restricted to cuDNN, once per
+    device; without it SDPA would fall back to its math kernel, slower than transformers'
+    ``repeat_kv``). Elsewhere False: on CPU, a test target, transformers' path keeps the
+    kernelized model's attention bytes those of the plain model (tests compare greedy tokens)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    name = f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+    if name not in _MASKED_GQA:
+        q = torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16, device=name)
+        kv = torch.zeros(1, 1, 16, 64, dtype=torch.bfloat16, device=name)
+        mask = torch.ones(1, 1, 1, 16, dtype=torch.bool, device=name)
+        try:
+            with warnings.catch_warnings(), sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                warnings.simplefilter("ignore")  # a refusal warns before it raises
+                F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=True)
+            _MASKED_GQA[name] = True
+        except RuntimeError:
+            _MASKED_GQA[name] = False
+    return _MASKED_GQA[name]
+
+
+def one_token_gqa(attn, q, key, value, attention_mask, kwargs):
+    """transformers' ``sdpa_attention_forward`` for one query token per sequence (decode) with
+    grouped K / V heads, without ``repeat_kv``: SDPA with ``enable_gqa=True`` reads the cache's
+    ``[B, H_kv, L, D]`` K / V as they are. Same math (query head h reads K / V head
+    h // (H / H_kv), as repeat_kv's copies do), same mask, scale and output layout ``[B, 1, H,
+    D]``. None where that does not hold (no grouped heads, head sizes cuDNN does not take, kwargs
+    that change the attention): the caller then runs transformers' function.
+
+    Why: with a mask (always, under torch.compile) transformers repeats K and V to H heads,
+    a copy of the whole cache per layer and step: on the H100 (Llama-3-8B shape, 32 / 8 heads,
+    D 128, one query, a CUDA graph of 32 layers' caches) repeat_kv + SDPA took 28.2 / 62.6 /
+    111.8 us a layer at 544 / 2080 / 4128 cached positions and enable_gqa 14.0 / 16.0 / 20.2
+    (cuDNN; benchmarks/results/decode_attention_sdpa_*). Viewing the G grouped query heads as G
+    query rows instead (tried before) made cuDNN pick a 64-row tile: 24.5 us at 544."""
+    H, H_kv, D = q.shape[1], key.shape[1], q.shape[-1]
+    if H == H_kv or H % H_kv or value.shape[-1] != D or D > 128 or D % 8:
+        return None
+    for name in _SDPA_SPECIAL_KWARGS:
+        v = kwargs.get(name)
+        if v is not None and v is not False:
+            return None
+    mask = attention_mask
+    if mask is not None and mask.dim() == 4:
+        mask = mask[:, :, :, : key.shape[-2]]  # as transformers slices it
+    with sdpa_kernel(_GQA_BACKENDS):
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=0.0, scale=attn.scaling,
+                                             enable_gqa=True)  # fmt: skip
+    return out.transpose(1, 2).contiguous()
+
+
 def attend(layer, q, key, value, position_embeddings, attention_mask, past_key_values, apply_rotary, kwargs):
     """The attention step every fused layer (bf16, FP8, 4-bit) shares: Qwen3's per-head q / k
     norms, rope-triton's rotary on [B, H, S, D] q / k, the cache update, then the model's
@@ -229,7 +302,12 @@ def attend(layer, q, key, value, position_embeddings, attention_mask, past_key_v
     q, key = apply_rotary(q, key, cos, sin, 1)  # [B, H, S, D] (unsqueeze_dim 1)
     if past_key_values is not None:
         key, value = past_key_values.update(key, value, attn.layer_idx)
-    interface = _ATTENTION_FUNCTIONS[0].get_interface(attn.config._attn_implementation, _eager_attention)
+    implementation = attn.config._attn_implementation
+    if q.shape[2] == 1 and implementation == "sdpa" and layer.fused_llm_gqa_decode:
+        out = one_token_gqa(attn, q, key, value, attention_mask, kwargs)
+        if out is not None:
+            return out
+    interface = _ATTENTION_FUNCTIONS[0].get_interface(implementation, _eager_attention)
     if layer.fused_llm_sliding_window is not None:
         kwargs.setdefault("sliding_window", layer.fused_llm_sliding_window)
     out, _ = interface(attn, q, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)

@@ -584,6 +584,8 @@ def add_variant_tail(parser: argparse.ArgumentParser, batches: list[int]) -> Non
                         help="decode batch sizes (default: %(default)s; static-cache decode compiles per model and batch)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer hidden-256 model and short sequences; runs on a "
                         "CPU too (a smoke test of the command, not a measurement)")  # fmt: skip
+    parser.add_argument("--prompt", type=int, default=PROMPT, help="decode: tokens of the prompt before the timed steps "
+                        "(default: %(default)s; the attention reads that many cached positions a step)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
 
 
@@ -595,6 +597,8 @@ def parse_variant_args(parser: argparse.ArgumentParser, argv: list[str] | None, 
         args.batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         parser.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
+    if args.prompt < 1:
+        parser.error(f"--prompt: expected a positive token count, got {args.prompt}")
     if not torch.cuda.is_available() and not args.tiny:
         print(f"fused-llm bench e2e --{flag} times models on a CUDA GPU; none is visible to torch here "
               "(--tiny runs a small model on the CPU).")  # fmt: skip

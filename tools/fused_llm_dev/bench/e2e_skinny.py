@@ -97,7 +97,7 @@ def run(args) -> dict:
     if args.tiny:
         prompt_len, (n1, n2), rounds, (agree_b, agree_t) = TINY["prompt"], TINY["steps"], TINY["rounds"], TINY["agreement"]
     else:
-        prompt_len, (n1, n2) = e2e.PROMPT, ((8, 24) if args.quick else (16, 64))
+        prompt_len, (n1, n2) = args.prompt, ((8, 24) if args.quick else (16, 64))
         rounds, agree_b, agree_t = 3 if args.quick else 5, e2e.AGREEMENT_BATCH, 512
     stages = {"decode": ["decode-static", "decode-dynamic"]}.get(args.only, [args.only]) if args.only \
         else ["decode-static", "decode-dynamic"]  # fmt: skip
@@ -161,7 +161,8 @@ def write(result: dict, out_dir: Path) -> Path:
     gpu = result["gpu"].replace(" ", "-")
     part = f"_{result['only']}" if result.get("only") else ""
     size = "tiny" if result["tiny"] else f"{result['layers']}L"
-    stem = out_dir / f"e2e_skinny_{result['model']}{size}_{result['dtype']}{'_quick' if result['quick'] else ''}{part}_{gpu}"
+    prompt = f"_prompt{result['prompt']}" if not result["tiny"] and result["prompt"] != e2e.PROMPT else ""
+    stem = out_dir / f"e2e_skinny_{result['model']}{size}_{result['dtype']}{'_quick' if result['quick'] else ''}{prompt}{part}_{gpu}"
     result["ratios"] = ratios(result)
     return e2e.write_files(
         stem, result, (("skinny/no skinny", "kernelized vs kernelized without skinny"), ("vs eager", "kernelized vs not kernelized")),

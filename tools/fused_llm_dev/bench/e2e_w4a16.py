@@ -188,7 +188,7 @@ def run(args) -> dict:
     if args.tiny:
         prefill, prompt_len, (n1, n2), (agree_b, agree_t) = TINY["prefill"], TINY["prompt"], TINY["steps"], TINY["agreement"]
     else:
-        prefill, prompt_len, (n1, n2) = PREFILL, e2e.PROMPT, ((8, 24) if args.quick else (16, 64))
+        prefill, prompt_len, (n1, n2) = PREFILL, args.prompt, ((8, 24) if args.quick else (16, 64))
         agree_b, agree_t = e2e.AGREEMENT_BATCH, 512
     reps = TINY["reps"] if args.tiny else 5 if args.quick else 10
     rounds = TINY["rounds"] if args.tiny else 3 if args.quick else 5
@@ -269,7 +269,8 @@ def write(result: dict, out_dir: Path) -> Path:
     part = f"_{result['only']}" if result.get("only") else ""
     size = "tiny" if result["tiny"] else f"{result['layers']}L"
     quant = f"g{result['group_size']}{'z' if result['zero_point'] else ''}{'-head' if result['lm_head_quantized'] else ''}"
-    stem = out_dir / f"e2e_w4a16_{result['model']}{size}_{result['dtype']}_{quant}{'_quick' if result['quick'] else ''}{part}_{gpu}"
+    prompt = f"_prompt{result['prompt']}" if not result["tiny"] and result["prompt"] != e2e.PROMPT else ""
+    stem = out_dir / f"e2e_w4a16_{result['model']}{size}_{result['dtype']}_{quant}{'_quick' if result['quick'] else ''}{prompt}{part}_{gpu}"
     result["ratios"] = ratios(result)
     wt = result["weights"]
     return e2e.write_files(
