@@ -114,68 +114,93 @@ def test_fused_decoder_compiles_fullgraph(batch, length):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("mask", ["none", "bool", "additive"])
-def test_one_token_gqa_is_transformers_sdpa(dtype, mask):
+def test_one_token_gqa_is_transformers_sdpa(dtype):
     """decoder.one_token_gqa (SDPA with enable_gqa, no repeat_kv) against transformers'
-    sdpa_attention_forward on the same one-token inputs: grouped heads 8 / 2, a padded batch."""
+    sdpa_attention_forward on the same one-token inputs: grouped heads 8 / 2, a padded batch's
+    boolean mask."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     B, H, H_kv, L, D = 3, 8, 2, 13, 64
     attn = torch.nn.Module()
     attn.num_key_value_groups, attn.scaling, attn.is_causal = H // H_kv, D**-0.5, True
     q = torch.randn(B, H, 1, D, device=DEVICE, dtype=dtype)
-    k, v = (torch.randn(B, H_kv, L + 3, D, device=DEVICE, dtype=dtype) for _ in range(2))  # a cache longer than the mask
-    keep = torch.rand(B, 1, 1, L, device=DEVICE) > 0.3
-    keep[..., -1] = True  # every row attends to something
-    m = {"none": None, "bool": keep, "additive": torch.zeros(B, 1, 1, L, device=DEVICE, dtype=dtype).masked_fill(~keep, -1e4)}[mask]
-    kk, vv = (k, v) if m is None else (k[:, :, :L], v[:, :, :L])
-    ref, _ = sdpa_attention_forward(attn, q, kk, vv, m, dropout=0.0, scaling=attn.scaling)
-    got = fused_llm.decoder.one_token_gqa(attn, q, kk, vv, m, {"position_ids": None, "output_attentions": False})
+    k, v = (torch.randn(B, H_kv, L, D, device=DEVICE, dtype=dtype) for _ in range(2))
+    mask = torch.rand(B, 1, 1, L, device=DEVICE) > 0.3
+    mask[..., -1] = True  # every row attends to something
+    ref, _ = sdpa_attention_forward(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
+    got = fused_llm.decoder.one_token_gqa(attn, q, k, v, mask, {"position_ids": None, "output_attentions": False})
     assert got.shape == ref.shape == (B, 1, H, D) and got.is_contiguous()
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
 
 
 def test_one_token_gqa_hands_back():
-    """Where the grouped call would not be transformers' computation, one_token_gqa returns None."""
+    """Where the grouped call would not be transformers' computation, or gains nothing over it,
+    one_token_gqa returns None (the caller runs transformers' function)."""
     attn = torch.nn.Module()
     attn.scaling = 0.125
+    one = fused_llm.decoder.one_token_gqa
     q = torch.randn(1, 8, 1, 64, device=DEVICE)
     kv = torch.randn(1, 2, 5, 64, device=DEVICE)
-    assert fused_llm.decoder.one_token_gqa(attn, q, kv, kv, None, {}) is not None
-    assert fused_llm.decoder.one_token_gqa(attn, q, q.expand(1, 8, 5, 64), q.expand(1, 8, 5, 64), None, {}) is None  # no groups
-    wide = torch.randn(1, 8, 1, 256, device=DEVICE)
-    assert fused_llm.decoder.one_token_gqa(attn, wide, kv.repeat(1, 1, 1, 4), kv.repeat(1, 1, 1, 4), None, {}) is None
-    assert fused_llm.decoder.one_token_gqa(attn, q, kv, kv, None, {"softcap": 30.0}) is None
-    assert fused_llm.decoder.one_token_gqa(attn, q, kv, kv, None, {"output_attentions": True}) is None
+    mask = torch.ones(1, 1, 1, 5, dtype=torch.bool, device=DEVICE)
+    assert one(attn, q, kv, kv, mask, {}) is not None
+    assert one(attn, q, kv, kv, None, {}) is None  # transformers passes enable_gqa itself
+    assert one(attn, q, kv, kv, torch.zeros(1, 1, 1, 5, device=DEVICE), {}) is None  # additive: cuDNN refuses it
+    full = q.expand(1, 8, 5, 64)
+    assert one(attn, q, full, full, mask, {}) is None  # no grouped heads
+    assert one(attn, q, kv, torch.randn(1, 2, 5, 32, device=DEVICE), mask, {}) is None  # V's head size differs
+    for d in (256, 60):  # above 128; not a multiple of 8
+        qd, kvd = torch.randn(1, 8, 1, d, device=DEVICE), torch.randn(1, 2, 5, d, device=DEVICE)
+        assert one(attn, qd, kvd, kvd, mask, {}) is None
+    for name, value in (("softcap", 30.0), ("output_attentions", True), ("is_causal", True), ("sinks", kv),
+                        ("position_bias", torch.zeros(1, 8, 1, 5, device=DEVICE))):  # fmt: skip
+        assert one(attn, q, kv, kv, mask, {name: value}) is None, name
+
+
+def _gqa_layers(model, enabled: bool) -> list:
+    layers = [m for m in model.modules() if getattr(m, "fused_llm_decoder", False)]
+    for m in layers:
+        m.fused_llm_gqa_decode = enabled
+    return layers
 
 
 @pytest.mark.kernels_ci
 def test_fused_decoder_decodes_through_one_token_gqa(monkeypatch):
-    """Static-cache greedy decode of a kernelized GQA model (a mask on every step) runs its
-    one-token steps through one_token_gqa and gives the tokens and scores of the same layers
-    with it turned off (transformers' repeat_kv path)."""
+    """Static-cache greedy decode of a kernelized GQA model (a boolean mask on every step) with
+    one_token_gqa turned on (on CPU the probe leaves it off: forced here): each one-token step of
+    each layer goes through it, and each step's logits match the same model's full forward over
+    the same tokens (transformers' attention: no one-token step there)."""
     model = tiny_llama(DEVICE, torch.bfloat16)
     fused_llm.kernelize(model)
     layers = [m for m in model.modules() if getattr(m, "fused_llm_decoder", False)]
     assert layers and all(m.fused_llm_gqa_decode == fused_llm.decoder.masked_gqa_sdpa(DEVICE) for m in layers)
-    calls = []
+    _gqa_layers(model, True)
+    results = []
     grouped = fused_llm.decoder.one_token_gqa
-    monkeypatch.setattr(fused_llm.decoder, "one_token_gqa", lambda *a: calls.append(1) or grouped(*a))
+    monkeypatch.setattr(fused_llm.decoder, "one_token_gqa", lambda *a: results.append(grouped(*a)) or results[-1])
     prompt = torch.randint(0, model.config.vocab_size, (2, 7), device=DEVICE)
+    with torch.inference_mode():
+        out = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static",
+                             output_logits=True, return_dict_in_generate=True)  # fmt: skip
+        full = model(out.sequences[:, :-1]).logits.float()[:, prompt.shape[1] - 1:]
+    assert len(results) == 3 * len(layers) and all(r is not None for r in results)  # 3 one-token steps after the prefill
+    steps = torch.stack(out.logits, dim=1).float()
+    torch.testing.assert_close(steps, full, rtol=0.05, atol=0.05 * full.abs().max().item())
 
-    def run(enabled: bool):
-        for m in layers:
-            m.fused_llm_gqa_decode = enabled
-        with torch.inference_mode():
-            out = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static",
-                                 output_scores=True, return_dict_in_generate=True)  # fmt: skip
-        return out.sequences, torch.stack(out.scores)
 
-    on, off = run(True), run(False)
-    assert len(calls) == 3 * len(layers)  # the 3 one-token steps after the prefill, each layer
-    assert torch.equal(on[0], off[0])
-    torch.testing.assert_close(on[1], off[1], rtol=0.02, atol=0.02 * off[1].abs().max().item())
+def test_one_token_gqa_compiles_fullgraph():
+    """one_token_gqa under torch.compile(fullgraph=True) (how static-cache generate runs it): no
+    graph break, the eager result."""
+    attn = torch.nn.Module()
+    attn.scaling = 0.125
+    q = torch.randn(2, 8, 1, 64, device=DEVICE, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 9, 64, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    mask = torch.rand(2, 1, 1, 9, device=DEVICE) > 0.3
+    mask[..., 0] = True
+    torch._dynamo.reset()
+    ref = fused_llm.decoder.one_token_gqa(attn, q, k, v, mask, {})
+    got = torch.compile(fused_llm.decoder.one_token_gqa, fullgraph=True, dynamic=False)(attn, q, k, v, mask, {})
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
 def test_fused_decoder_keeps_weights_shared():

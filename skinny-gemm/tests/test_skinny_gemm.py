@@ -315,6 +315,28 @@ def test_linear_dispatch(table):
     assert torch.equal(sg.linear(x.half(), w.half()), F.linear(x.half(), w.half())), "another dtype: F.linear"
 
 
+def test_table_configs_made_once_and_planned_apart(table, monkeypatch):
+    """dispatch_config hands out one SkinnyConfig object per table entry (a construction checks
+    every field: not once a call); on a GPU each configuration at one call signature gets its
+    own launch plan (the plan key holds the configuration), and both plans give gemm's result."""
+    N, K = 48, 256
+    x, w, b = make(4, N, K, torch.bfloat16, seed=42, bias=True)
+    cfg_a, cfg_b = [16, 32, 64, 2, 4, 2], [16, 16, 64, 1, 4, 2]
+    table[(_gpu_key(), "bfloat16", N, K)] = [(4, cfg_a)]
+    assert sg.dispatch_config(x, w) is sg.dispatch_config(x, w) == sg.SkinnyConfig(*cfg_a)
+    if DEVICE != "cuda":
+        return
+    from importlib import import_module
+
+    kern = import_module(sg.__name__ + "._kernels")
+    monkeypatch.setattr(kern._PLANS, "entries", {})
+    outs = [sg.gemm(x, w, b, config=sg.SkinnyConfig(*c)) for c in (cfg_a, cfg_b, cfg_a, cfg_b)]
+    assert len(kern._PLANS.entries) == 2
+    ref = reference(x, w, b)
+    for out, c in zip(outs, (cfg_a, cfg_b, cfg_a, cfg_b)):
+        assert_gemm_close(out, ref, str(c))
+
+
 def test_dispatch_buckets(table):
     """A weight's buckets as dispatch_config reads them (configs as SkinnyConfig), in x's dtype
     when given; empty for a shape or dtype the table does not list."""

@@ -29,12 +29,10 @@ from __future__ import annotations
 import types
 from dataclasses import dataclass
 
-import warnings
-
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 # transformers' hidden_act names -> gated-mlp's activations (gelu_new / gelu_pytorch_tanh: tanh form)
 HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
@@ -225,55 +223,68 @@ def attention_functions():
     return _ATTENTION_FUNCTIONS[0]
 
 
-# One query token against grouped K / V heads (one_token_gqa): per CUDA device, whether cuDNN's
-# SDPA takes it with a mask, probed once.
+# One query token against grouped K / V heads with a mask (one_token_gqa): per CUDA device,
+# whether SDPA's own backend choice for it is cuDNN and cuDNN computes it right (probed once).
 _MASKED_GQA: dict[str, bool] = {}
-# The backends one_token_gqa allows: cuDNN, the one fused kernel with both grouped heads and a
-# mask (flash takes no mask, memory-efficient no grouped heads), else math (never an error).
-_GQA_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
 # kwargs that change what transformers' sdpa_attention_forward computes: with any of them set,
 # one_token_gqa leaves the call to it.
 _SDPA_SPECIAL_KWARGS = ("softcap", "position_bias", "cache", "is_causal", "output_attentions", "s_aux", "sinks")
 
 
 def masked_gqa_sdpa(device: torch.device | str) -> bool:
-    """Whether `one_token_gqa` runs on ``device``: on CUDA where cuDNN's SDPA computes grouped
-    K / V heads (``enable_gqa``) with a boolean mask (one tiny call restricted to cuDNN, once per
-    device; without it SDPA would fall back to its math kernel, slower than transformers'
-    ``repeat_kv``). Elsewhere False: on CPU, a test target, transformers' path keeps the
-    kernelized model's attention bytes those of the plain model (tests compare greedy tokens)."""
+    """Whether `one_token_gqa` runs on ``device``: a CUDA device where SDPA, left to choose,
+    picks cuDNN for one query token against grouped K / V heads (``enable_gqa``) with a boolean
+    mask, and cuDNN's result matches an fp32 reference (one tiny call, once per device, at
+    kernelize). Elsewhere SDPA would run its math kernel there (with repeat_kv's copies 72 us a
+    layer at Llama-3-8B shapes and 544 cached positions, against 28 for repeat_kv + cuDNN; H100,
+    ``benchmarks/results/decode_attention_sdpa_*``), or cuDNN SDPA is switched off. False off
+    CUDA: on CPU, a test target, transformers' path keeps the kernelized model's attention bytes
+    those of the plain model."""
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
         return False
     name = f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
     if name not in _MASKED_GQA:
-        q = torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16, device=name)
-        kv = torch.zeros(1, 1, 16, 64, dtype=torch.bfloat16, device=name)
-        mask = torch.ones(1, 1, 1, 16, dtype=torch.bool, device=name)
-        try:
-            with warnings.catch_warnings(), sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                warnings.simplefilter("ignore")  # a refusal warns before it raises
-                F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=True)
-            _MASKED_GQA[name] = True
-        except RuntimeError:
-            _MASKED_GQA[name] = False
+        _MASKED_GQA[name] = _cudnn_takes_masked_gqa(name)
     return _MASKED_GQA[name]
+
+
+def _cudnn_takes_masked_gqa(device: str) -> bool:
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, n, s, 64, dtype=torch.bfloat16, device=device, generator=gen)
+               for n, s in ((4, 1), (1, 16), (1, 16)))  # fmt: skip
+    mask = (torch.arange(16, device=device) < 11).view(1, 1, 1, 16)
+    try:
+        choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, False, scale=None, enable_gqa=True)
+        if choice != int(SDPBackend.CUDNN_ATTENTION):
+            return False
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).float()
+        ref = F.scaled_dot_product_attention(q.float(), k.float().expand(1, 4, 16, 64), v.float().expand(1, 4, 16, 64),
+                                             attn_mask=mask)  # fmt: skip
+        torch.cuda.synchronize(device)
+        return bool(torch.allclose(got, ref, rtol=2e-2, atol=2e-2))
+    except (RuntimeError, AttributeError, TypeError):  # refused, or a torch without _fused_sdp_choice
+        return False
 
 
 def one_token_gqa(attn, q, key, value, attention_mask, kwargs):
     """transformers' ``sdpa_attention_forward`` for one query token per sequence (decode) with
-    grouped K / V heads, without ``repeat_kv``: SDPA with ``enable_gqa=True`` reads the cache's
-    ``[B, H_kv, L, D]`` K / V as they are. Same math (query head h reads K / V head
-    h // (H / H_kv), as repeat_kv's copies do), same mask, scale and output layout ``[B, 1, H,
-    D]``. None where that does not hold (no grouped heads, head sizes cuDNN does not take, kwargs
-    that change the attention): the caller then runs transformers' function.
+    grouped K / V heads and a boolean mask, without ``repeat_kv``: SDPA with ``enable_gqa=True``
+    reads the cache's ``[B, H_kv, L, D]`` K / V as they are. Same math (query head h reads K / V
+    head h // (H / H_kv), as repeat_kv's copies do), same mask, scale and output layout ``[B, 1,
+    H, D]``. None where transformers' call is not that or gains nothing from it (no grouped
+    heads; no mask, where transformers passes ``enable_gqa`` itself; an additive mask, which
+    cuDNN refuses with grouped heads; head sizes above 128 or not a multiple of 8; kwargs that
+    change the attention): the caller then runs transformers' function.
 
     Why: with a mask (always, under torch.compile) transformers repeats K and V to H heads,
     a copy of the whole cache per layer and step: on the H100 (Llama-3-8B shape, 32 / 8 heads,
     D 128, one query, a CUDA graph of 32 layers' caches) repeat_kv + SDPA took 28.2 / 62.6 /
     111.8 us a layer at 544 / 2080 / 4128 cached positions and enable_gqa 14.0 / 16.0 / 20.2
-    (cuDNN; benchmarks/results/decode_attention_sdpa_*). Viewing the G grouped query heads as G
-    query rows instead (tried before) made cuDNN pick a 64-row tile: 24.5 us at 544."""
+    (cuDNN, SDPA's own choice; benchmarks/results/decode_attention_sdpa_*). Viewing the G
+    grouped query heads as G query rows instead (tried before) took 24.8 us at 544."""
+    if attention_mask is None or attention_mask.dtype != torch.bool:
+        return None
     H, H_kv, D = q.shape[1], key.shape[1], q.shape[-1]
     if H == H_kv or H % H_kv or value.shape[-1] != D or D > 128 or D % 8:
         return None
@@ -281,20 +292,27 @@ def one_token_gqa(attn, q, key, value, attention_mask, kwargs):
         v = kwargs.get(name)
         if v is not None and v is not False:
             return None
-    mask = attention_mask
-    if mask is not None and mask.dim() == 4:
-        mask = mask[:, :, :, : key.shape[-2]]  # as transformers slices it
-    with sdpa_kernel(_GQA_BACKENDS):
-        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=0.0, scale=attn.scaling,
-                                             enable_gqa=True)  # fmt: skip
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=attn.scaling,
+                                         enable_gqa=True)  # fmt: skip
     return out.transpose(1, 2).contiguous()
+
+
+def attention_step(gqa_decode: bool | None) -> str:
+    """The attention step as the kernelize reports name it: with the layer's
+    ``fused_llm_gqa_decode`` (None: the device is not known here)."""
+    base = "the model's attention interface"
+    if gqa_decode is None:
+        return base + "; one-token sdpa with a mask: SDPA's grouped heads where cuDNN takes them (one_token_gqa)"
+    return base + ("; one-token sdpa with a mask: SDPA's grouped heads, no repeat_kv (one_token_gqa)" if gqa_decode else "")
 
 
 def attend(layer, q, key, value, position_embeddings, attention_mask, past_key_values, apply_rotary, kwargs):
     """The attention step every fused layer (bf16, FP8, 4-bit) shares: Qwen3's per-head q / k
     norms, rope-triton's rotary on [B, H, S, D] q / k, the cache update, then the model's
-    attention interface (sdpa / eager / flash, the config's) with the layer's sliding window.
-    Returns the attention output [B, S, H, D]."""
+    attention interface (sdpa / eager / flash, the config's) with the layer's sliding window;
+    one query token with sdpa, grouped K / V heads and a boolean mask goes to `one_token_gqa`
+    where the layer's device takes it (``fused_llm_gqa_decode``). Returns the attention output
+    [B, S, H, D]."""
     attn = layer.self_attn
     if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm (over D) before the rotary
         q, key = attn.q_norm(q), attn.k_norm(key)

@@ -58,7 +58,7 @@ import torch
 from torch import nn
 
 from . import fp8
-from .decoder import record_settings
+from .decoder import attention_step, record_settings
 
 # transformers' hidden_act names -> swiglu-fp8's activations
 HIDDEN_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu"}
@@ -85,7 +85,7 @@ def steps(scheme: str, device: torch.device | str | None = None) -> list[tuple[s
         ("input RMSNorm + FP8 quant", f"rmsnorm-fp8 rms_norm_dynamic_fp8 ({scales})"),
         ("QKV GEMM", f"one GEMM of [W_q; W_k; W_v]: {gemm}"),
         ("rotary", "rope-triton apply_rotary_transformers"),
-        ("attention", "the model's attention interface"),
+        ("attention", attention_step(None)),
         ("attention output FP8 quant", f"plain torch (fused_llm.fp8.quantize_activation, {scales}): no fused op exists"),
         ("O GEMM", gemm),
         ("residual add + RMSNorm + FP8 quant", f"rmsnorm-fp8 fused_add_rms_norm_dynamic_fp8 ({scales})"),

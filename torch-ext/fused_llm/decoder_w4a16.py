@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .decoder import COMPILED_ORIGINAL_MIN_TOKENS, record_settings
+from .decoder import COMPILED_ORIGINAL_MIN_TOKENS, attention_step, record_settings
 from .decoder_fp8 import HIDDEN_ACTS  # swiglu-fp8's activations
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -204,7 +204,7 @@ def steps(layer: nn.Module) -> list[tuple[str, str]]:
         ("QKV GEMM", "one machete-w4a16 w4a16_gemm of [W_q; W_k; W_v]" if qkv is None else
          f"three machete-w4a16 w4a16_gemm calls (not fused: {qkv})"),
         ("rotary", "rope-triton apply_rotary_transformers"),
-        ("attention", "the model's attention interface"),
+        ("attention", attention_step(layer.fused_llm_gqa_decode)),
         ("O GEMM", "machete-w4a16 w4a16_gemm"),
         ("residual add + RMSNorm", "rmsnorm-fp8 fused_add_rms_norm"),
         ("gate/up GEMM", "one machete-w4a16 w4a16_gemm of [W_gate; W_up] to [.., 2U]" if gate_up is None else

@@ -585,7 +585,7 @@ def add_variant_tail(parser: argparse.ArgumentParser, batches: list[int]) -> Non
     parser.add_argument("--tiny", action="store_true", help="a 2-layer hidden-256 model and short sequences; runs on a "
                         "CPU too (a smoke test of the command, not a measurement)")  # fmt: skip
     parser.add_argument("--prompt", type=int, default=PROMPT, help="decode: tokens of the prompt before the timed steps "
-                        "(default: %(default)s; the attention reads that many cached positions a step)")  # fmt: skip
+                        "(default: %(default)s; the attention reads that many cached positions a step; --tiny keeps its own)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
 
 
