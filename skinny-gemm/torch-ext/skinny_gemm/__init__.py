@@ -81,14 +81,14 @@ def _triton_kernels():
 
 def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:
     """x [M, K], w [N, K], scales fp32 [M] / [1] and [N] / [1] or None, bias [N] or None;
-    writes out [M, N]. ``config``: a SkinnyConfig (eager calls), its ``as_list()`` (the ops'
-    ``int[] config``) or empty (the default choice)."""
+    writes out [M, N]. ``config``: a SkinnyConfig or None (eager calls), or its ``as_list()``
+    (the ops' ``int[] config``; empty: the default choice)."""
     if x.shape[0] == 0 or out.shape[1] == 0:
         return
     if x.shape[1] == 0 or not triton_enabled_for(x):  # K = 0: out is the bias (or zeros)
         _reference.skinny_gemm(x, w, bias, out, x_scale, w_scale)
         return
-    if isinstance(config, SkinnyConfig):
+    if config is None or isinstance(config, SkinnyConfig):
         cfg = config  # an eager call's, checked once when it was made (~7 us a construction on a CI-class CPU)
     else:
         cfg = SkinnyConfig(*config) if len(config) else None
@@ -244,7 +244,7 @@ def gemm(
     if torch.compiler.is_compiling():
         ops.skinny_gemm(out2, x2, w, bias, deterministic, cfg)
     else:
-        _run(out2, x2, w, None, None, bias, deterministic, config if config is not None else cfg)
+        _run(out2, x2, w, None, None, bias, deterministic, config)
     if out is not None:
         return out
     return out2 if x.dim() == 2 else out2.view(*x.shape[:-1], N)
@@ -344,7 +344,7 @@ def gemm_fp8(
     if torch.compiler.is_compiling():
         ops.skinny_gemm_fp8(out, x2, w, xs, ws, bias, deterministic, cfg)
     else:
-        _run(out, x2, w, xs, ws, bias, deterministic, config if config is not None else cfg)
+        _run(out, x2, w, xs, ws, bias, deterministic, config)
     return out if x.dim() == 2 else out.view(*x.shape[:-1], N)
 
 

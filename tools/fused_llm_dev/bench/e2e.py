@@ -589,6 +589,12 @@ def add_variant_tail(parser: argparse.ArgumentParser, batches: list[int]) -> Non
     parser.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/ at the root")
 
 
+def prompt_tag(result: dict) -> str:
+    """The file-name part of a variant run's prompt length: empty at the default (PROMPT) and
+    for --tiny, which keeps its own."""
+    return f"_prompt{result['prompt']}" if not result["tiny"] and result["prompt"] != PROMPT else ""
+
+
 def parse_variant_args(parser: argparse.ArgumentParser, argv: list[str] | None, flag: str) -> argparse.Namespace | None:
     """A variant bench's arguments, --batches as ints; None (after saying why) without a GPU
     unless --tiny."""

@@ -161,8 +161,7 @@ def write(result: dict, out_dir: Path) -> Path:
     gpu = result["gpu"].replace(" ", "-")
     part = f"_{result['only']}" if result.get("only") else ""
     size = "tiny" if result["tiny"] else f"{result['layers']}L"
-    prompt = f"_prompt{result['prompt']}" if not result["tiny"] and result["prompt"] != e2e.PROMPT else ""
-    stem = out_dir / f"e2e_skinny_{result['model']}{size}_{result['dtype']}{'_quick' if result['quick'] else ''}{prompt}{part}_{gpu}"
+    stem = out_dir / f"e2e_skinny_{result['model']}{size}_{result['dtype']}{'_quick' if result['quick'] else ''}{e2e.prompt_tag(result)}{part}_{gpu}"
     result["ratios"] = ratios(result)
     return e2e.write_files(
         stem, result, (("skinny/no skinny", "kernelized vs kernelized without skinny"), ("vs eager", "kernelized vs not kernelized")),

@@ -269,8 +269,7 @@ def write(result: dict, out_dir: Path) -> Path:
     part = f"_{result['only']}" if result.get("only") else ""
     size = "tiny" if result["tiny"] else f"{result['layers']}L"
     quant = f"g{result['group_size']}{'z' if result['zero_point'] else ''}{'-head' if result['lm_head_quantized'] else ''}"
-    prompt = f"_prompt{result['prompt']}" if not result["tiny"] and result["prompt"] != e2e.PROMPT else ""
-    stem = out_dir / f"e2e_w4a16_{result['model']}{size}_{result['dtype']}_{quant}{'_quick' if result['quick'] else ''}{prompt}{part}_{gpu}"
+    stem = out_dir / f"e2e_w4a16_{result['model']}{size}_{result['dtype']}_{quant}{'_quick' if result['quick'] else ''}{e2e.prompt_tag(result)}{part}_{gpu}"
     result["ratios"] = ratios(result)
     wt = result["weights"]
     return e2e.write_files(
