@@ -25,6 +25,7 @@
 #include "w4a16_mma.h"
 
 #include "w4a16_dequant.cuh"
+#include "w4a16_tma.cuh"
 
 #include <atomic>
 
@@ -101,6 +102,81 @@ struct KernelArgs {
   int32_t* counters;
 };
 
+// The block's output tile from its warps' accumulators: summed in warp order in shared memory,
+// the K slices (split_k > 1) through fp32 partials summed in slice order by the last block to
+// arrive (an acq_rel-fenced counter); the bias, one rounding, the store. Both kernels end here.
+template <class T, int NT, int RT, int WARPS>
+__device__ __forceinline__ void store_tile(const float (&acc)[RT][NT][4], const KernelArgs& a) {
+  constexpr int kRows = kTileRows * RT;             // rows of a block (and of each warp)
+  constexpr int kOut = kRows * kTokensPerMma * NT;  // outputs of a block's tile
+  __shared__ float red[WARPS][kOut];
+  __shared__ bool last_block;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = blockIdx.x * kRows;
+
+  // The warps' tiles, summed in warp order. Accumulator (c0, c1): row g, tokens 2t, 2t + 1;
+  // (c2, c3): row g + 8. Shared layout [token][row].
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int tok = nt * kTokensPerMma + 2 * t, row = kTileRows * r + g;
+      red[warp][tok * kRows + row] = acc[r][nt][0];
+      red[warp][(tok + 1) * kRows + row] = acc[r][nt][1];
+      red[warp][tok * kRows + row + 8] = acc[r][nt][2];
+      red[warp][(tok + 1) * kRows + row + 8] = acc[r][nt][3];
+    }
+  }
+  __syncthreads();
+
+  T* out = static_cast<T*>(a.out);
+  auto finish = [&](int idx, float v) {
+    const int tok = idx / kRows, row = row0 + idx % kRows;
+    if (a.bias != nullptr) {
+      v += a.bias_fp32 ? static_cast<const float*>(a.bias)[row] : Elem<T>::to_float(static_cast<const T*>(a.bias)[row]);
+    }
+    out[static_cast<int64_t>(tok) * a.out_row_stride + row] = Elem<T>::from_float(v);
+  };
+  const int valid = min(a.m, kTokensPerMma * NT) * kRows;  // [token][row] indices < valid
+  if (a.split_k == 1) {
+    for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
+      if (row0 + idx % kRows >= a.n) continue;
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) v += red[w][idx];
+      finish(idx, v);
+    }
+    return;
+  }
+  // Split K: this slice's partial [token][row0 + row] -> partials[slice, token, row].
+  for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
+    const int tok = idx / kRows, row = row0 + idx % kRows;
+    if (row >= a.n) continue;
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) v += red[w][idx];
+    a.partials[(static_cast<int64_t>(blockIdx.y) * a.m + tok) * a.n + row] = v;
+  }
+  __threadfence();  // this block's partials visible device-wide before its arrival is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int arrived = atomicAdd(a.counters + blockIdx.x, 1);
+    last_block = arrived == a.split_k - 1;
+  }
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();  // the other slices' partials, visible before they are read
+  for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
+    const int tok = idx / kRows, row = row0 + idx % kRows;
+    if (row >= a.n) continue;
+    float v = 0.0f;
+    for (int s = 0; s < a.split_k; ++s) v += __ldcg(a.partials + (static_cast<int64_t>(s) * a.m + tok) * a.n + row);
+    finish(idx, v);
+  }
+  if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next call
+}
+
 // Windows whose weights a warp keeps in flight (a sweep of 2 and 4 over the eight 8B / 70B
 // projections at M = 1 and 16 on an H100 never picked 4: the registers cost more warps).
 constexpr int kInFlight = 2;
@@ -114,10 +190,7 @@ template <class T, int NT, int RT, bool ZEROS, int WARPS, bool X_AHEAD>
 __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mma_kernel(const KernelArgs a) {
   static_assert(!X_AHEAD || (NT == 1 && RT == 1), "x ahead: one n8 tile, one row tile");
   using T2 = typename Elem<T>::T2;
-  constexpr int kRows = kTileRows * RT;                   // rows of a block (and of each warp)
-  constexpr int kOut = kRows * kTokensPerMma * NT;        // outputs of a block's tile
-  __shared__ float red[WARPS][kOut];
-  __shared__ bool last_block;
+  constexpr int kRows = kTileRows * RT;  // rows of a block (and of each warp)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -272,67 +345,166 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
   }
 
   allow_next_grid();  // the next kernel may launch and fetch its weights during this epilogue
+  store_tile<T, NT, RT, WARPS>(acc, a);
+}
 
-  // The warps' tiles, summed in warp order. Accumulator (c0, c1): row g, tokens 2t, 2t + 1;
-  // (c2, c3): row g + 8. Shared layout [token][row].
-#pragma unroll
-  for (int r = 0; r < RT; ++r) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int tok = nt * kTokensPerMma + 2 * t, row = kTileRows * r + g;
-      red[warp][tok * kRows + row] = acc[r][nt][0];
-      red[warp][(tok + 1) * kRows + row] = acc[r][nt][1];
-      red[warp][tok * kRows + row + 8] = acc[r][nt][2];
-      red[warp][(tok + 1) * kRows + row + 8] = acc[r][nt][3];
-    }
+
+// ---- The Hopper variant of the weight stream at M = 1: a per-warp ring of TMA boxes ----
+//
+// Same work split, fragments, math and epilogue as w4a16_mma_kernel (so the same bits), but the
+// window's weights, its scales / zeros and x's window reach shared memory as the copy engine's
+// boxes instead of each lane's registers: lane 0 of each warp issues one 16 RT-row x 64-byte box
+// of W and the small boxes with it on the stage's mbarrier, the warp waits on that barrier alone
+// (no block barrier), reads its fragments back (one conflict-free 16-byte load a row: a warp's
+// eight rows are 512 contiguous bytes), and lane 0 refills the stage with the window
+// kRingStages ahead. The registers the prefetch held (78-128 a thread) go, and no lane waits on
+// loads of its own. H100, each launch at the dispatch's shape, the two kernels' CUDA graphs
+// replayed alternately, L2 cold (benchmarks/results/mma_tma_ring_ab_*), register kernel -> ring:
+// M = 1: 8B QKV 8.99 -> 8.11 us, O 6.94 -> 6.53, gate/up 33.3 -> 29.0, down 17.8 -> 17.4;
+// 70B QKV 24.5 -> 20.5, O 19.6 -> 17.0, gate/up 114.1 -> 102.0, down 59.3 -> 55.9; a 32-layer
+// 8B decode step's GEMMs 2.00 -> 1.72 ms. At M = 8 it was slower on all eight (8B gate/up
+// 34.0 -> 52.3 us): x's window for 8 tokens through the copy engine is 2 KiB a stage for 1 KiB
+// of W, where the register kernel reads x from L1. So M = 1 only.
+//
+// Stages a warp keeps in flight: 2 of 2 / 3 / 4 / 8 swept (3 within 1-2%, 4 2-10% slower, 8 up
+// to 25% slower: more shared memory a block costs resident warps).
+constexpr int kRingStages = 2;
+
+// One stage of a warp's ring (each box 128-byte aligned): W [16 RT rows][64 bytes], scales
+// [group rows][16 RT] (up to 4 group rows: G = 32 puts four groups in a window), zeros likewise
+// (uint8), x's window (128 columns of the one token).
+template <class T, int RT, bool ZEROS>
+struct RingStage {
+  static constexpr int kW = RT * kTileRows * kWindow / 2;
+  static constexpr int kS = 4 * kTileRows * RT * static_cast<int>(sizeof(T));  // 128 RT
+  static constexpr int kZ = ZEROS ? 128 : 0;                                   // 4 x 16 RT bytes
+  static constexpr int kX = kWindow * static_cast<int>(sizeof(T));
+  static constexpr int kBytes = kW + kS + kZ + kX;
+  static_assert(kBytes % 128 == 0 && kW % 128 == 0 && kS % 128 == 0, "boxes 128-byte aligned");
+};
+
+// The copy engine's view of the operands (launch_ring encodes them per call): qweight [n, k / 8]
+// int32 in boxes of 16 RT rows x 16 words (one window), scales / zeros [k / G, n] in boxes of
+// (group rows a window spans) x 16 RT, x [1, k] in boxes of 128 columns. Boxes reaching past n
+// read zeros.
+struct RingMaps {
+  CUtensorMap w, s, z, x;
+};
+
+template <class T, int RT, bool ZEROS, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_constant__ KernelArgs a,
+                                                                  const __grid_constant__ RingMaps maps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using namespace tma;
+  using T2 = typename Elem<T>::T2;
+  using St = RingStage<T, RT, ZEROS>;
+  constexpr int kRows = kTileRows * RT;
+  extern __shared__ uint8_t ring_raw[];
+  __shared__ uint64_t full[WARPS][kRingStages];  // stage arrival barriers, one ring a warp
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int row0 = blockIdx.x * kRows;
+  const int windows = a.k / kWindow;
+  const int per_split = (windows + a.split_k - 1) / a.split_k;
+  const int w_begin = blockIdx.y * per_split;
+  const int w_end = min(w_begin + per_split, windows);
+  const int first = w_begin + warp;  // the warp's windows: first, first + WARPS, ...
+  const int mine = first < w_end ? (w_end - first + WARPS - 1) / WARPS : 0;
+  uint8_t* ring = ring_raw + ((128 - (smem_u32(ring_raw) & 127)) & 127) + warp * kRingStages * St::kBytes;
+  // Group rows a window spans (G = 32: 4, 64: 2, else 1) and this lane's among them.
+  const int group_rows = a.group_shift < 7 ? kWindow >> a.group_shift : 1;
+  const int lane_group = a.group_shift < 7 ? (32 * t) >> a.group_shift : 0;
+  const uint32_t tx_bytes =
+      St::kW + group_rows * kRows * static_cast<int>(sizeof(T) + (ZEROS ? 1 : 0)) + St::kX;
+
+  if (lane == 0) {
+    for (int s = 0; s < kRingStages; ++s) mbar_init(&full[warp][s]);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
-
-  T* out = static_cast<T*>(a.out);
-  auto finish = [&](int idx, float v) {
-    const int tok = idx / kRows, row = row0 + idx % kRows;
-    if (a.bias != nullptr) {
-      v += a.bias_fp32 ? static_cast<const float*>(a.bias)[row] : Elem<T>::to_float(static_cast<const T*>(a.bias)[row]);
-    }
-    out[static_cast<int64_t>(tok) * a.out_row_stride + row] = Elem<T>::from_float(v);
+  __syncwarp();
+  auto issue = [&](int i) {  // lane 0: window i of the warp into stage i % kRingStages
+    const int w = first + i * WARPS;
+    uint8_t* st = ring + (i % kRingStages) * St::kBytes;
+    uint64_t* bar = &full[warp][i % kRingStages];
+    const int group = a.group_shift >= 31 ? 0 : (w * kWindow) >> a.group_shift;
+    mbar_expect_tx(bar, tx_bytes);
+    tma_load_2d(st, &maps.w, bar, w * (kWindow / 8), row0);
+    tma_load_2d(st + St::kW, &maps.s, bar, row0, group);
+    if constexpr (ZEROS) tma_load_2d(st + St::kW + St::kS, &maps.z, bar, row0, group);
+    tma_load_2d(st + St::kW + St::kS + St::kZ, &maps.x, bar, w * kWindow, 0);
   };
-  const int valid = min(a.m, kTokensPerMma * NT) * kRows;  // [token][row] indices < valid
-  if (a.split_k == 1) {
-    for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
-      if (row0 + idx % kRows >= a.n) continue;
-      float v = 0.0f;
+  // As a programmatic dependent the block starts (barriers set up) while the previous kernel
+  // finishes; the copies follow griddepcontrol.wait, as every read does in w4a16_mma_kernel. L2
+  // hints of the first windows before the wait, as there, did not help here (one lane's: within
+  // 3% of none; every lane's: 6-15% slower at 8B QKV / O; scratch A/B, H100).
+  wait_prior_grid();
+  if (lane == 0) {
+    for (int i = 0; i < kRingStages && i < mine; ++i) issue(i);
+  }
+
+  const bool x_lane = g == 0;  // the lanes whose B fragments hold the token (m = 1)
+  const T2 zz_sym = zero_pair<T>(8);
+  float acc[RT][1][4];
 #pragma unroll
-      for (int w = 0; w < WARPS; ++w) v += red[w][idx];
-      finish(idx, v);
+  for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.0f;
+  for (int i = 0; i < mine; ++i) {
+    const uint8_t* st = ring + (i % kRingStages) * St::kBytes;
+    mbar_wait(&full[warp][i % kRingStages], (i / kRingStages) & 1);
+    uint32_t wq[RT][2][4];
+    T2 s2[RT][2], zz[RT][2];
+    const uint32_t st_addr = smem_u32(st);
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = kTileRows * r + g + 8 * h;  // row of the box
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(wq[r][h][0]), "=r"(wq[r][h][1]), "=r"(wq[r][h][2]), "=r"(wq[r][h][3])
+                     : "r"(st_addr + row * (kWindow / 2) + 16 * t));
+        unsigned short sv;
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(sv) : "r"(st_addr + St::kW + (lane_group * kRows + row) * 2));
+        s2[r][h] = splat<T>(*reinterpret_cast<const T*>(&sv));
+        zz[r][h] = zz_sym;
+        if constexpr (ZEROS) zz[r][h] = zero_pair<T>((st + St::kW + St::kS)[lane_group * kRows + row]);
+      }
     }
-    return;
-  }
-  // Split K: this slice's partial [token][row0 + row] -> partials[slice, token, row].
-  for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
-    const int tok = idx / kRows, row = row0 + idx % kRows;
-    if (row >= a.n) continue;
-    float v = 0.0f;
+    uint4 xv[4];
+    const uint32_t xs = st_addr + St::kW + St::kS + St::kZ + 64 * t;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) v += red[w][idx];
-    a.partials[(static_cast<int64_t>(blockIdx.y) * a.m + tok) * a.n + row] = v;
+    for (int j = 0; j < 4; ++j) {
+      xv[j] = make_uint4(0, 0, 0, 0);
+      if (x_lane) {
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(xv[j].x), "=r"(xv[j].y), "=r"(xv[j].z), "=r"(xv[j].w)
+                     : "r"(xs + 16 * j));
+      }
+    }
+    __syncwarp();  // every lane's reads of the stage done before lane 0 hands it back to the copy engine
+    if (lane == 0 && i + kRingStages < mine) {
+      fence_proxy_async();
+      issue(i + kRingStages);
+    }
+#pragma unroll
+    for (int word = 0; word < 4; ++word) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          const uint32_t frag[4] = {
+              dequant_pair<T>(wq[r][0][word], 2 * half, zz[r][0], s2[r][0]),
+              dequant_pair<T>(wq[r][1][word], 2 * half, zz[r][1], s2[r][1]),
+              dequant_pair<T>(wq[r][0][word], 2 * half + 1, zz[r][0], s2[r][0]),
+              dequant_pair<T>(wq[r][1][word], 2 * half + 1, zz[r][1], s2[r][1]),
+          };
+          MmaSync<T>::mma(acc[r][0], frag, half ? xv[word].z : xv[word].x, half ? xv[word].w : xv[word].y);
+        }
+      }
+    }
   }
-  __threadfence();  // this block's partials visible device-wide before its arrival is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int arrived = atomicAdd(a.counters + blockIdx.x, 1);
-    last_block = arrived == a.split_k - 1;
-  }
-  __syncthreads();
-  if (!last_block) return;
-  __threadfence();  // the other slices' partials, visible before they are read
-  for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
-    const int tok = idx / kRows, row = row0 + idx % kRows;
-    if (row >= a.n) continue;
-    float v = 0.0f;
-    for (int s = 0; s < a.split_k; ++s) v += __ldcg(a.partials + (static_cast<int64_t>(s) * a.m + tok) * a.n + row);
-    finish(idx, v);
-  }
-  if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;  // ready for the next call
+  allow_next_grid();
+  store_tile<T, 1, RT, WARPS>(acc, a);
+#endif  // __CUDA_ARCH__ >= 900
 }
 
 // Whether the kernel's code has griddepcontrol: it was compiled from sm90+ PTX (__CUDA_ARCH__ is
@@ -358,11 +530,12 @@ bool device_code_waits(const void* kernel) {
   return waits;
 }
 
-// Launches `kernel`; with `pdl`, as a programmatic dependent of the stream's previous kernel, only
-// where this kernel's code waits for it (device_code_waits: the sm80 code has no griddepcontrol
-// and would race the previous kernel). Returns the launch's own error, cleared.
-template <class Kernel>
-cudaError_t launch_kernel(Kernel* kernel, dim3 grid, int threads, cudaStream_t stream, const KernelArgs& a, bool pdl) {
+// Launches `kernel` with `args`; with `pdl`, as a programmatic dependent of the stream's previous
+// kernel, only where this kernel's code waits for it (device_code_waits: the sm80 code has no
+// griddepcontrol and would race the previous kernel). Returns the launch's own error, cleared.
+template <class Kernel, class... Args>
+cudaError_t launch_kernel(Kernel* kernel, dim3 grid, int threads, size_t smem, cudaStream_t stream, bool pdl,
+                          const Args&... args) {
   pdl = pdl && device_code_waits(reinterpret_cast<const void*>(kernel));
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -370,21 +543,69 @@ cudaError_t launch_kernel(Kernel* kernel, dim3 grid, int threads, cudaStream_t s
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attrs;
   config.numAttrs = pdl ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
   if (err != cudaSuccess) cudaGetLastError();  // clear it: the caller reports the returned error
   return err;
+}
+
+// Whether the TMA ring can take this call (m = 1): sm90+ code (device_code_waits), the
+// driver's tensor-map encoder, and rows of scales / zeros the copy engine can address (16-byte
+// aligned bases and row strides: n % 8 == 0, with zeros n % 16 == 0). x and qweight already meet
+// the kernel's own 16-byte rules (w4a16_mma_check).
+bool ring_supported(const W4A16MmaParams& p, const void* ring_kernel) {
+  if (!p.ring || p.m != 1 || tma::encoder() == nullptr) return false;
+  if (p.n % 8 != 0 || reinterpret_cast<uintptr_t>(p.scales) % 16 != 0) return false;
+  if (p.zeros != nullptr && (p.n % 16 != 0 || reinterpret_cast<uintptr_t>(p.zeros) % 16 != 0)) return false;
+  return device_code_waits(ring_kernel);
+}
+
+constexpr int kMaxDevices = 64;  // devices whose shared-memory limit is cached as set
+
+template <class T, int RT, bool ZEROS, int WARPS>
+cudaError_t launch_ring(const W4A16MmaParams& p, dim3 grid, cudaStream_t stream, const KernelArgs& a) {
+  using St = RingStage<T, RT, ZEROS>;
+  constexpr int kRows = kTileRows * RT;
+  const CUtensorMapDataType t16 = p.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const uint64_t groups = a.group_shift >= 31 ? 1 : (p.k >> a.group_shift);
+  const uint32_t group_rows = a.group_shift < 7 ? kWindow >> a.group_shift : 1;
+  RingMaps maps;
+  const CUtensorMapSwizzle none = CU_TENSOR_MAP_SWIZZLE_NONE;
+  bool ok = tma::encode_2d(&maps.w, CU_TENSOR_MAP_DATA_TYPE_INT32, p.qweight, p.k / 8, p.n, uint64_t(p.k) / 2,
+                           kWindow / 8, kRows, none) &&
+            tma::encode_2d(&maps.s, t16, p.scales, p.n, groups, uint64_t(p.n) * sizeof(T), kRows, group_rows, none) &&
+            tma::encode_2d(&maps.x, t16, p.x, p.k, 1, uint64_t(p.k) * sizeof(T), kWindow, 1, none);
+  if (ZEROS) {
+    ok = ok && tma::encode_2d(&maps.z, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.zeros, p.n, groups, uint64_t(p.n), kRows,
+                              group_rows, none);
+  } else {
+    maps.z = maps.s;  // never read
+  }
+  if (!ok) return cudaErrorInvalidValue;
+  auto kernel = w4a16_ring_kernel<T, RT, ZEROS, WARPS>;
+  const size_t smem = size_t{WARPS} * kRingStages * St::kBytes + 128;  // + the 128-byte alignment slack
+  // The shared-memory limit is a per-device attribute: set once per device this process uses.
+  static std::atomic<bool> limit_set[kMaxDevices];
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (device >= kMaxDevices || !limit_set[device].load(std::memory_order_relaxed)) {
+    const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (attr != cudaSuccess) return attr;
+    if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
+  }
+  return launch_kernel(kernel, grid, WARPS * 32, smem, stream, p.pdl, a, maps);
 }
 
 template <class T, int NT, int RT, bool ZEROS, int WARPS>
 cudaError_t launch_variant(dim3 grid, cudaStream_t stream, const KernelArgs& a, bool pdl, bool x_ahead) {
   constexpr int kThreads = WARPS * 32;
   if constexpr (NT == 1 && RT == 1) {
-    if (x_ahead) return launch_kernel(w4a16_mma_kernel<T, NT, RT, ZEROS, WARPS, true>, grid, kThreads, stream, a, pdl);
+    if (x_ahead) return launch_kernel(w4a16_mma_kernel<T, NT, RT, ZEROS, WARPS, true>, grid, kThreads, 0, stream, pdl, a);
   }
-  return launch_kernel(w4a16_mma_kernel<T, NT, RT, ZEROS, WARPS, false>, grid, kThreads, stream, a, pdl);
+  return launch_kernel(w4a16_mma_kernel<T, NT, RT, ZEROS, WARPS, false>, grid, kThreads, 0, stream, pdl, a);
 }
 
 template <class T, int NT, bool ZEROS>
@@ -395,6 +616,18 @@ cudaError_t launch_shape(const W4A16MmaParams& p, const KernelArgs& a, cudaStrea
   // warps' serial wait on x's window was the limit (M = 1, H100: 8B O 7.50 -> 7.00 us, 8B down
   // 18.97 -> 17.34); where more blocks than that would be resident (8B QKV's 384 at 8 warps:
   // 9.18 -> 11.30 us) the lost occupancy costs more (benchmarks/results/mma_variants_*).
+  if constexpr (NT == 1) {
+    // The TMA ring where it can run (M = 1; any of its kernels stands for all in the check).
+    if (ring_supported(p, reinterpret_cast<const void*>(w4a16_ring_kernel<T, 1, ZEROS, 8>))) {
+      const int key = (p.warps == 4 ? 0 : 2) + (p.row_tiles == 1 ? 0 : 1);
+      switch (key) {
+        case 0: return launch_ring<T, 1, ZEROS, 4>(p, grid, stream, a);
+        case 1: return launch_ring<T, 2, ZEROS, 4>(p, grid, stream, a);
+        case 2: return launch_ring<T, 1, ZEROS, 8>(p, grid, stream, a);
+        default: return launch_ring<T, 2, ZEROS, 8>(p, grid, stream, a);
+      }
+    }
+  }
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
   const bool x_ahead = NT == 1 && p.row_tiles == 1 && p.sms > 0 && blocks <= int64_t{p.sms} * (16 / p.warps);
   const bool pdl = p.pdl;

@@ -69,6 +69,11 @@ struct W4A16MmaParams {
   // the blocks start, and hint their first weights into L2, while that kernel finishes; they
   // read x only once it has completed.
   bool pdl = true;
+  // On sm90+ code with m == 1: stream the weights through a per-warp ring of TMA boxes in shared
+  // memory instead of each lane's registers (w4a16_mma.cu w4a16_ring_kernel), where the copy
+  // engine can address the tensors (n % 8 == 0, with zeros n % 16 == 0; 16-byte aligned scales /
+  // zeros), else the register kernel. Same work split and summation order: the same bits.
+  bool ring = true;
 };
 
 // nullptr when the kernel can run `p`, else a message naming the violated precondition (a

@@ -48,16 +48,17 @@
 // the dequantization, were the limit (docs/machete-w4a16-hopper-kernel.md).
 #include "w4a16_wgmma.h"
 
-#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes through the runtime)
-
 #include <algorithm>
 #include <atomic>
 
 #include "w4a16_dequant.cuh"
+#include "w4a16_tma.cuh"
 
 namespace fused_llm {
 namespace machete_w4a16 {
 namespace {
+
+using namespace tma;  // the copy engine's device and host helpers (w4a16_tma.cuh)
 
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kSlices = kWgmmaStepK / 16;  // k16 wgmma slices a step
@@ -161,37 +162,6 @@ W4A16_WGMMA_N256(__half, "f16")
 #undef W4A16_WGMMA_N256
 
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// A stage's arrival barrier: one arrival (the thread that issues the copies, with the bytes to
-// expect), completed by the copies' transaction bytes.
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, int phase) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait;\n}\n" ::"r"(smem_u32(bar)),
-      "r"(phase)
-      : "memory");
-}
-// A 2-D box of a tensor map into shared memory (the map's swizzle applied), completing on `bar`.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int inner, int outer) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(inner), "r"(outer)
-      : "memory");
-}
-// Shared memory last read through the generic proxy (the W and scale loads) before the copy
-// engine (the async proxy) overwrites it.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -528,37 +498,6 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
     if (tid == 0) a.counters[tile] = 0;  // ready for the next call
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
-}
-
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The driver's tensor-map encoder, through the runtime (no link against libcuda); null if absent.
-EncodeTiled encoder() {
-  static const EncodeTiled fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      return EncodeTiled{nullptr};
-    }
-    return reinterpret_cast<EncodeTiled>(p);
-  }();
-  return fn;
-}
-
-// A row-major [outer, inner] tensor (rows `row_bytes` apart) in boxes of box_outer x box_inner.
-bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t inner, uint64_t outer,
-               uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle) {
-  const cuuint64_t dims[2] = {inner, outer};
-  const cuuint64_t strides[1] = {row_bytes};
-  const cuuint32_t box[2] = {box_inner, box_outer};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  return encoder()(map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                   CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 template <class T, bool ZEROS, int TOK, int STAGES, int MIN_BLOCKS>

@@ -224,6 +224,33 @@ def test_mma_kernel(split, warps, row_tiles, group_size, zero_point, dtype):
 
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
+@pytest.mark.parametrize("split, warps, row_tiles", [(1, 4, 1), (1, 8, 2), (3, 8, 1), (5, 4, 2)])
+@pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, zero_point, dtype):
+    """On sm90 code at M = 1 the weights stream through a per-warp ring of TMA boxes where the
+    copy engine can address the tensors (N % 8 == 0, with zeros N % 16 == 0): the same work split
+    and summation order as the register kernel, so the same bits, and both against the reference.
+    N = 304 ends in half a 32-row tile (boxes past N read zeros); 296 (zeros: not a multiple of
+    16), 300 and M > 1 take the register kernel either way, as does sm80."""
+    kern = w4._triton_kernels()
+    K = 1024
+    for N in (304, 296, 300):
+        for M in (1, 2, 8):
+            x, qw, b = make(M, N, K, dtype, group_size, zero_point, seed=N + M + split, bias=M % 2 == 1)
+            ref = reference(x, qw, b)
+            outs = {}
+            for ring in (True, False):
+                cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles, "RING": ring}
+                for _ in range(2):  # the split-K counters must be left reset
+                    out = poison_(torch.empty(M, N, dtype=dtype, device=DEVICE))
+                    kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out, qw.group_size, cfg=cfg)
+                    assert_gemm_close(out, ref, f"mma M={M} N={N} {cfg}")
+                outs[ring] = out
+            assert torch.equal(outs[True], outs[False]), f"ring and register kernel differ: M={M} N={N} {cfg}"
+
+
+@pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
 def test_mma_inputs_it_copies_or_gathers():
     """Act order (x gathered by perm), a strided x, an x not 16-byte aligned, an fp32 bias, a
     single window (K = 128) and an output with a row stride > N, through the default dispatch."""
@@ -607,14 +634,15 @@ def test_layer_from_linear(bias, zero_point):
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
 @pytest.mark.parametrize("split, warps, row_tiles", [(1, 8, 1), (1, 4, 2), (3, 4, 1)])
-def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles):
+@pytest.mark.parametrize("ring", [True, False], ids=["ring", "registers"])
+def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring):
     """On sm90 the kernel is a programmatic dependent launch: it starts while the previous kernel
     runs and must read x (and the split-K counters) only after that kernel completed. x comes
     from the kernel right before (a matmul, whose output it is), and a chain of four GEMMs feeds
     each one's output to the next (the previous kernel is then the kernel itself), eager and
     replayed from a CUDA graph; against the reference of each step."""
     kern = w4._triton_kernels()
-    cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles}
+    cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles, "RING": ring}
     N = K = 2048
     g = gen(31)
     a = torch.randn(4, 4096, generator=g).bfloat16().to(DEVICE)
