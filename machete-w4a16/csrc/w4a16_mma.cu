@@ -102,6 +102,17 @@ struct KernelArgs {
   int32_t* counters;
 };
 
+// The block's K slice, windows [slice_begin, slice_end): blockIdx.y's share of whole windows
+// (w4a16_mma_launch rounds split_k so that none is empty).
+__device__ __forceinline__ int slice_begin(const KernelArgs& a) {
+  const int windows = a.k / kWindow;
+  return static_cast<int>(blockIdx.y) * ((windows + a.split_k - 1) / a.split_k);
+}
+__device__ __forceinline__ int slice_end(const KernelArgs& a, int begin) {
+  const int windows = a.k / kWindow;
+  return min(begin + (windows + a.split_k - 1) / a.split_k, windows);
+}
+
 // The block's output tile from its warps' accumulators: summed in warp order in shared memory,
 // the K slices (split_k > 1) through fp32 partials summed in slice order by the last block to
 // arrive (an acq_rel-fenced counter); the bias, one rounding, the store. Both kernels end here.
@@ -195,10 +206,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int row0 = blockIdx.x * kRows;
-  const int windows = a.k / kWindow;
-  const int per_split = (windows + a.split_k - 1) / a.split_k;
-  const int w_begin = blockIdx.y * per_split;
-  const int w_end = min(w_begin + per_split, windows);
+  const int w_begin = slice_begin(a), w_end = slice_end(a, w_begin);  // the block's K windows
 
   // Rows g and g + 8 of each of the warp's 16-row tiles; rows past n are clamped (read, never
   // stored): no predicates in the loop.
@@ -405,10 +413,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int row0 = blockIdx.x * kRows;
-  const int windows = a.k / kWindow;
-  const int per_split = (windows + a.split_k - 1) / a.split_k;
-  const int w_begin = blockIdx.y * per_split;
-  const int w_end = min(w_begin + per_split, windows);
+  const int w_begin = slice_begin(a), w_end = slice_end(a, w_begin);  // the block's K windows
   const int first = w_begin + warp;  // the warp's windows: first, first + WARPS, ...
   const int mine = first < w_end ? (w_end - first + WARPS - 1) / WARPS : 0;
   uint8_t* ring = ring_raw + ((128 - (smem_u32(ring_raw) & 127)) & 127) + warp * kRingStages * St::kBytes;
