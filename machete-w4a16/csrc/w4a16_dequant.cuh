@@ -22,6 +22,7 @@ struct Elem<__nv_bfloat16> {
   static constexpr float kBase = 128.0f;
   __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   __device__ static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+  __device__ static __nv_bfloat16 from_bits(unsigned short b) { return __ushort_as_bfloat16(b); }
 };
 template <>
 struct Elem<__half> {
@@ -30,6 +31,7 @@ struct Elem<__half> {
   static constexpr float kBase = 1024.0f;
   __device__ static float to_float(__half v) { return __half2float(v); }
   __device__ static __half from_float(float v) { return __float2half_rn(v); }
+  __device__ static __half from_bits(unsigned short b) { return __ushort_as_half(b); }
 };
 
 template <class T2>

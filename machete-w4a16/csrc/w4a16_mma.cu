@@ -5,7 +5,8 @@
 // Swap AB: the product is computed as out^T = W x^T, so 16 rows of W fill the mma's 16-row A
 // side and the few tokens its 8-column B side (M = 1 wastes 7/8 of B, not 15/16 of A).
 //
-// The layout does the fragment work (no shuffles, no shared memory on the weight path). A warp
+// The layout does the fragment work (no shuffles; no shared memory on the weight path, except in
+// the M = 1 Hopper variant at the end of this file, which stages the same bytes by TMA). A warp
 // owns W rows r0 .. r0 + 15; lane (g = lane / 4, t = lane % 4) reads rows r0 + g and r0 + g + 8.
 // In each 128-column window a lane takes columns 32t .. 32t + 31 of its two rows: one 16-byte
 // load per row (4 packed words). Over the window's eight k16 steps s, the mma's k positions
@@ -21,7 +22,8 @@
 // Parallelism: block = `warps` warps on one 16-row tile, warp w taking windows w, w + warps, ...
 // of the block's K slice (gridDim.y slices); the warps' accumulators are summed in shared
 // memory in warp order, the K slices through fp32 partials summed in slice order by the last
-// block to arrive (an acq_rel-fenced counter): deterministic, one launch.
+// block to arrive (an acq_rel-fenced counter): deterministic, one launch. At M = 1 on sm90 code
+// w4a16_ring_kernel runs the same split and sums with the weights in per-warp TMA rings.
 #include "w4a16_mma.h"
 
 #include "w4a16_dequant.cuh"
@@ -101,6 +103,35 @@ struct KernelArgs {
   float* partials;
   int32_t* counters;
 };
+
+// One window's products for a warp: RT row tiles x NT token tiles over the window's eight k16
+// steps, A from the lane's packed words (dequantized in registers), B from x's fragments. Both
+// kernels of this file call it, so they sum in the same order (the same bits).
+template <class T, int NT, int RT>
+__device__ __forceinline__ void mma_window(float (&acc)[RT][NT][4], const uint32_t (&wq)[RT][2][4],
+                                           const typename Elem<T>::T2 (&zz)[RT][2],
+                                           const typename Elem<T>::T2 (&s2)[RT][2], const uint4 (&xv)[NT][4]) {
+#pragma unroll
+  for (int word = 0; word < 4; ++word) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // k16 step 2 word + half
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        const uint32_t frag[4] = {
+            dequant_pair<T>(wq[r][0][word], 2 * half, zz[r][0], s2[r][0]),      // row g, k 2t, 2t + 1
+            dequant_pair<T>(wq[r][1][word], 2 * half, zz[r][1], s2[r][1]),      // row g + 8
+            dequant_pair<T>(wq[r][0][word], 2 * half + 1, zz[r][0], s2[r][0]),  // row g, k 2t + 8, 2t + 9
+            dequant_pair<T>(wq[r][1][word], 2 * half + 1, zz[r][1], s2[r][1]),  // row g + 8
+        };
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint4& v = xv[nt][word];  // columns 32t + 8 word .. + 7: steps 2 word, 2 word + 1
+          MmaSync<T>::mma(acc[r][nt], frag, half ? v.z : v.x, half ? v.w : v.y);
+        }
+      }
+    }
+  }
+}
 
 // The block's K slice, windows [slice_begin, slice_end): blockIdx.y's share of whole windows
 // (w4a16_mma_launch rounds split_k so that none is empty).
@@ -329,26 +360,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
       }
       fetch_x(u, w + WARPS * kInFlight);  // the slot's next window, in flight while this one computes
       fetch_w(u, w + WARPS * kInFlight);
-#pragma unroll
-      for (int word = 0; word < 4; ++word) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {  // k16 step 2 word + half
-#pragma unroll
-          for (int r = 0; r < RT; ++r) {
-            const uint32_t frag[4] = {
-                dequant_pair<T>(wq[r][0][word], 2 * half, zz[r][0], s2[r][0]),      // row g, k 2t, 2t + 1
-                dequant_pair<T>(wq[r][1][word], 2 * half, zz[r][1], s2[r][1]),      // row g + 8
-                dequant_pair<T>(wq[r][0][word], 2 * half + 1, zz[r][0], s2[r][0]),  // row g, k 2t + 8, 2t + 9
-                dequant_pair<T>(wq[r][1][word], 2 * half + 1, zz[r][1], s2[r][1]),  // row g + 8
-            };
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              const uint4& v = xv[nt][word];  // columns 32t + 8 word .. + 7: steps 2 word, 2 word + 1
-              MmaSync<T>::mma(acc[r][nt], frag, half ? v.z : v.x, half ? v.w : v.y);
-            }
-          }
-        }
-      }
+      mma_window<T, NT, RT>(acc, wq, zz, s2, xv);
     }
   }
 
@@ -365,18 +377,25 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
 // of W and the small boxes with it on the stage's mbarrier, the warp waits on that barrier alone
 // (no block barrier), reads its fragments back (one conflict-free 16-byte load a row: a warp's
 // eight rows are 512 contiguous bytes), and lane 0 refills the stage with the window
-// kRingStages ahead. The registers the prefetch held (78-128 a thread) go, and no lane waits on
-// loads of its own. H100, each launch at the dispatch's shape, the two kernels' CUDA graphs
-// replayed alternately, L2 cold (benchmarks/results/mma_tma_ring_ab_*), register kernel -> ring:
-// M = 1: 8B QKV 8.99 -> 8.11 us, O 6.94 -> 6.53, gate/up 33.3 -> 29.0, down 17.8 -> 17.4;
-// 70B QKV 24.5 -> 20.5, O 19.6 -> 17.0, gate/up 114.1 -> 102.0, down 59.3 -> 55.9; a 32-layer
-// 8B decode step's GEMMs 2.00 -> 1.72 ms. At M = 8 it was slower on all eight (8B gate/up
-// 34.0 -> 52.3 us): x's window for 8 tokens through the copy engine is 2 KiB a stage for 1 KiB
-// of W, where the register kernel reads x from L1. So M = 1 only.
+// kRingStages ahead. The prefetch's registers go (the register kernel takes 80-140 a thread under
+// nvcc 13.0, the ring 52-74), and no lane waits on loads of its own. H100, each launch at the
+// dispatch's shape, the two kernels' CUDA graphs replayed alternately, L2 cold
+// (benchmarks/results/mma_tma_ring_ab_*), register kernel -> ring at M = 1: 8B QKV 8.99 -> 8.11
+// us, O 6.94 -> 6.53, gate/up 33.3 -> 29.0, down 17.8 -> 17.4; 70B QKV 24.5 -> 20.5, O 19.6 ->
+// 17.0, gate/up 114.1 -> 102.0, down 59.3 -> 55.9; a 32-layer 8B decode step's GEMMs 2.00 ->
+// 1.72 ms. A build that also took M = 2 .. 8 (x's window for 8 tokens: 2 KiB a stage per 1 KiB
+// of W through the copy engine, where the register kernel reads x from L1) was slower there on
+// all eight at M = 8 (8B gate/up 34.0 -> 52.3 us). So M = 1 only.
 //
 // Stages a warp keeps in flight: 2 of 2 / 3 / 4 / 8 swept (3 within 1-2%, 4 2-10% slower, 8 up
 // to 25% slower: more shared memory a block costs resident warps).
 constexpr int kRingStages = 2;
+
+// Group rows of scales / zeros a 128-column window spans: G = 32: 4, 64: 2, larger or per
+// channel (shift 31): 1.
+__host__ __device__ constexpr int window_group_rows(int group_shift) {
+  return group_shift < 7 ? kWindow >> group_shift : 1;
+}
 
 // One stage of a warp's ring (each box 128-byte aligned): W [16 RT rows][64 bytes], scales
 // [group rows][16 RT] (up to 4 group rows: G = 32 puts four groups in a window), zeros likewise
@@ -408,30 +427,30 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
   using St = RingStage<T, RT, ZEROS>;
   constexpr int kRows = kTileRows * RT;
   extern __shared__ uint8_t ring_raw[];
-  __shared__ uint64_t full[WARPS][kRingStages];  // stage arrival barriers, one ring a warp
+  __shared__ uint64_t full_bar[WARPS][kRingStages];  // stage arrival barriers, one ring a warp
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int row0 = blockIdx.x * kRows;
   const int w_begin = slice_begin(a), w_end = slice_end(a, w_begin);  // the block's K windows
   const int first = w_begin + warp;  // the warp's windows: first, first + WARPS, ...
-  const int mine = first < w_end ? (w_end - first + WARPS - 1) / WARPS : 0;
+  const int my_windows = first < w_end ? (w_end - first + WARPS - 1) / WARPS : 0;
   uint8_t* ring = ring_raw + ((128 - (smem_u32(ring_raw) & 127)) & 127) + warp * kRingStages * St::kBytes;
   // Group rows a window spans (G = 32: 4, 64: 2, else 1) and this lane's among them.
-  const int group_rows = a.group_shift < 7 ? kWindow >> a.group_shift : 1;
+  const int group_rows = window_group_rows(a.group_shift);
   const int lane_group = a.group_shift < 7 ? (32 * t) >> a.group_shift : 0;
   const uint32_t tx_bytes =
       St::kW + group_rows * kRows * static_cast<int>(sizeof(T) + (ZEROS ? 1 : 0)) + St::kX;
 
   if (lane == 0) {
-    for (int s = 0; s < kRingStages; ++s) mbar_init(&full[warp][s]);
+    for (int s = 0; s < kRingStages; ++s) mbar_init(&full_bar[warp][s]);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncwarp();
   auto issue = [&](int i) {  // lane 0: window i of the warp into stage i % kRingStages
     const int w = first + i * WARPS;
     uint8_t* st = ring + (i % kRingStages) * St::kBytes;
-    uint64_t* bar = &full[warp][i % kRingStages];
+    uint64_t* bar = &full_bar[warp][i % kRingStages];
     const int group = a.group_shift >= 31 ? 0 : (w * kWindow) >> a.group_shift;
     mbar_expect_tx(bar, tx_bytes);
     tma_load_2d(st, &maps.w, bar, w * (kWindow / 8), row0);
@@ -445,7 +464,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
   // 3% of none; every lane's: 6-15% slower at 8B QKV / O; scratch A/B, H100).
   wait_prior_grid();
   if (lane == 0) {
-    for (int i = 0; i < kRingStages && i < mine; ++i) issue(i);
+    for (int i = 0; i < kRingStages && i < my_windows; ++i) issue(i);
   }
 
   const bool x_lane = g == 0;  // the lanes whose B fragments hold the token (m = 1)
@@ -453,9 +472,9 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
   float acc[RT][1][4];
 #pragma unroll
   for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.0f;
-  for (int i = 0; i < mine; ++i) {
+  for (int i = 0; i < my_windows; ++i) {
     const uint8_t* st = ring + (i % kRingStages) * St::kBytes;
-    mbar_wait(&full[warp][i % kRingStages], (i / kRingStages) & 1);
+    mbar_wait(&full_bar[warp][i % kRingStages], (i / kRingStages) & 1);
     uint32_t wq[RT][2][4];
     T2 s2[RT][2], zz[RT][2];
     const uint32_t st_addr = smem_u32(st);
@@ -467,60 +486,48 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(wq[r][h][0]), "=r"(wq[r][h][1]), "=r"(wq[r][h][2]), "=r"(wq[r][h][3])
                      : "r"(st_addr + row * (kWindow / 2) + 16 * t));
-        unsigned short sv;
-        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(sv) : "r"(st_addr + St::kW + (lane_group * kRows + row) * 2));
-        s2[r][h] = splat<T>(*reinterpret_cast<const T*>(&sv));
+        unsigned short bits;
+        asm volatile("ld.shared.u16 %0, [%1];\n"
+                     : "=h"(bits)
+                     : "r"(st_addr + St::kW + (lane_group * kRows + row) * static_cast<uint32_t>(sizeof(T))));
+        s2[r][h] = splat<T>(Elem<T>::from_bits(bits));
         zz[r][h] = zz_sym;
         if constexpr (ZEROS) zz[r][h] = zero_pair<T>((st + St::kW + St::kS)[lane_group * kRows + row]);
       }
     }
-    uint4 xv[4];
+    uint4 xv[1][4];  // x's B fragments (one token tile); lanes of other tokens hold zeros
     const uint32_t xs = st_addr + St::kW + St::kS + St::kZ + 64 * t;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      xv[j] = make_uint4(0, 0, 0, 0);
+      xv[0][j] = make_uint4(0, 0, 0, 0);
       if (x_lane) {
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(xv[j].x), "=r"(xv[j].y), "=r"(xv[j].z), "=r"(xv[j].w)
+                     : "=r"(xv[0][j].x), "=r"(xv[0][j].y), "=r"(xv[0][j].z), "=r"(xv[0][j].w)
                      : "r"(xs + 16 * j));
       }
     }
     __syncwarp();  // every lane's reads of the stage done before lane 0 hands it back to the copy engine
-    if (lane == 0 && i + kRingStages < mine) {
+    if (lane == 0 && i + kRingStages < my_windows) {
       fence_proxy_async();
       issue(i + kRingStages);
     }
-#pragma unroll
-    for (int word = 0; word < 4; ++word) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          const uint32_t frag[4] = {
-              dequant_pair<T>(wq[r][0][word], 2 * half, zz[r][0], s2[r][0]),
-              dequant_pair<T>(wq[r][1][word], 2 * half, zz[r][1], s2[r][1]),
-              dequant_pair<T>(wq[r][0][word], 2 * half + 1, zz[r][0], s2[r][0]),
-              dequant_pair<T>(wq[r][1][word], 2 * half + 1, zz[r][1], s2[r][1]),
-          };
-          MmaSync<T>::mma(acc[r][0], frag, half ? xv[word].z : xv[word].x, half ? xv[word].w : xv[word].y);
-        }
-      }
-    }
+    mma_window<T, 1, RT>(acc, wq, zz, s2, xv);
   }
   allow_next_grid();
   store_tile<T, 1, RT, WARPS>(acc, a);
 #endif  // __CUDA_ARCH__ >= 900
 }
 
+constexpr int kMaxDevices = 64;  // devices whose per-device facts (code, shared-memory limit) are cached
+
 // Whether the kernel's code has griddepcontrol: it was compiled from sm90+ PTX (__CUDA_ARCH__ is
 // the PTX architecture). Not the binary version: compute_80 PTX JIT-compiled for a Hopper GPU
 // reports binaryVersion 90 and has no wait. Every kernel of this file is compiled for the same
 // architectures: asked once per device.
 bool device_code_waits(const void* kernel) {
-  constexpr int kDevices = 64;
-  static std::atomic<int8_t> known[kDevices] = {};  // 0 unknown, 1 no, 2 yes
+  static std::atomic<int8_t> known[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) {
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
     cudaGetLastError();
     return false;
   }
@@ -568,15 +575,16 @@ bool ring_supported(const W4A16MmaParams& p, const void* ring_kernel) {
   return device_code_waits(ring_kernel);
 }
 
-constexpr int kMaxDevices = 64;  // devices whose shared-memory limit is cached as set
-
+// Launches the ring kernel; kRingUnavailable (nothing enqueued, no error left pending) where a
+// tensor map or the shared-memory limit cannot be set up: the caller runs the register kernel.
+constexpr cudaError_t kRingUnavailable = cudaErrorNotSupported;
 template <class T, int RT, bool ZEROS, int WARPS>
 cudaError_t launch_ring(const W4A16MmaParams& p, dim3 grid, cudaStream_t stream, const KernelArgs& a) {
   using St = RingStage<T, RT, ZEROS>;
   constexpr int kRows = kTileRows * RT;
   const CUtensorMapDataType t16 = p.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const uint64_t groups = a.group_shift >= 31 ? 1 : (p.k >> a.group_shift);
-  const uint32_t group_rows = a.group_shift < 7 ? kWindow >> a.group_shift : 1;
+  const uint32_t group_rows = window_group_rows(a.group_shift);
   RingMaps maps;
   const CUtensorMapSwizzle none = CU_TENSOR_MAP_SWIZZLE_NONE;
   bool ok = tma::encode_2d(&maps.w, CU_TENSOR_MAP_DATA_TYPE_INT32, p.qweight, p.k / 8, p.n, uint64_t(p.k) / 2,
@@ -589,16 +597,21 @@ cudaError_t launch_ring(const W4A16MmaParams& p, dim3 grid, cudaStream_t stream,
   } else {
     maps.z = maps.s;  // never read
   }
-  if (!ok) return cudaErrorInvalidValue;
+  if (!ok) return kRingUnavailable;  // the encoder's own failure leaves no runtime error
   auto kernel = w4a16_ring_kernel<T, RT, ZEROS, WARPS>;
   const size_t smem = size_t{WARPS} * kRingStages * St::kBytes + 128;  // + the 128-byte alignment slack
   // The shared-memory limit is a per-device attribute: set once per device this process uses.
   static std::atomic<bool> limit_set[kMaxDevices];
   int device = 0;
-  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return kRingUnavailable;
+  }
   if (device >= kMaxDevices || !limit_set[device].load(std::memory_order_relaxed)) {
-    const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (attr != cudaSuccess) return attr;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess) {
+      cudaGetLastError();
+      return kRingUnavailable;
+    }
     if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
   }
   return launch_kernel(kernel, grid, WARPS * 32, smem, stream, p.pdl, a, maps);
@@ -617,22 +630,23 @@ template <class T, int NT, bool ZEROS>
 cudaError_t launch_shape(const W4A16MmaParams& p, const KernelArgs& a, cudaStream_t stream) {
   const int rows = kTileRows * p.row_tiles;
   const dim3 grid(static_cast<unsigned>((p.n + rows - 1) / rows), static_cast<unsigned>(p.split_k));
+  if constexpr (NT == 1) {
+    // The TMA ring where it can run (M = 1; any of its kernels stands for all in the check).
+    if (ring_supported(p, reinterpret_cast<const void*>(w4a16_ring_kernel<T, 1, ZEROS, 8>))) {
+      cudaError_t err = kRingUnavailable;
+      switch ((p.warps == 4 ? 0 : 2) + (p.row_tiles == 1 ? 0 : 1)) {
+        case 0: err = launch_ring<T, 1, ZEROS, 4>(p, grid, stream, a); break;
+        case 1: err = launch_ring<T, 2, ZEROS, 4>(p, grid, stream, a); break;
+        case 2: err = launch_ring<T, 1, ZEROS, 8>(p, grid, stream, a); break;
+        default: err = launch_ring<T, 2, ZEROS, 8>(p, grid, stream, a); break;
+      }
+      if (err != kRingUnavailable) return err;
+    }
+  }
   // x ahead where every block is resident at its 16 warps an SM (a grid of one wave): there the
   // warps' serial wait on x's window was the limit (M = 1, H100: 8B O 7.50 -> 7.00 us, 8B down
   // 18.97 -> 17.34); where more blocks than that would be resident (8B QKV's 384 at 8 warps:
   // 9.18 -> 11.30 us) the lost occupancy costs more (benchmarks/results/mma_variants_*).
-  if constexpr (NT == 1) {
-    // The TMA ring where it can run (M = 1; any of its kernels stands for all in the check).
-    if (ring_supported(p, reinterpret_cast<const void*>(w4a16_ring_kernel<T, 1, ZEROS, 8>))) {
-      const int key = (p.warps == 4 ? 0 : 2) + (p.row_tiles == 1 ? 0 : 1);
-      switch (key) {
-        case 0: return launch_ring<T, 1, ZEROS, 4>(p, grid, stream, a);
-        case 1: return launch_ring<T, 2, ZEROS, 4>(p, grid, stream, a);
-        case 2: return launch_ring<T, 1, ZEROS, 8>(p, grid, stream, a);
-        default: return launch_ring<T, 2, ZEROS, 8>(p, grid, stream, a);
-      }
-    }
-  }
   const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y;
   const bool x_ahead = NT == 1 && p.row_tiles == 1 && p.sms > 0 && blocks <= int64_t{p.sms} * (16 / p.warps);
   const bool pdl = p.pdl;

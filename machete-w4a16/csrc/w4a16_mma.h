@@ -66,8 +66,8 @@ struct W4A16MmaParams {
   // when the grid fits at 16 warps an SM (w4a16_mma.cu launch_shape); results are identical.
   int sms = 0;
   // Launch as a programmatic dependent of the stream's previous kernel (sm90+; ignored below):
-  // the blocks start, and hint their first weights into L2, while that kernel finishes; they
-  // read x only once it has completed.
+  // the blocks start (the register kernel also hints its first weights into L2) while that
+  // kernel finishes; they read x and the weights only once it has completed.
   bool pdl = true;
   // On sm90+ code with m == 1: stream the weights through a per-warp ring of TMA boxes in shared
   // memory instead of each lane's registers (w4a16_mma.cu w4a16_ring_kernel), where the copy

@@ -183,6 +183,18 @@ def test_tile_configs(cfg, group_size, zero_point):
 MMA = DEVICE == "cuda" and hasattr(w4.ops, "w4a16_mma")
 
 
+def launched_kernels(fn) -> list[str]:
+    """Names of the CUDA kernels `fn` launches (torch.profiler)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+
+
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
 @pytest.mark.parametrize("warps", [4, 8])
 def test_mma_kernel_x_ahead_and_not(warps):
@@ -231,10 +243,13 @@ def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, z
     """On sm90 code at M = 1 the weights stream through a per-warp ring of TMA boxes where the
     copy engine can address the tensors (N % 8 == 0, with zeros N % 16 == 0): the same work split
     and summation order as the register kernel, so the same bits, and both against the reference.
-    N = 304 ends in half a 32-row tile (boxes past N read zeros); 296 (zeros: not a multiple of
-    16), 300 and M > 1 take the register kernel either way, as does sm80."""
+    N = 304 ends in half a 32-row tile (boxes past N read zeros); 296 with zeros (not a multiple
+    of 16), 300 and M > 1 take the register kernel either way, as does sm80 (the profiler checks
+    which kernel ran). K = 4096: 32 windows, so the warps of the unsplit launches refill their
+    two stages several times."""
     kern = w4._triton_kernels()
-    K = 1024
+    K = 4096
+    hopper = torch.cuda.get_device_capability(0) >= (9, 0)
     for N in (304, 296, 300):
         for M in (1, 2, 8):
             x, qw, b = make(M, N, K, dtype, group_size, zero_point, seed=N + M + split, bias=M % 2 == 1)
@@ -248,6 +263,12 @@ def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, z
                     assert_gemm_close(out, ref, f"mma M={M} N={N} {cfg}")
                 outs[ring] = out
             assert torch.equal(outs[True], outs[False]), f"ring and register kernel differ: M={M} N={N} {cfg}"
+            if M == 1:
+                cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles}
+                ran = launched_kernels(lambda: kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out,
+                                                                 qw.group_size, cfg=cfg))  # fmt: skip
+                ring_expected = hopper and N % (16 if zero_point else 8) == 0
+                assert any("w4a16_ring_kernel" in k for k in ran) == ring_expected, (N, zero_point, ran)
 
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
@@ -635,22 +656,24 @@ def test_layer_from_linear(bias, zero_point):
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
 @pytest.mark.parametrize("split, warps, row_tiles", [(1, 8, 1), (1, 4, 2), (3, 4, 1)])
 @pytest.mark.parametrize("ring", [True, False], ids=["ring", "registers"])
-def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring):
+@pytest.mark.parametrize("M", [1, 4])
+def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring, M):
     """On sm90 the kernel is a programmatic dependent launch: it starts while the previous kernel
     runs and must read x (and the split-K counters) only after that kernel completed. x comes
     from the kernel right before (a matmul, whose output it is), and a chain of four GEMMs feeds
     each one's output to the next (the previous kernel is then the kernel itself), eager and
-    replayed from a CUDA graph; against the reference of each step."""
+    replayed from a CUDA graph; against the reference of each step. At M = 1 on sm90 with
+    `ring` the TMA ring reads x (its copies follow the wait too), else the register kernel."""
     kern = w4._triton_kernels()
     cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles, "RING": ring}
     N = K = 2048
     g = gen(31)
-    a = torch.randn(4, 4096, generator=g).bfloat16().to(DEVICE)
+    a = torch.randn(M, 4096, generator=g).bfloat16().to(DEVICE)  # M = 1: the ring on sm90
     b = (torch.randn(4096, K, generator=g) / 64).bfloat16().to(DEVICE)
     qws = [w4.quantize((torch.randn(N, K, generator=g) / K**0.5).bfloat16().to(DEVICE), 128, False) for _ in range(4)]
 
     def chain():
-        outs = [poison_(torch.empty(4, N, dtype=torch.bfloat16, device=DEVICE)) for _ in qws]
+        outs = [poison_(torch.empty(M, N, dtype=torch.bfloat16, device=DEVICE)) for _ in qws]
         xs = [torch.matmul(a, b)]  # written by the kernel right before the first GEMM
         for qw, out in zip(qws, outs):  # back to back: each GEMM's previous kernel wrote its x
             kern.launch_w4a16(xs[-1], qw.qweight, qw.scales, None, None, None, out, 128, cfg=cfg)
@@ -667,7 +690,7 @@ def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring):
     with torch.cuda.graph(graph):
         xs = chain()
     for seed in (32, 33):
-        a.copy_(torch.randn(4, 4096, generator=gen(seed)).bfloat16())
+        a.copy_(torch.randn(M, 4096, generator=gen(seed)).bfloat16())
         graph.replay()
         torch.cuda.synchronize()
         check(xs, f"graph replay {seed}")

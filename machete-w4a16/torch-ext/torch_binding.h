@@ -8,7 +8,8 @@
 #include <ATen/ATen.h>
 
 // out [M, N] = x [M, K] @ dequantize(qweight, scales, zeros)^T (+ bias): the mma.sync small-M
-// kernel (csrc/w4a16_mma.h), M <= 32, K a multiple of 128, group size >= 32 or -1.
+// kernel (csrc/w4a16_mma.h), M <= 32, K a multiple of 128, group size >= 32 or -1; `ring`: at
+// M = 1 on sm90 code its weights through per-warp TMA rings where the tensors allow it.
 void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
                int64_t split_k, int64_t warps, int64_t row_tiles, const std::optional<at::Tensor>& counters,
