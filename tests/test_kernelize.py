@@ -157,13 +157,6 @@ def test_one_token_gqa_hands_back():
         assert one(attn, q, kv, kv, mask, {name: value}) is None, name
 
 
-def _gqa_layers(model, enabled: bool) -> list:
-    layers = [m for m in model.modules() if getattr(m, "fused_llm_decoder", False)]
-    for m in layers:
-        m.fused_llm_gqa_decode = enabled
-    return layers
-
-
 @pytest.mark.kernels_ci
 def test_fused_decoder_decodes_through_one_token_gqa(monkeypatch):
     """Static-cache greedy decode of a kernelized GQA model (a boolean mask on every step) with
@@ -174,7 +167,8 @@ def test_fused_decoder_decodes_through_one_token_gqa(monkeypatch):
     fused_llm.kernelize(model)
     layers = [m for m in model.modules() if getattr(m, "fused_llm_decoder", False)]
     assert layers and all(m.fused_llm_gqa_decode == fused_llm.decoder.masked_gqa_sdpa(DEVICE) for m in layers)
-    _gqa_layers(model, True)
+    for m in layers:
+        m.fused_llm_gqa_decode = True
     results = []
     grouped = fused_llm.decoder.one_token_gqa
     monkeypatch.setattr(fused_llm.decoder, "one_token_gqa", lambda *a: results.append(grouped(*a)) or results[-1])

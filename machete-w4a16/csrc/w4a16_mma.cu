@@ -133,15 +133,16 @@ __device__ __forceinline__ void mma_window(float (&acc)[RT][NT][4], const uint32
   }
 }
 
-// The block's K slice, windows [slice_begin, slice_end): blockIdx.y's share of whole windows
+// The block's K slice, windows [begin, end): blockIdx.y's share of whole windows
 // (w4a16_mma_launch rounds split_k so that none is empty).
-__device__ __forceinline__ int slice_begin(const KernelArgs& a) {
+struct KSlice {
+  int begin, end;
+};
+__device__ __forceinline__ KSlice block_slice(const KernelArgs& a) {
   const int windows = a.k / kWindow;
-  return static_cast<int>(blockIdx.y) * ((windows + a.split_k - 1) / a.split_k);
-}
-__device__ __forceinline__ int slice_end(const KernelArgs& a, int begin) {
-  const int windows = a.k / kWindow;
-  return min(begin + (windows + a.split_k - 1) / a.split_k, windows);
+  const int per_split = (windows + a.split_k - 1) / a.split_k;
+  const int begin = static_cast<int>(blockIdx.y) * per_split;
+  return {begin, min(begin + per_split, windows)};
 }
 
 // The block's output tile from its warps' accumulators: summed in warp order in shared memory,
@@ -237,7 +238,8 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int row0 = blockIdx.x * kRows;
-  const int w_begin = slice_begin(a), w_end = slice_end(a, w_begin);  // the block's K windows
+  const KSlice slice = block_slice(a);  // the block's K windows
+  const int w_begin = slice.begin, w_end = slice.end;
 
   // Rows g and g + 8 of each of the warp's 16-row tiles; rows past n are clamped (read, never
   // stored): no predicates in the loop.
@@ -432,7 +434,8 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int row0 = blockIdx.x * kRows;
-  const int w_begin = slice_begin(a), w_end = slice_end(a, w_begin);  // the block's K windows
+  const KSlice slice = block_slice(a);  // the block's K windows
+  const int w_begin = slice.begin, w_end = slice.end;
   const int first = w_begin + warp;  // the warp's windows: first, first + WARPS, ...
   const int my_windows = first < w_end ? (w_end - first + WARPS - 1) / WARPS : 0;
   uint8_t* ring = ring_raw + ((128 - (smem_u32(ring_raw) & 127)) & 127) + warp * kRingStages * St::kBytes;
