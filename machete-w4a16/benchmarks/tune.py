@@ -5,8 +5,8 @@
         [--tokens 1,16,256] [--group-size 128] [--quick] [--margin 0.98] [--no-write] [--dry-run]
 
 For every (dtype, shape, M bucket), weights of group 128 (``--group-size``) without zero point
-(uint4b8, what GPTQ checkpoints hold), it times in CUDA-graph replay with L2 rotation (the
-harness's ``time_us``):
+(uint4b8, what GPTQ checkpoints hold), it times in CUDA-graph replay with L2 rotation, the
+peers and each phase's launches replayed in turns (the harness's ``time_alternated``):
 
 * cuBLAS bf16 / fp16: ``F.linear`` on the dequantized weight (the reference of the issue's
   targets, >= 3.3x at M <= 16 and >= 0.95x at M >= 256);
@@ -31,7 +31,7 @@ without a GPU (about 6.5 minutes per dtype for every shape and bucket, assuming 
 compile and 0.25 s per timing); phase 2 runs at a point only while the projected total stays
 under ``--budget-min`` (default 8) per dtype. A bucket gets the fastest configuration when it took at most ``margin`` (default 0.98) of
 the default's time, else None (the default). The GPU's previous entries for the tuned keys are
-replaced; other GPUs' entries are kept. The command line goes into the table's ``MADE_BY``;
+replaced; other GPUs' entries are kept. The command line is added to the table's ``MADE_BY``;
 every timing goes to ``benchmarks/results/tune_<gpu>_<dtype>.json`` and ``.csv``.
 """
 
@@ -43,6 +43,7 @@ import datetime
 import json
 import pprint
 import shlex
+import statistics
 import sys
 import time
 from importlib import import_module
@@ -328,59 +329,77 @@ def _ours(point: Point, kern, cfg_mod, entry: list):
 def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float, log, phase2=lambda: True,
                mma: bool = False, wgmma: bool = False) -> dict:  # fmt: skip
     """Time the peers, the default and the sweep at one point (phase 2 unless ``quick`` or
-    ``phase2()`` says no: the time budget); the row of the results file."""
+    ``phase2()`` says no: the time budget); the row of the results file. Each phase's launches
+    are timed in turns with the peers (``time_alternated``), so that every ratio comes from the
+    same rounds."""
     import torch
 
     from fused_llm_dev.bench.settings import Method
-    from fused_llm_dev.bench.timing import release_memory, time_us
+    from fused_llm_dev.bench.timing import release_memory, time_alternated
 
     method = Method(replays=10, repeats=3, budget_s=0.2)
     expected = _cublas(point)(0)().float()
     scale = expected.abs().max().item()
     row = dict(N=point.N, K=point.K, M=point.M, group=point.G)
-    row["cublas_us"] = time_us(_cublas(point), point.bf16_bytes(), method).median_us
-    point._dense.clear()  # the dense weights: 2 N K bytes per set, not needed any more
-    release_memory()
-    row["tinygemm_us"] = None
+    peers = {"cublas": _cublas(point)}
+    peer_bytes = {"cublas": point.bf16_bytes(), "tinygemm": point.int4_bytes()}
     if point.dtype == torch.bfloat16 and point.G in (32, 64, 128, 256):
         try:
             got = _tinygemm(point)(0)().float()
             if (got - expected).abs().max().item() <= 1e-2 * scale:
-                row["tinygemm_us"] = time_us(_tinygemm(point), point.int4_bytes(), method).median_us
+                peers["tinygemm"] = _tinygemm(point)
             else:
                 log("  tinygemm: wrong result, not timed")
         except Exception as exc:  # noqa: BLE001 - a peer that refuses the shape is reported and skipped
             log(f"  tinygemm: {type(exc).__name__}: {str(exc)[:120]}")
     times: dict[tuple, float] = {}
+    peer_times: dict[str, list[float]] = {name: [] for name in peers}
 
-    def measure(entry: list) -> float:
-        key = tuple(entry)
-        if key not in times:
+    def measure(entries: list[list]) -> None:
+        """Check each new entry's result, then time the ones that pass in turns with the peers."""
+        makers, sizes, keys = {}, {}, {}
+        for entry in entries:
+            key = tuple(entry)
+            if key in times:
+                continue
             times[key] = float("inf")
             try:
                 got = _ours(point, kern, cfg_mod, entry)(0)().float()
                 err = (got - expected).abs().max().item()
                 if not err <= 1e-2 * scale:
                     log(f"  {entry}: wrong result (max |error| {err:.3g}), skipped")
-                else:
-                    times[key] = time_us(_ours(point, kern, cfg_mod, entry), point.int4_bytes(), method).median_us
+                    continue
             except Exception as exc:  # noqa: BLE001 - a configuration that does not launch (resources) is skipped
                 log(f"  {entry}: {type(exc).__name__}: {str(exc)[:120]}")
-        return times[key]
+                continue
+            name = " ".join(map(str, entry))
+            makers[name], sizes[name], keys[name] = _ours(point, kern, cfg_mod, entry), point.int4_bytes(), key
+        if not makers:
+            return
+        timed, failed = time_alternated({**peers, **makers}, {**peer_bytes, **sizes}, method)
+        for name, why in failed.items():
+            log(f"  {name}: {why[:120]}")
+        for name in peers:
+            if name in timed:
+                peer_times[name].append(timed[name].median_us)
+        for name, key in keys.items():
+            if name in timed:
+                times[key] = timed[name].median_us
 
     default, cands = phase1(kern, point.M, point.N, point.K, point.G, sms, quick, mma, wgmma)
-    t_default = measure(default)
-    for entry in cands:
-        measure(entry)
+    measure([default, *cands])
     best = min(times, key=times.get)
     row["phase2"] = not quick and phase2()
     if row["phase2"]:
-        for entry in neighbours(list(best), point.G):
-            measure(entry)
+        measure(neighbours(list(best), point.G))
         best = min(times, key=times.get)
-    t_best = times[best]
-    chosen = list(best) if best != tuple(default) and t_best <= margin * t_default else None
+    point._dense.clear()  # the dense weights: 2 N K bytes per set
     release_memory()
+    # A peer timed in both phases: the median of its phase medians (the two rounds' drift).
+    for name in ("cublas", "tinygemm"):
+        row[f"{name}_us"] = statistics.median(peer_times[name]) if peer_times.get(name) else None
+    t_default, t_best = times[tuple(default)], times[best]
+    chosen = list(best) if best != tuple(default) and t_best <= margin * t_default else None
     row.update(default=default, default_us=t_default, best=list(best), best_us=t_best, chosen=chosen,
                candidates=len(times), failed=sum(t == float("inf") for t in times.values()))  # fmt: skip
     # Every launch's time (the JSON only): what a structural default is fitted to.
@@ -473,7 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_write:
         pprint.pprint(table, width=110)
         return 0
-    write_table(table, "python machete-w4a16/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}")
+    # The buckets this run did not measure keep their entries, so the commands that made those stay.
+    made_by = "python machete-w4a16/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}"
+    previous = import_module(kernel.__name__ + "._tuning").MADE_BY
+    write_table(table, f"{previous}, then {made_by}" if previous else made_by)
     print(f"wrote {TABLE_PATH}")
     return 0
 

@@ -102,6 +102,7 @@ struct KernelArgs {
   int split_k;
   float* partials;
   int32_t* counters;
+  bool early_weights;  // W4A16MmaParams::early_weights
 };
 
 // One window's products for a warp: RT row tiles x NT token tiles over the window's eight k16
@@ -307,24 +308,31 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
     }
   };
   // Launched as a programmatic dependent (PDL), the block starts while the previous kernel on
-  // the stream finishes: its first windows' weights are fetched into L2 then (a hint, which
-  // cannot read stale data), and every load into registers follows the wait. Loading them into
-  // registers before the wait gained another ~8% at 8B QKV / O, M = 1, but would read weights a
-  // previous kernel might still be writing (H100, benchmarks/results/mma_pdl_*).
+  // the stream finishes. The weights do not depend on that kernel unless it wrote them: with
+  // early_weights (the caller's promise that it did not) the first windows are loaded into
+  // registers before griddepcontrol.wait, else only hinted into L2 (a hint cannot read stale
+  // data) and loaded after it. x is always read after the wait.
+  if (a.early_weights) {
 #pragma unroll
-  for (int u = 0; u < kInFlight; ++u) {
-    const int w = w_begin + warp + u * WARPS;
-    if (w < w_end) {
+    for (int u = 0; u < kInFlight; ++u) fetch_w(u, w_begin + warp + u * WARPS);
+  } else {
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
+    for (int u = 0; u < kInFlight; ++u) {
+      const int w = w_begin + warp + u * WARPS;
+      if (w < w_end) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(wp[r][h] + 4 * w));
+        for (int r = 0; r < RT; ++r) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(wp[r][h] + 4 * w));
+        }
       }
     }
   }
   wait_prior_grid();
+  if (!a.early_weights) {
 #pragma unroll
-  for (int u = 0; u < kInFlight; ++u) fetch_w(u, w_begin + warp + u * WARPS);
+    for (int u = 0; u < kInFlight; ++u) fetch_w(u, w_begin + warp + u * WARPS);
+  }
 #pragma unroll
   for (int u = 0; u < kInFlight; ++u) fetch_x(u, w_begin + warp + u * WARPS);
 
@@ -462,9 +470,12 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
     tma_load_2d(st + St::kW + St::kS + St::kZ, &maps.x, bar, w * kWindow, 0);
   };
   // As a programmatic dependent the block starts (barriers set up) while the previous kernel
-  // finishes; the copies follow griddepcontrol.wait, as every read does in w4a16_mma_kernel. L2
-  // hints of the first windows before the wait, as there, did not help here (one lane's: within
-  // 3% of none; every lane's: 6-15% slower at 8B QKV / O; scratch A/B, H100).
+  // finishes; the copies follow griddepcontrol.wait, as every read does in w4a16_mma_kernel
+  // without early_weights. Not taken here: early_weights (the weights' boxes issued before the
+  // wait: no faster in a 32-layer chain of the 8B GEMMs between their norms, 1870.8 us either
+  // way, and 8% slower for a norm -> QKV pair, 8.87 -> 9.56 us; benchmarks/results/
+  // mma_early_weights_*), and L2 hints of the first windows (one lane's: within 3% of none;
+  // every lane's: 6-15% slower at 8B QKV / O; scratch A/B, H100).
   wait_prior_grid();
   if (lane == 0) {
     for (int i = 0; i < kRingStages && i < my_windows; ++i) issue(i);
@@ -716,6 +727,7 @@ cudaError_t w4a16_mma_launch(const W4A16MmaParams& p, cudaStream_t stream) {
   a.split_k = (windows + per_split - 1) / per_split;
   a.partials = p.partials;
   a.counters = p.counters;
+  a.early_weights = p.early_weights;
   W4A16MmaParams q = p;
   q.split_k = a.split_k;
   return p.dtype == DType::kBFloat16 ? launch_dtype<__nv_bfloat16>(q, a, stream) : launch_dtype<__half>(q, a, stream);

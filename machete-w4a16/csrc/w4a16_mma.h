@@ -74,6 +74,11 @@ struct W4A16MmaParams {
   // engine can address the tensors (n % 8 == 0, with zeros n % 16 == 0; 16-byte aligned scales /
   // zeros), else the register kernel. Same work split and summation order: the same bits.
   bool ring = true;
+  // The caller's promise that the kernel right before this one on the stream did not write
+  // qweight, scales or zeros (a layer's weights, made long before): as a programmatic dependent
+  // the kernel then reads them before griddepcontrol.wait, while that kernel finishes. x is
+  // read after the wait either way. False: only L2 hints before the wait.
+  bool early_weights = false;
 };
 
 // nullptr when the kernel can run `p`, else a message naming the violated precondition (a

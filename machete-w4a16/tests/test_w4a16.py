@@ -272,6 +272,22 @@ def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, z
 
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_early_weights_same_bits(zero_point):
+    """w4a16_gemm(..., early_weights=True) (the first weights read before the wait on the
+    previous kernel) gives the bits of the default at every M the small-M kernel takes (the ring
+    at M = 1 on sm90, the register kernel above), and past it (the flag is ignored there), and
+    a cached launch plan of one setting never serves the other."""
+    for M in (1, 3, 16, 32, 40):
+        x, qw, b = make(M, 4096, 2048, torch.bfloat16, 128, zero_point, seed=70 + M, bias=True)
+        for _ in range(2):  # the second call of each runs from its cached plan
+            plain = w4.w4a16_gemm(x, qw, b)
+            early = w4.w4a16_gemm(x, qw, b, early_weights=True)
+            assert torch.equal(plain, early), f"M={M}"
+        assert_gemm_close(early, reference(x, qw, b), f"early weights M={M}")
+
+
+@pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
 def test_mma_inputs_it_copies_or_gathers():
     """Act order (x gathered by perm), a strided x, an x not 16-byte aligned, an fp32 bias, a
     single window (K = 128) and an output with a row stride > N, through the default dispatch."""
@@ -603,11 +619,11 @@ def test_bad_device():
 
 
 @pytest.mark.kernels_ci
-@pytest.mark.parametrize("zero_point, act_order, bias", [(False, False, False), (True, True, True)])
-def test_opcheck(zero_point, act_order, bias):
+@pytest.mark.parametrize("zero_point, act_order, bias, early", [(False, False, False, False), (True, True, True, True)])
+def test_opcheck(zero_point, act_order, bias, early):
     x, qw, b = make(5, 48, 128, torch.bfloat16, 32, zero_point, seed=8, act_order=act_order, bias=bias)
     out = torch.empty(5, 48, dtype=torch.bfloat16, device=DEVICE)
-    args = (out, x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, qw.group_size)
+    args = (out, x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, qw.group_size, early)
     opcheck(w4.ops.w4a16_gemm, args)
     poison_(out)
     assert_only_declared_outputs_mutate(w4.ops.w4a16_gemm, args)
@@ -656,16 +672,20 @@ def test_layer_from_linear(bias, zero_point):
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
 @pytest.mark.parametrize("split, warps, row_tiles", [(1, 8, 1), (1, 4, 2), (3, 4, 1)])
 @pytest.mark.parametrize("ring", [True, False], ids=["ring", "registers"])
+@pytest.mark.parametrize("early", [False, True], ids=["weights-after-wait", "early-weights"])
 @pytest.mark.parametrize("M", [1, 4])
-def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring, M):
+def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring, early, M):
     """On sm90 the kernel is a programmatic dependent launch: it starts while the previous kernel
     runs and must read x (and the split-K counters) only after that kernel completed. x comes
     from the kernel right before (a matmul, whose output it is), and a chain of four GEMMs feeds
     each one's output to the next (the previous kernel is then the kernel itself), eager and
     replayed from a CUDA graph; against the reference of each step. At M = 1 on sm90 with
-    `ring` the TMA ring reads x (its copies follow the wait too), else the register kernel."""
+    `ring` the TMA ring reads x (its copies follow the wait too), else the register kernel.
+    With early_weights the register kernel loads its first weights before the wait; x still
+    after it (the weights here were written long before, as the flag promises)."""
     kern = w4._triton_kernels()
-    cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles, "RING": ring}
+    cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles, "RING": ring,
+           "EARLY_WEIGHTS": early}  # fmt: skip
     N = K = 2048
     g = gen(31)
     a = torch.randn(M, 4096, generator=g).bfloat16().to(DEVICE)  # M = 1: the ring on sm90

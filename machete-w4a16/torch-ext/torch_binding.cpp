@@ -4,9 +4,11 @@
 // (TORCH_LIBRARY) and, in CUDA builds only, the compiled small-M kernel's op:
 //   w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
 //             int group_size, int split_k, int warps, int row_tiles, Tensor(a!)? counters,
-//             bool ring=True) -> ()
+//             bool ring=True, bool early_weights=False) -> ()
 //   (ring: on sm90 code at M = 1, the weights through a per-warp ring of TMA boxes where the
-//   tensors allow it, w4a16_mma.h; False keeps the register kernel: A/B and tests)
+//   tensors allow it, w4a16_mma.h; False keeps the register kernel: A/B and tests.
+//   early_weights: the caller's promise that the previous kernel on the stream did not write
+//   qweight / scales / zeros, so the kernel reads them while that kernel finishes, w4a16_mma.h)
 // and the Hopper large-M kernel's (capability 9.0 only: its code is sm_90a):
 //   w4a16_wgmma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
 //               int group_size, int tile, int split_k, Tensor(a!)? counters) -> ()
@@ -142,7 +144,7 @@ void check_and_launch(const Params& p, const at::Tensor& x, const char* op, Chec
 void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
                int64_t split_k, int64_t warps, int64_t row_tiles, const std::optional<at::Tensor>& counters,
-               bool ring) {
+               bool ring, bool early_weights) {
   using fused_llm::binding::msg;
   const GemmShape s = check_gemm(out, x, qweight, scales, zeros, bias, group_size);
   check_counters(counters, (s.N + mw::kTileRows - 1) / mw::kTileRows, x);
@@ -154,6 +156,7 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
   p.warps = static_cast<int>(warps);
   p.row_tiles = static_cast<int>(row_tiles);
   p.ring = ring;
+  p.early_weights = early_weights;
   p.counters = counters.has_value() ? counters->data_ptr<int32_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   p.sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // cached by ATen per device
@@ -199,7 +202,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #if defined(CUDA_KERNEL)
   ops.def(
       "w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, "
-      "int split_k, int warps, int row_tiles, Tensor(a!)? counters, bool ring=True) -> ()");
+      "int split_k, int warps, int row_tiles, Tensor(a!)? counters, bool ring=True, bool early_weights=False) -> ()");
   ops.impl("w4a16_mma", c10::kCUDA, &w4a16_mma);
   ops.def(
       "w4a16_wgmma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, "

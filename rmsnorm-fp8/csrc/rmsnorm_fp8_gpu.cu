@@ -27,6 +27,7 @@
 #include "common/dtype.cuh"
 #include "common/fp8.cuh"
 #include "common/launch.h"
+#include "common/pdl.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "rmsnorm_fp8.h"
@@ -72,6 +73,7 @@ constexpr int kFastMaxIters = 4;
 template <class T, int ITERS, int QM, int FMT>
 __global__ void __launch_bounds__(kFastMaxThreads)
     rms_norm_fast_kernel(const KernelArgs a) {
+  pdl_launch_dependents();  // a PDL dependent may launch now (common/csrc/pdl.cuh)
   using E = Elem<T>;
   constexpr int kVec = 16 / E::kBytes;
   __shared__ float s_sum[kMaxWarps];
@@ -197,6 +199,7 @@ __global__ void __launch_bounds__(kFastMaxThreads)
 // per group), which only read v after the reduction barrier and write fp8 out / scales.
 template <class T>
 __global__ void __launch_bounds__(1024, 1) rms_norm_generic_kernel(const KernelArgs a, int quant, int fmt) {
+  pdl_launch_dependents();  // a PDL dependent may launch now (common/csrc/pdl.cuh)
   using E = Elem<T>;
   __shared__ float s_sum[kMaxWarps];
   __shared__ float s_max[kMaxWarps];

@@ -43,6 +43,7 @@
 #include "common/dtype.cuh"
 #include "common/fp8.cuh"
 #include "common/launch.h"
+#include "common/pdl.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "swiglu_fp8.h"
@@ -216,6 +217,7 @@ constexpr int kEwMaxThreads = 512;
 // VB: bytes per vector, 16, or 8 for 16-bit T at decode sizes (see choose_ew_config).
 template <class T, int ITEMS, int QM, int FMT, bool GATED, int VB>
 __global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelArgs a) {
+  pdl_launch_dependents();  // a PDL dependent may launch now (common/csrc/pdl.cuh)
   static_assert(GATED || QM == kQNone, "the ungated activation is not quantized");
   using E = Elem<T>;
   constexpr int NW = VB / 4;
@@ -282,6 +284,7 @@ __global__ void __launch_bounds__(kEwMaxThreads) swiglu_ew_kernel(const KernelAr
 // one row per block).
 template <class T, int ITERS, int FMT>
 __global__ void __launch_bounds__(1024) swiglu_token_kernel(const KernelArgs a) {
+  pdl_launch_dependents();  // a PDL dependent may launch now (common/csrc/pdl.cuh)
   using E = Elem<T>;
   constexpr int kVec = 16 / E::kBytes;
   __shared__ float s_max[kMaxWarps];
@@ -346,6 +349,7 @@ __global__ void __launch_bounds__(1024) swiglu_token_kernel(const KernelArgs a) 
 // Per group: one warp per group, lanes stride over the group's columns.
 template <class T>
 __global__ void __launch_bounds__(1024) swiglu_generic_kernel(const KernelArgs a, int quant, int fmt) {
+  pdl_launch_dependents();  // a PDL dependent may launch now (common/csrc/pdl.cuh)
   using E = Elem<T>;
   __shared__ float s_max[kMaxWarps];
   const int64_t row = blockIdx.x;

@@ -90,12 +90,15 @@ def _run_w4a16(
     perm: torch.Tensor | None,
     bias: torch.Tensor | None,
     group_size: int,
+    early_weights: bool = False,
 ) -> None:
-    """x [M, K], the QuantizedWeight's tensors, bias [N] or None; writes out [M, N]."""
+    """x [M, K], the QuantizedWeight's tensors, bias [N] or None; writes out [M, N].
+    ``early_weights``: :func:`w4a16_gemm_raw`'s."""
     if x.shape[0] == 0 or out.shape[1] == 0:
         return
     if triton_enabled_for(x):
-        _triton_kernels().launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size)
+        _triton_kernels().launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size,
+                                       early_weights=early_weights)
     else:
         _reference.w4a16_gemm(x, qweight, scales, zeros, perm, bias, out, group_size)
 
@@ -109,7 +112,7 @@ def _returns_nothing(*args) -> None:
 define_op(
     add_op_namespace_prefix("w4a16_gemm"),
     "(Tensor(a!) out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? perm, Tensor? bias, "
-    "int group_size) -> ()",
+    "int group_size, bool early_weights=False) -> ()",
     _run_w4a16, _returns_nothing,
 )
 
@@ -167,9 +170,11 @@ def w4a16_gemm_raw(
     perm: torch.Tensor | None,
     bias: torch.Tensor | None,
     group_size: int,
+    *,
+    early_weights: bool = False,
 ) -> torch.Tensor:
     """:func:`w4a16_gemm` on a QuantizedWeight's tensors (what ``layers.W4A16Linear`` calls:
-    no QuantizedWeight is built per call). Same checks, same result."""
+    no QuantizedWeight is built per call). Same checks, same result, same ``early_weights``."""
     _check_operands(x, qweight, scales, zeros, perm, bias, group_size)
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
@@ -177,13 +182,15 @@ def w4a16_gemm_raw(
     x2 = x.reshape(-1, K)
     out = torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device)
     if torch.compiler.is_compiling():
-        ops.w4a16_gemm(out, x2, qweight, scales, zeros, perm, bias, group_size)
+        ops.w4a16_gemm(out, x2, qweight, scales, zeros, perm, bias, group_size, early_weights)
     else:
-        _run_w4a16(out, x2, qweight, scales, zeros, perm, bias, group_size)
+        _run_w4a16(out, x2, qweight, scales, zeros, perm, bias, group_size, early_weights)
     return out.view(*x.shape[:-1], N)
 
 
-def w4a16_gemm(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def w4a16_gemm(
+    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, *, early_weights: bool = False
+) -> torch.Tensor:
     """``x @ dequantize(qw).T + bias`` with fp32 accumulation, rounded once to x's dtype.
 
     x ``[..., K]`` float16 / bfloat16, any strides (the kernels read it strided; a view of
@@ -191,7 +198,14 @@ def w4a16_gemm(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None =
     ``qw`` a :class:`QuantizedWeight` whose scales have x's dtype (``qw.to(dtype=...)``
     converts); ``bias`` ``[N]`` in x's dtype or float32, or None. Requirements (checked, with a
     ValueError naming the argument): K a multiple of 8, K a multiple of the group size (a
-    power of two >= 16, or -1). Any M (0 included) and any N. Returns ``[..., N]``."""
+    power of two >= 16, or -1). Any M (0 included) and any N. Returns ``[..., N]``.
+
+    ``early_weights=True`` promises that the GPU work enqueued right before this call (on the
+    current stream) does not write ``qw``'s tensors, as with a model's weights between two
+    layers. The small-M kernel on Hopper then starts reading them while that work finishes
+    (programmatic dependent launch); x is read after it either way. Do not pass it right after
+    writing the weights (a quantization, a ``copy_`` into them): the read could see old
+    values."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"qw: expected a QuantizedWeight (see quantize / from_gptq / from_awq), got {type(qw).__name__}")
-    return w4a16_gemm_raw(x, qw.qweight, qw.scales, qw.zeros, qw.perm, bias, qw.group_size)
+    return w4a16_gemm_raw(x, qw.qweight, qw.scales, qw.zeros, qw.perm, bias, qw.group_size, early_weights=early_weights)

@@ -728,11 +728,15 @@ class _TiledPlan:
         self.launch(xp, qweight, scales, zeros if zeros is not None else scales, bias if bias is not None else out, out)
 
 
-def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cfg: dict | None = None) -> None:
+def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cfg: dict | None = None,
+                 early_weights: bool = False) -> None:
     """x [M, K] (any strides), qweight int32 [N, K/8], scales [K/G, N], zeros uint8 [K/G, N] or
     None, perm int32 [K] or None, bias [N] or None, out [M, N] (unit last stride). ``cfg``:
     `w4a16_config`'s form (tests, tuning); ``cfg["kernel"]`` picks the kernel. None:
-    :func:`select_config` (the tuning table, else the structural default)."""
+    :func:`select_config` (the tuning table, else the structural default). ``early_weights``:
+    the caller's promise that the kernel enqueued right before this call did not write qweight,
+    scales or zeros; the small-M kernel then reads them while that kernel finishes
+    (csrc/w4a16_mma.h). ``cfg["EARLY_WEIGHTS"]``, where given, overrides it."""
     M, K = x.shape
     N = qweight.shape[0]
     if M == 0 or N == 0:
@@ -744,7 +748,8 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         # tensor's dtype and 16-byte alignment are functions of this key.
         key = (x.get_device(), x.shape, x.stride(), N, group_size, out.stride(0), x.dtype, zeros is not None,
                perm is not None, None if bias is None else bias.dtype,
-               aligned16(*[t for t in (x, qweight, scales, zeros, perm, bias, out) if t is not None]))  # fmt: skip
+               aligned16(*[t for t in (x, qweight, scales, zeros, perm, bias, out) if t is not None]),
+               early_weights)  # fmt: skip
         plan = _COMPILED_PLANS.get(key) or _SPLITK_PLANS.get(key) or _TILED_PLANS.get(key)
         if plan is not None:
             plan(x, qweight, scales, zeros, perm, bias, out)
@@ -764,7 +769,8 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         counters = zeroed_buffer(_COUNTERS, dev, triton.cdiv(N, 16), torch.int32) if cfg["SPLIT_K"] > 1 else None
         # RING (default on): the Hopper weight stream at M = 1 where the op can run it (the same
         # bits; csrc/w4a16_mma.h); off keeps the register kernel (A/B, tests).
-        args = (cfg["SPLIT_K"], cfg["num_warps"], cfg["ROW_TILES"], counters, bool(cfg.get("RING", True)))
+        args = (cfg["SPLIT_K"], cfg["num_warps"], cfg["ROW_TILES"], counters, bool(cfg.get("RING", True)),
+                bool(cfg.get("EARLY_WEIGHTS", early_weights)))
         plan = _CompiledPlan(_mma_op(), group_size, args)
         if key is not None:
             _COMPILED_PLANS[key] = plan

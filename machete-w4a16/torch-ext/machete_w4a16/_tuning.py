@@ -20,8 +20,7 @@ scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
 
 from __future__ import annotations
 
-MADE_BY = ('python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, '
-           'then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits)')
+MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3'
 
 TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096, 128): [(1, None),
                                                           (16, None),
@@ -38,13 +37,13 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                            (1024, None),
                                                            (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 6144, 4096, 128): [(1, None),
-                                                          (16, ['mma', 1, 4, 1]),
+                                                          (16, None),
                                                           (64, None),
                                                           (128, None),
                                                           (256, None),
                                                           (1024, None),
                                                           (4096, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192, 128): [(1, None),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192, 128): [(1, ['mma', 1, 8, 2]),
                                                           (16, None),
                                                           (64, None),
                                                           (128, None),
@@ -72,7 +71,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                            (256, None),
                                                            (1024, None),
                                                            (4096, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 57344, 8192, 128): [(1, ['mma', 1, 4, 2]),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 57344, 8192, 128): [(1, None),
                                                            (16, None),
                                                            (64, None),
                                                            (128, None),

@@ -1,5 +1,6 @@
 """Timing: a list of calls captured into one CUDA graph and replayed (``time_calls``), one op
-over enough input sets to exceed the L2 (``time_us``), the copy ceiling and the launch floor."""
+over enough input sets to exceed the L2 (``time_us``), several such ops replayed in turns
+(``time_alternated``), the copy ceiling and the launch floor."""
 
 from __future__ import annotations
 
@@ -57,12 +58,11 @@ def calls_to_flush_l2(bytes_per_call: int, l2: int, factor: int = 4, max_calls: 
     return max(1, min(max_calls, factor * l2 // max(bytes_per_call, 1) + 1))
 
 
-def time_calls(fns: Sequence[Fn], method: Method = Method()) -> Timing:
-    """Capture ``fns`` (called in order) into one CUDA graph and time its replays.
-
-    Raises whatever warm-up or capture raises (e.g. a provider that synchronizes or allocates
-    through a non-capturable path); the caller reports it and moves on.
-    """
+def _capture(graph: torch.cuda.CUDAGraph, fns: Sequence[Fn]) -> list:
+    """Warm ``fns`` up, capture them (called in order) into ``graph`` and replay it once; returns
+    the calls' outputs, which must outlive the graph's replays. Raises whatever warm-up or
+    capture raises (e.g. a provider that synchronizes or allocates through a non-capturable
+    path); the caller resets the graph and restores its stream."""
     # Warm up on a side stream, as torch.cuda.graphs recommends: lazy initialisation
     # (compilation, autotuning, cuBLAS workspaces) must not happen during capture.
     side = torch.cuda.Stream()
@@ -72,24 +72,47 @@ def time_calls(fns: Sequence[Fn], method: Method = Method()) -> Timing:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        # Keep every call's outputs alive through capture: a dropped output returns its
+        # block to the graph's pool and the next call gets the same addresses, so every
+        # call would write one L2-resident buffer and never pay its writes to memory.
+        outputs = [fn() for fn in fns]
+    graph.replay()  # the first replay uploads the graph; keep it out of the samples
+    torch.cuda.synchronize()
+    return outputs
 
+
+def _replay_s(graph: torch.cuda.CUDAGraph) -> float:
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    return max(time.perf_counter() - t0, 1e-6)
+
+
+def _timing(samples: list[float], calls: int) -> Timing:
+    samples = sorted(samples)
+    return Timing(
+        median_us=_percentile(samples, 0.5),
+        p20_us=_percentile(samples, 0.2),
+        p80_us=_percentile(samples, 0.8),
+        calls_per_graph=calls,
+        samples=len(samples),
+    )
+
+
+def time_calls(fns: Sequence[Fn], method: Method = Method()) -> Timing:
+    """Capture ``fns`` (called in order) into one CUDA graph and time its replays.
+
+    Raises whatever warm-up or capture raises; the caller reports it and moves on.
+    """
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.current_stream()
+    outputs = None
     try:
-        with torch.cuda.graph(graph):
-            # Keep every call's outputs alive through capture: a dropped output returns its
-            # block to the graph's pool and the next call gets the same addresses, so every
-            # call would write one L2-resident buffer and never pay its writes to memory.
-            outputs = [fn() for fn in fns]
-        graph.replay()  # the first replay uploads the graph; keep it out of the samples
-        torch.cuda.synchronize()
-
+        outputs = _capture(graph, fns)  # alive through the replays
         # Long graphs (e.g. eager at 16K rows, or thousands of decode-size calls) would take
         # minutes at 100 replays; keep ~budget_s per point but never < 3 per repeat.
-        t0 = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize()
-        one = max(time.perf_counter() - t0, 1e-6)
+        one = _replay_s(graph)
         per_repeat = max(3, min(method.replays, int(method.budget_s / (method.repeats * one))))
 
         samples: list[float] = []
@@ -104,19 +127,63 @@ def time_calls(fns: Sequence[Fn], method: Method = Method()) -> Timing:
             torch.cuda.synchronize()
             samples += [start.elapsed_time(end) * 1e3 / len(fns) for start, end in events]
     finally:
-        outputs = None  # noqa: F841 - released with the graph
+        del outputs  # released with the graph
         # If capture_end raises, torch.cuda.graph leaves its capture stream current: restore ours.
         torch.cuda.set_stream(stream)
         with contextlib.suppress(RuntimeError):  # never mask the error that got us here
             graph.reset()
-    samples.sort()
-    return Timing(
-        median_us=_percentile(samples, 0.5),
-        p20_us=_percentile(samples, 0.2),
-        p80_us=_percentile(samples, 0.8),
-        calls_per_graph=len(fns),
-        samples=len(samples),
-    )
+    return _timing(samples, len(fns))
+
+
+def time_alternated(
+    makers: dict[str, Callable[[int], Fn]], bytes_per_call: dict[str, int], method: Method = Method()
+) -> tuple[dict[str, Timing], dict[str, str]]:
+    """Time several ops against each other: each gets its input sets (as :func:`time_us`) and
+    its own CUDA graph, and the graphs are replayed in turn, one replay each per round, the order
+    reversed every other round, ``repeats x replays`` rounds (fewer for long graphs: about
+    ``budget_s`` per op). Timed one after the other in one process, the same graph read up to
+    20% apart early and late (an H100, 2026-11-25, machete-w4a16's small-M kernel); in turns,
+    such drifts fall on every op alike. Returns ({name: Timing}, {name: why it was not timed})
+    for the ops whose warm-up or capture raised."""
+    stream = torch.cuda.current_stream()
+    # name -> (graph, its calls, their outputs): the calls hold what the graph reads (a peer's
+    # per-set weights), the outputs what it writes; both live as long as the graph.
+    graphs: dict[str, tuple[torch.cuda.CUDAGraph, list, list]] = {}
+    failed: dict[str, str] = {}
+    try:
+        for name, make in makers.items():
+            fns = [make(seed) for seed in range(calls_to_flush_l2(bytes_per_call[name], l2_bytes(), method.l2_factor))]
+            graph = torch.cuda.CUDAGraph()
+            try:
+                graphs[name] = (graph, fns, _capture(graph, fns))
+            except Exception as exc:  # noqa: BLE001 - an op that cannot be captured is reported, not timed
+                failed[name] = f"{type(exc).__name__}: {exc}"
+                torch.cuda.set_stream(stream)
+                with contextlib.suppress(RuntimeError):
+                    graph.reset()
+        if not graphs:
+            return {}, failed
+        one = max(_replay_s(g) for g, _, _ in graphs.values())
+        rounds = max(3, min(method.repeats * method.replays, int(method.budget_s / one)))
+        samples: dict[str, list[float]] = {name: [] for name in graphs}
+        order = list(graphs)
+        for r in range(rounds):
+            for name in order if r % 2 == 0 else reversed(order):
+                graph, calls = graphs[name][0], len(graphs[name][1])
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                samples[name].append(start.elapsed_time(end) * 1e3 / calls)
+        return {name: _timing(samples[name], len(graphs[name][1])) for name in graphs}, failed
+    finally:
+        torch.cuda.set_stream(stream)
+        for graph, _, _ in graphs.values():
+            with contextlib.suppress(RuntimeError):
+                graph.reset()
+        graphs.clear()
+        release_memory()
 
 
 def time_us(make: Callable[[int], Fn], bytes_per_call: int, method: Method = Method()) -> Timing:
