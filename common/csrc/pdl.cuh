@@ -10,6 +10,12 @@
 // it launches its blocks and, where its inputs allow, starts reading them (a layer's weights) in
 // that time. The blocks of a later wave of this kernel have not signalled yet, so a dependent
 // never takes the place of this kernel's own unlaunched blocks.
+//
+// Measured (H100, 2026-11-25): a 32-layer chain of the 8B 4-bit GEMMs with these norms and
+// activation between them, the same chain built with and without the signal (one process each,
+// one after the other: not an alternated A/B), 1-3% faster with it: 1878 -> 1858 us at M = 1
+// (TMA ring), 2265 -> 2204 (register kernel), 2348 -> 2284 at M = 4. With it, in a norm -> GEMM pair
+// the GEMM's kernel record starts 0.6 us before the norm's ends (the profiler's timeline).
 #pragma once
 
 namespace fused_llm {

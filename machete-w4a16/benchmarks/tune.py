@@ -150,6 +150,12 @@ def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool, mma:
     cands = []
     if compiled:
         cands += mma_candidates(quick)
+        # From 17 tokens (the bucket of 32) the Hopper kernel's 64-token tile can beat the small-M
+        # kernel (M = 32: 8B gate/up 51.5 against 64.5 us, 70B QKV 49.8 against 58.2; at M = 16
+        # it is slower everywhere, 8B QKV 20.3 against 13.9: benchmarks/results/wgmma_small_m_*):
+        # there both are candidates, and select_config takes a Hopper entry of that bucket.
+        if wgmma and M > 16 and kern.wgmma_shape_ok(M, N, K, group):
+            cands += wgmma_candidates()
     elif M <= 64:
         cands += splitk_candidates(M, N, K, group, sms, quick)
     elif M == 128:  # the crossover: the split-K kernel's 64-row tiles, nearest 4 programs per SM

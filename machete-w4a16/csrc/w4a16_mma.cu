@@ -311,7 +311,9 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
   // the stream finishes. The weights do not depend on that kernel unless it wrote them: with
   // early_weights (the caller's promise that it did not) the first windows are loaded into
   // registers before griddepcontrol.wait, else only hinted into L2 (a hint cannot read stale
-  // data) and loaded after it. x is always read after the wait.
+  // data) and loaded after it. x is always read after the wait. H100, a 32-layer chain of the
+  // 8B GEMMs between their norms and activation (graphs replayed alternately): M = 1 2204 ->
+  // 2139 us, M = 4 2284 -> 2224 (benchmarks/results/mma_early_weights_*).
   if (a.early_weights) {
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) fetch_w(u, w_begin + warp + u * WARPS);
@@ -473,7 +475,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
   // finishes; the copies follow griddepcontrol.wait, as every read does in w4a16_mma_kernel
   // without early_weights. Not taken here: early_weights (the weights' boxes issued before the
   // wait: no faster in a 32-layer chain of the 8B GEMMs between their norms, 1870.8 us either
-  // way, and 8% slower for a norm -> QKV pair, 8.87 -> 9.56 us; benchmarks/results/
+  // way, and 8% slower in a chain of norm -> QKV pairs, 8.87 -> 9.56 us a pair; benchmarks/results/
   // mma_early_weights_*), and L2 hints of the first windows (one lane's: within 3% of none;
   // every lane's: 6-15% slower at 8B QKV / O; scratch A/B, H100).
   wait_prior_grid();

@@ -560,6 +560,32 @@ def test_gemm_takes_the_table_entry(monkeypatch):
     assert select(M, N, K, 128, x.half()) == default_config(M, N, K, 128, x.half()), "another dtype: the default"
 
 
+@pytest.mark.skipif(not WGMMA, reason="the Hopper kernel (capability 9.0, CUDA build)")
+def test_hopper_entry_in_the_32_token_bucket(monkeypatch):
+    """In the bucket of 32 tokens a Hopper ("wgmma") entry replaces the small-M kernel, which
+    could also run there (tune.py measures both; M = 17 .. 32 take it); in the bucket of 16 it
+    does not (measured slower everywhere). A call whose output the Hopper kernel cannot store
+    (a row stride not a multiple of 8) falls back to the small-M kernel, not to Triton."""
+    kern = w4._triton_kernels()
+    tuning = _submodule("_tuning")
+    N, K = 176, 1024  # shapes no other test launches (a launch plan is cached per shape)
+    key = (torch.cuda.get_device_name(0), "bfloat16", N, K, 128)
+    entry = ["wgmma", 128, 64, 2]
+    monkeypatch.setattr(tuning, "TABLE", {key: [(16, entry), (32, entry)]})
+    for M in (17, 32):
+        x, qw, b = make(M, N, K, torch.bfloat16, 128, False, seed=80 + M, bias=True)
+        assert kern.select_config(M, N, K, 128, x) == _submodule("_config").config_of(entry)
+        ran = launched_kernels(lambda: w4.w4a16_gemm(x, qw, b))
+        assert any("wgmma" in k for k in ran), ran
+        assert_gemm_close(w4.w4a16_gemm(x, qw, b), reference(x, qw, b), f"Hopper entry M={M}")
+        out = poison_(torch.empty(M, N + 4, dtype=torch.bfloat16, device=DEVICE))[:, :N]
+        ran = launched_kernels(lambda: kern.launch_w4a16(x, qw.qweight, qw.scales, None, None, b, out, 128))
+        assert any("w4a16_mma" in k or "ring" in k for k in ran) and not any("wgmma" in k for k in ran), ran
+        assert_gemm_close(out, reference(x, qw, b), f"small-M fallback M={M}")
+    x16 = make(16, N, K, torch.bfloat16, 128, False, seed=79)[0]
+    assert kern.select_config(16, N, K, 128, x16) == default_config(16, N, K, 128, x16), "bucket 16: the small-M kernel"
+
+
 def default_config(M, N, K, group_size, x) -> dict:
     """The structural default: the compiled small-M kernel where it can run, the Hopper kernel
     past its M where that can run, else Triton's."""

@@ -652,9 +652,16 @@ def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> d
         cfg = _config.tuned_config(table, device_name(x.device), dtype, N, K, group_size, M)
         # Where a compiled kernel runs, only an entry of that kernel replaces its default: a
         # Triton entry in the same bucket was measured at the bucket's top M (e.g. 128), past the
-        # small-M kernel's range, or without the Hopper kernel among the candidates.
-        if cfg is not None and (cfg["kernel"] if cfg["kernel"] in ("mma", "wgmma") else None) == compiled:
-            return cfg
+        # small-M kernel's range, or without the Hopper kernel among the candidates. One
+        # exception: in the bucket of 32 tokens tune.py also measures the Hopper kernel against the
+        # small-M one (at M = 32 it is faster on four of the eight 8B / 70B projections: 8B
+        # gate/up 51.5 against 64.5 us, H100, benchmarks/results/wgmma_small_m_*), so a Hopper
+        # entry there replaces the small-M kernel where the Hopper kernel can run.
+        if cfg is not None:
+            kind = cfg["kernel"] if cfg["kernel"] in ("mma", "wgmma") else None
+            hopper_over_mma = kind == "wgmma" and mma and M > 16 and wgmma_supported(x, M, N, K, group_size)
+            if kind == compiled or hopper_over_mma:
+                return cfg
     props = torch.cuda.get_device_properties(x.device) if x.is_cuda else None
     if mma:
         return mma_config(M, N, K, props.multi_processor_count)
@@ -757,7 +764,11 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
     forced = cfg is not None
     cfg = dict(cfg) if forced else select_config(M, N, K, group_size, x)
     if cfg["kernel"] == "wgmma" and not forced and not _wgmma_tensors_ok(out, qweight, scales, zeros):
-        cfg = w4a16_config(M, N, K, group_size)  # views the kernel's 16-byte copies and stores cannot take
+        # Views the kernel's 16-byte copies and stores cannot take: the small-M kernel where it
+        # runs (a Hopper entry of the 32-token bucket), else the Triton kernels.
+        mma_fallback = mma_supported(x, M, K, group_size)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count if mma_fallback else 132
+        cfg = mma_config(M, N, K, sms) if mma_fallback else w4a16_config(M, N, K, group_size)
     kernel = cfg.pop("kernel")
     if kernel == "mma":
         if not mma_supported(x, M, K, group_size):

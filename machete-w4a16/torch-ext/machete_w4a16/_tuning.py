@@ -20,10 +20,11 @@ scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
 
 from __future__ import annotations
 
-MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3'
+MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 32  # NVIDIA H100 80GB HBM3'
 
 TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096, 128): [(1, None),
                                                           (16, None),
+                                                          (32, None),
                                                           (64, None),
                                                           (128, None),
                                                           (256, None),
@@ -31,6 +32,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                           (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 14336, 128): [(1, None),
                                                            (16, None),
+                                                           (32, None),
                                                            (64, None),
                                                            (128, None),
                                                            (256, None),
@@ -38,6 +40,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                            (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 6144, 4096, 128): [(1, None),
                                                           (16, None),
+                                                          (32, None),
                                                           (64, None),
                                                           (128, None),
                                                           (256, None),
@@ -45,6 +48,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                           (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 8192, 128): [(1, ['mma', 1, 8, 2]),
                                                           (16, None),
+                                                          (32, None),
                                                           (64, None),
                                                           (128, None),
                                                           (256, None),
@@ -52,6 +56,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                           (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 8192, 28672, 128): [(1, ['mma', 1, 8, 2]),
                                                            (16, None),
+                                                           (32, ['wgmma', 128, 64, 4]),
                                                            (64, None),
                                                            (128, None),
                                                            (256, None),
@@ -59,6 +64,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                            (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 10240, 8192, 128): [(1, None),
                                                            (16, None),
+                                                           (32, ['wgmma', 128, 64, 3]),
                                                            (64, ['wgmma', 128, 64, 3]),
                                                            (128, ['wgmma', 128, 128, 3]),
                                                            (256, ['wgmma', 128, 256, 1]),
@@ -66,6 +72,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                            (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 28672, 4096, 128): [(1, ['mma', 1, 4, 2]),
                                                            (16, None),
+                                                           (32, ['wgmma', 128, 64, 1]),
                                                            (64, None),
                                                            (128, None),
                                                            (256, None),
@@ -73,6 +80,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                            (4096, None)],
  ('NVIDIA H100 80GB HBM3', 'bfloat16', 57344, 8192, 128): [(1, None),
                                                            (16, None),
+                                                           (32, ['wgmma', 128, 64, 2]),
                                                            (64, None),
                                                            (128, None),
                                                            (256, None),
