@@ -31,7 +31,8 @@ without a GPU (about 6.5 minutes per dtype for every shape and bucket, assuming 
 compile and 0.25 s per timing); phase 2 runs at a point only while the projected total stays
 under ``--budget-min`` (default 8) per dtype. A bucket gets the fastest configuration when it took at most ``margin`` (default 0.98) of
 the default's time, else None (the default). The GPU's previous entries for the tuned keys are
-replaced; other GPUs' entries are kept. The command line is added to the table's ``MADE_BY``;
+replaced; other GPUs' entries are kept. The command line is added to the table's ``MADE_BY``
+(``made_by_after``);
 every timing goes to ``benchmarks/results/tune_<gpu>_<dtype>.json`` and ``.csv``.
 """
 
@@ -336,8 +337,8 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
                mma: bool = False, wgmma: bool = False) -> dict:  # fmt: skip
     """Time the peers, the default and the sweep at one point (phase 2 unless ``quick`` or
     ``phase2()`` says no: the time budget); the row of the results file. Each phase's launches
-    are timed in turns with the peers (``time_alternated``), so that every ratio comes from the
-    same rounds."""
+    are timed in turns with the peers (``time_alternated``); phase 2 times the default and phase
+    1's best again with its candidates, so the choice compares times of the same rounds."""
     import torch
 
     from fused_llm_dev.bench.settings import Method
@@ -361,9 +362,15 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
     times: dict[tuple, float] = {}
     peer_times: dict[str, list[float]] = {name: [] for name in peers}
 
-    def measure(entries: list[list]) -> None:
-        """Check each new entry's result, then time the ones that pass in turns with the peers."""
+    def measure(entries: list[list], again: tuple = ()) -> None:
+        """Check each new entry's result, then time the ones that pass in turns with the peers
+        and the entries ``again`` (timed before: their times are replaced by this round's)."""
         makers, sizes, keys = {}, {}, {}
+        new = 0
+        for key in again:
+            if times.get(key, float("inf")) < float("inf"):
+                name = " ".join(map(str, key))
+                makers[name], sizes[name], keys[name] = _ours(point, kern, cfg_mod, list(key)), point.int4_bytes(), key
         for entry in entries:
             key = tuple(entry)
             if key in times:
@@ -380,7 +387,8 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
                 continue
             name = " ".join(map(str, entry))
             makers[name], sizes[name], keys[name] = _ours(point, kern, cfg_mod, entry), point.int4_bytes(), key
-        if not makers:
+            new += 1
+        if new == 0:
             return
         timed, failed = time_alternated({**peers, **makers}, {**peer_bytes, **sizes}, method)
         for name, why in failed.items():
@@ -397,7 +405,8 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
     best = min(times, key=times.get)
     row["phase2"] = not quick and phase2()
     if row["phase2"]:
-        measure(neighbours(list(best), point.G))
+        # The neighbours in the same rounds as the default and phase 1's best, timed again.
+        measure(neighbours(list(best), point.G), again=(tuple(default), best))
         best = min(times, key=times.get)
     point._dense.clear()  # the dense weights: 2 N K bytes per set
     release_memory()
@@ -411,6 +420,19 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
     # Every launch's time (the JSON only): what a structural default is fitted to.
     row["timings"] = {" ".join(map(str, k)): (None if t == float("inf") else round(t, 3)) for k, t in times.items()}
     return row
+
+
+def made_by_after(command: str) -> str:
+    """The table's MADE_BY once this run is written: the commands in the table file now (the
+    buckets this run did not measure keep their entries, so the commands behind them stay), an
+    identical earlier command dropped, this one last."""
+    import ast
+
+    tree = ast.parse(TABLE_PATH.read_text())
+    previous = next((ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                     and getattr(node.targets[0], "id", None) == "MADE_BY"), None)  # fmt: skip
+    commands = [c for c in (previous or "").split(", then ") if c and c != command]
+    return ", then ".join([*commands, command])
 
 
 def write_table(table: dict, made_by: str) -> None:
@@ -484,11 +506,15 @@ def main(argv: list[str] | None = None) -> int:
                 row = tune_point(Point(kernel, dtype, N, K, M, args.group_size), kern, cfg_mod, sms, args.quick,
                                  args.margin, print, phase2, mma, wgmma)  # fmt: skip
                 rows.append(dict(shape=shape, dtype=dtype_name, **row))
+                if row["best_us"] == float("inf"):  # no launch gave a right result: the bucket keeps its entry
+                    print(f"{gpu} {dtype_name} {shape} M={M}: no launch timed; the table keeps {buckets.get(M)}", flush=True)
+                    continue
                 buckets[M] = row["chosen"]
                 tg = f", tinygemm {row['tinygemm_us']:.1f} us" if row["tinygemm_us"] else ""
-                print(f"{gpu} {dtype_name} {shape} M={M}: cuBLAS {row['cublas_us']:.1f} us{tg}, default "
+                vs = f"{row['cublas_us'] / row['best_us']:.2f}x cuBLAS" if row["cublas_us"] else "cuBLAS not timed"
+                print(f"{gpu} {dtype_name} {shape} M={M}: cuBLAS {row['cublas_us'] or float('nan'):.1f} us{tg}, default "
                       f"{row['default_us']:.1f} us, best {row['best_us']:.1f} us {row['best']} "
-                      f"({row['cublas_us'] / row['best_us']:.2f}x cuBLAS{'' if row['phase2'] else ', phase 1 only'}) -> "
+                      f"({vs}{'' if row['phase2'] else ', phase 1 only'}) -> "
                       f"{'tuned' if row['chosen'] else 'default'} "
                       f"[{time.time() - t0:.0f} s]", flush=True)  # fmt: skip
             table[key] = sorted(buckets.items())
@@ -498,10 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_write:
         pprint.pprint(table, width=110)
         return 0
-    # The buckets this run did not measure keep their entries, so the commands that made those stay.
-    made_by = "python machete-w4a16/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}"
-    previous = import_module(kernel.__name__ + "._tuning").MADE_BY
-    write_table(table, f"{previous}, then {made_by}" if previous else made_by)
+    write_table(table, made_by_after("python machete-w4a16/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}"))
     print(f"wrote {TABLE_PATH}")
     return 0
 

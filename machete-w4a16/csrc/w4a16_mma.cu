@@ -75,7 +75,9 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 
 // Programmatic dependent launch (sm90+): the kernel may start while the previous kernel on the
 // stream is still running; before griddepcontrol.wait, which returns once that kernel has
-// completed and its writes are visible, it only hints its first weights into L2.
+// completed and its writes are visible, it reads nothing that kernel may have written: it hints
+// its first weights into L2, or with early_weights (the caller's promise that the weights are
+// not among those writes) the register kernel loads them.
 __device__ __forceinline__ void wait_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

@@ -278,6 +278,7 @@ def test_early_weights_same_bits(zero_point):
     previous kernel) gives the bits of the default at every M the small-M kernel takes (the ring
     at M = 1 on sm90, the register kernel above), and past it (the flag is ignored there), and
     a cached launch plan of one setting never serves the other."""
+    kern = w4._triton_kernels()
     for M in (1, 3, 16, 32, 40):
         x, qw, b = make(M, 4096, 2048, torch.bfloat16, 128, zero_point, seed=70 + M, bias=True)
         for _ in range(2):  # the second call of each runs from its cached plan
@@ -285,6 +286,10 @@ def test_early_weights_same_bits(zero_point):
             early = w4.w4a16_gemm(x, qw, b, early_weights=True)
             assert torch.equal(plain, early), f"M={M}"
         assert_gemm_close(early, reference(x, qw, b), f"early weights M={M}")
+        if M <= 32:  # the small-M kernel's plans: one per setting, each passing its own flag
+            plans = {k[-1]: p for k, p in kern._COMPILED_PLANS.items()
+                     if (k[1], k[2], k[3], k[7]) == (x.shape, x.stride(), 4096, zero_point)}  # fmt: skip
+            assert set(plans) == {False, True} and all(p.args[-1] is flag for flag, p in plans.items()), plans
 
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
@@ -563,8 +568,8 @@ def test_gemm_takes_the_table_entry(monkeypatch):
 @pytest.mark.skipif(not WGMMA, reason="the Hopper kernel (capability 9.0, CUDA build)")
 def test_hopper_entry_in_the_32_token_bucket(monkeypatch):
     """In the bucket of 32 tokens a Hopper ("wgmma") entry replaces the small-M kernel, which
-    could also run there (tune.py measures both; M = 17 .. 32 take it); in the bucket of 16 it
-    does not (measured slower everywhere). A call whose output the Hopper kernel cannot store
+    could also run there (tune.py measures both; M = 17 .. 32 take it); in the bucket of 16, or
+    in a larger one that M = 17 falls into, it does not. A call whose output the Hopper kernel cannot store
     (a row stride not a multiple of 8) falls back to the small-M kernel, not to Triton."""
     kern = w4._triton_kernels()
     tuning = _submodule("_tuning")
@@ -584,6 +589,11 @@ def test_hopper_entry_in_the_32_token_bucket(monkeypatch):
         assert_gemm_close(out, reference(x, qw, b), f"small-M fallback M={M}")
     x16 = make(16, N, K, torch.bfloat16, 128, False, seed=79)[0]
     assert kern.select_config(16, N, K, 128, x16) == default_config(16, N, K, 128, x16), "bucket 16: the small-M kernel"
+    # A key without a bucket of 32: M = 17 falls into the bucket of 64, measured where the
+    # small-M kernel cannot run, so its Hopper entry does not replace it.
+    monkeypatch.setattr(tuning, "TABLE", {key: [(16, None), (64, entry)]})
+    x17 = make(17, N, K, torch.bfloat16, 128, False, seed=78)[0]
+    assert kern.select_config(17, N, K, 128, x17) == default_config(17, N, K, 128, x17), "bucket 64: the small-M kernel"
 
 
 def default_config(M, N, K, group_size, x) -> dict:
@@ -697,8 +707,8 @@ def test_layer_from_linear(bias, zero_point):
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
 @pytest.mark.parametrize("split, warps, row_tiles", [(1, 8, 1), (1, 4, 2), (3, 4, 1)])
-@pytest.mark.parametrize("ring", [True, False], ids=["ring", "registers"])
-@pytest.mark.parametrize("early", [False, True], ids=["weights-after-wait", "early-weights"])
+@pytest.mark.parametrize("ring, early", [(True, False), (False, False), (False, True)],
+                         ids=["ring", "registers", "registers-early-weights"])  # the ring ignores early_weights
 @pytest.mark.parametrize("M", [1, 4])
 def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring, early, M):
     """On sm90 the kernel is a programmatic dependent launch: it starts while the previous kernel

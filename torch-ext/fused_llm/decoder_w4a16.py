@@ -55,6 +55,8 @@ does: that threshold was measured for the bf16 layer (decoder.py); for the 4-bit
 
 from __future__ import annotations
 
+import functools
+import inspect
 import types
 from dataclasses import dataclass
 
@@ -236,13 +238,16 @@ def _make_forward(k: Kernels):
     attention_functions()
     rms_norm, fused_add_rms_norm = k.rmsnorm.rms_norm, k.rmsnorm.fused_add_rms_norm
     apply_rotary, act_and_mul = k.rope.apply_rotary_transformers, k.swiglu.silu_and_mul
+    # early_weights: the kernel before each GEMM of this forward is the layer's own norm,
+    # attention, activation or previous projection's GEMM, never a write of its weights, so each
+    # GEMM may read them while that kernel finishes (machete_w4a16.w4a16_gemm). A machete-w4a16
+    # build from before the keyword (a Hub version-1 build) gets the plain call.
     gemm = k.machete.w4a16_gemm_raw
+    if "early_weights" in inspect.signature(gemm).parameters:
+        gemm = functools.partial(gemm, early_weights=True)
 
-    # early_weights: the kernel before each GEMM of this forward is the layer's own norm, attention
-    # or activation, never a write of its weights, so each GEMM may read them while that kernel
-    # finishes (machete_w4a16.w4a16_gemm).
     def proj(p, x):  # a W4A16Linear's GEMM without its module call
-        return gemm(x, p.qweight, p.scales, p.zeros, p.perm, p.bias, p.group_size, early_weights=True)
+        return gemm(x, p.qweight, p.scales, p.zeros, p.perm, p.bias, p.group_size)
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache=False, position_embeddings=None, **kwargs):
@@ -258,7 +263,7 @@ def _make_forward(k: Kernels):
         h = rms_norm(hidden_states, in_norm.weight, in_norm.variance_epsilon)
         if self.fused_llm_qkv_unfused is None:
             qkv = gemm(h, attn.fused_llm_qkv_qweight, attn.fused_llm_qkv_scales, attn.fused_llm_qkv_zeros,
-                       attn.fused_llm_qkv_perm, attn.fused_llm_qkv_bias, attn.fused_llm_qkv_group_size, early_weights=True)  # fmt: skip
+                       attn.fused_llm_qkv_perm, attn.fused_llm_qkv_bias, attn.fused_llm_qkv_group_size)  # fmt: skip
             # q, k, v as [B, H, S, D] views of qkv in three view ops (decoder.py: host time)
             heads = qkv.view(*input_shape, -1, head_dim).transpose(1, 2)
             n_q, n_kv = attn.q_proj.out_features // head_dim, attn.k_proj.out_features // head_dim
@@ -272,8 +277,7 @@ def _make_forward(k: Kernels):
         h, residual = fused_add_rms_norm(out, hidden_states, post_norm.weight, post_norm.variance_epsilon)
         if self.fused_llm_gate_up_unfused is None:
             gu = gemm(h, mlp.fused_llm_gate_up_qweight, mlp.fused_llm_gate_up_scales, mlp.fused_llm_gate_up_zeros,
-                      mlp.fused_llm_gate_up_perm, mlp.fused_llm_gate_up_bias, mlp.fused_llm_gate_up_group_size,
-                      early_weights=True)  # fmt: skip
+                      mlp.fused_llm_gate_up_perm, mlp.fused_llm_gate_up_bias, mlp.fused_llm_gate_up_group_size)  # fmt: skip
         else:
             gu = torch.cat([proj(mlp.gate_proj, h), proj(mlp.up_proj, h)], dim=-1)
         return residual + proj(mlp.down_proj, act_and_mul(gu, activation=self.fused_llm_activation))

@@ -104,17 +104,21 @@ def table_key(gpu: str, dtype: str, N: int, K: int, group_size: int) -> tuple[st
     return (gpu, dtype, int(N), int(K), int(group_size))
 
 
-def tuned_config(table: dict, gpu: str, dtype: str, N: int, K: int, group_size: int, M: int) -> dict | None:
-    """The table's launch for M rows of this key (the first bucket with M <= m_max), as a ``cfg``
-    dict; None where the table has no key, M lies past the last bucket, or the bucket holds None
-    (the structural default measured as fast as any candidate)."""
+def tuned_bucket(table: dict, gpu: str, dtype: str, N: int, K: int, group_size: int, M: int) -> tuple[int, dict] | None:
+    """(m_max, cfg) of the table's launch for M rows of this key: the first bucket with M <=
+    m_max, its entry as a ``cfg`` dict; None where the table has no key, M lies past the last
+    bucket, or the bucket holds None (the structural default measured as fast as any candidate)."""
     rows = table.get(table_key(gpu, dtype, N, K, group_size)) if table else None
-    if not rows:
-        return None
-    for m_max, entry in rows:
+    for m_max, entry in rows or ():
         if M <= m_max:
-            return None if entry is None else config_of(entry)
+            return None if entry is None else (m_max, config_of(entry))
     return None
+
+
+def tuned_config(table: dict, gpu: str, dtype: str, N: int, K: int, group_size: int, M: int) -> dict | None:
+    """:func:`tuned_bucket`'s launch alone."""
+    bucket = tuned_bucket(table, gpu, dtype, N, K, group_size, M)
+    return None if bucket is None else bucket[1]
 
 
 def check_table(table: dict) -> None:

@@ -649,17 +649,20 @@ def select_config(M: int, N: int, K: int, group_size: int, x: torch.Tensor) -> d
     compiled = "mma" if mma else "wgmma" if wgmma else None
     if table:
         dtype = str(x.dtype).removeprefix("torch.")
-        cfg = _config.tuned_config(table, device_name(x.device), dtype, N, K, group_size, M)
+        bucket = _config.tuned_bucket(table, device_name(x.device), dtype, N, K, group_size, M)
         # Where a compiled kernel runs, only an entry of that kernel replaces its default: a
         # Triton entry in the same bucket was measured at the bucket's top M (e.g. 128), past the
         # small-M kernel's range, or without the Hopper kernel among the candidates. One
-        # exception: in the bucket of 32 tokens tune.py also measures the Hopper kernel against the
-        # small-M one (at M = 32 it is faster on four of the eight 8B / 70B projections: 8B
-        # gate/up 51.5 against 64.5 us, H100, benchmarks/results/wgmma_small_m_*), so a Hopper
-        # entry there replaces the small-M kernel where the Hopper kernel can run.
-        if cfg is not None:
+        # exception: in the bucket of 32 tokens (exactly: not a larger bucket that M falls into
+        # where a key has none of 32) tune.py also measures the Hopper kernel against the small-M
+        # one (at M = 32 it is faster on four of the eight 8B / 70B projections: 8B gate/up 51.5
+        # against 64.5 us, H100, benchmarks/results/wgmma_small_m_*), so a Hopper entry there
+        # replaces the small-M kernel where the Hopper kernel can run.
+        if bucket is not None:
+            m_max, cfg = bucket
             kind = cfg["kernel"] if cfg["kernel"] in ("mma", "wgmma") else None
-            hopper_over_mma = kind == "wgmma" and mma and M > 16 and wgmma_supported(x, M, N, K, group_size)
+            hopper_over_mma = (kind == "wgmma" and mma and m_max == _config.MMA_MAX_M
+                               and wgmma_supported(x, M, N, K, group_size))  # fmt: skip
             if kind == compiled or hopper_over_mma:
                 return cfg
     props = torch.cuda.get_device_properties(x.device) if x.is_cuda else None
@@ -766,9 +769,10 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
     if cfg["kernel"] == "wgmma" and not forced and not _wgmma_tensors_ok(out, qweight, scales, zeros):
         # Views the kernel's 16-byte copies and stores cannot take: the small-M kernel where it
         # runs (a Hopper entry of the 32-token bucket), else the Triton kernels.
-        mma_fallback = mma_supported(x, M, K, group_size)
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count if mma_fallback else 132
-        cfg = mma_config(M, N, K, sms) if mma_fallback else w4a16_config(M, N, K, group_size)
+        if mma_supported(x, M, K, group_size):
+            cfg = mma_config(M, N, K, torch.cuda.get_device_properties(dev).multi_processor_count)
+        else:
+            cfg = w4a16_config(M, N, K, group_size)
     kernel = cfg.pop("kernel")
     if kernel == "mma":
         if not mma_supported(x, M, K, group_size):

@@ -1,11 +1,12 @@
 """The dispatch table of ``w4a16_gemm``: per GPU, dtype, (N, K), group size and M bucket, the
 launch (kernel and tiles) that measured fastest.
 
-Written by ``benchmarks/tune.py`` on a GPU (the command that made it goes into ``MADE_BY``);
-nothing else edits it but its docstring. Measured once (``MADE_BY``, H100, 2026-11-24, with the
-Hopper kernel among the candidates): the eight 8B / 70B projections at M buckets 1, 16, 64, 128,
-256, 1024, 4096, group 128, bf16; every other key takes the structural default
-(``_kernels.mma_config`` / ``wgmma_config`` / ``w4a16_config``).
+Written by ``benchmarks/tune.py`` on a GPU (each run's command is added to ``MADE_BY``);
+nothing else edits it but its docstring. Measured on an H100 for the eight 8B / 70B projections,
+group 128, bf16: M buckets 64, 128, 256, 1024, 4096 on 2026-11-24 (the Hopper kernel among the
+candidates), 1, 16 and 32 on 2026-11-25 (each point's launches timed in turns; from 17 tokens
+the Hopper kernel too). Every other key takes the structural default (``_kernels.mma_config`` /
+``wgmma_config`` / ``w4a16_config``).
 
 ``TABLE[(gpu_name, dtype, N, K, group_size)]`` is a list of ``(m_max, entry)`` M buckets in
 increasing order (of 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096): a call with M rows
@@ -20,7 +21,7 @@ scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
 
 from __future__ import annotations
 
-MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 32  # NVIDIA H100 80GB HBM3'
+MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,16,32  # NVIDIA H100 80GB HBM3'
 
 TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096, 128): [(1, None),
                                                           (16, None),
@@ -70,7 +71,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                            (256, ['wgmma', 128, 256, 1]),
                                                            (1024, None),
                                                            (4096, None)],
- ('NVIDIA H100 80GB HBM3', 'bfloat16', 28672, 4096, 128): [(1, ['mma', 1, 4, 2]),
+ ('NVIDIA H100 80GB HBM3', 'bfloat16', 28672, 4096, 128): [(1, None),
                                                            (16, None),
                                                            (32, ['wgmma', 128, 64, 1]),
                                                            (64, None),

@@ -143,40 +143,47 @@ def time_alternated(
     reversed every other round, ``repeats x replays`` rounds (fewer for long graphs: about
     ``budget_s`` per op). Timed one after the other in one process, the same graph read up to
     20% apart early and late (an H100, 2026-11-25, machete-w4a16's small-M kernel); in turns,
-    such drifts fall on every op alike. Returns ({name: Timing}, {name: why it was not timed})
-    for the ops whose warm-up or capture raised."""
+    such drifts fall on every op alike. All rounds are enqueued before one synchronize, so each
+    replay's events bracket GPU work only (a replay started on an idle GPU would count the host's
+    graph launch, divided by a different number of calls per op). Returns ({name: Timing},
+    {name: why it was not timed}) for the ops whose input sets, warm-up or capture raised."""
     stream = torch.cuda.current_stream()
     # name -> (graph, its calls, their outputs): the calls hold what the graph reads (a peer's
     # per-set weights), the outputs what it writes; both live as long as the graph.
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, list, list]] = {}
     failed: dict[str, str] = {}
     try:
+        l2 = l2_bytes()
         for name, make in makers.items():
-            fns = [make(seed) for seed in range(calls_to_flush_l2(bytes_per_call[name], l2_bytes(), method.l2_factor))]
             graph = torch.cuda.CUDAGraph()
             try:
+                fns = [make(seed) for seed in range(calls_to_flush_l2(bytes_per_call[name], l2, method.l2_factor))]
                 graphs[name] = (graph, fns, _capture(graph, fns))
             except Exception as exc:  # noqa: BLE001 - an op that cannot be captured is reported, not timed
                 failed[name] = f"{type(exc).__name__}: {exc}"
                 torch.cuda.set_stream(stream)
                 with contextlib.suppress(RuntimeError):
                     graph.reset()
+            fns = graph = None  # what failed is released with the loop; what was captured lives in graphs
         if not graphs:
             return {}, failed
         one = max(_replay_s(g) for g, _, _ in graphs.values())
         rounds = max(3, min(method.repeats * method.replays, int(method.budget_s / one)))
-        samples: dict[str, list[float]] = {name: [] for name in graphs}
+        events: dict[str, list] = {name: [] for name in graphs}
         order = list(graphs)
         for r in range(rounds):
             for name in order if r % 2 == 0 else reversed(order):
-                graph, calls = graphs[name][0], len(graphs[name][1])
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                graph.replay()
+                graphs[name][0].replay()
                 end.record()
-                end.synchronize()
-                samples[name].append(start.elapsed_time(end) * 1e3 / calls)
-        return {name: _timing(samples[name], len(graphs[name][1])) for name in graphs}, failed
+                events[name].append((start, end))
+        torch.cuda.synchronize()
+        timings = {}
+        for name, pairs in events.items():
+            calls = len(graphs[name][1])
+            timings[name] = _timing([start.elapsed_time(end) * 1e3 / calls for start, end in pairs], calls)
+        return timings, failed
     finally:
         torch.cuda.set_stream(stream)
         for graph, _, _ in graphs.values():
