@@ -164,7 +164,7 @@ def time_alternated(
                 torch.cuda.set_stream(stream)
                 with contextlib.suppress(RuntimeError):
                     graph.reset()
-            fns = graph = None  # what failed is released with the loop; what was captured lives in graphs
+            fns = graph = None  # a failed op's inputs go now; a captured one's live on in graphs
         if not graphs:
             return {}, failed
         one = max(_replay_s(g) for g, _, _ in graphs.values())
