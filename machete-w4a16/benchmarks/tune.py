@@ -365,19 +365,20 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
     def measure(entries: list[list], again: tuple = ()) -> None:
         """Check each new entry's result, then time the ones that pass in turns with the peers
         and the entries ``again`` (timed before: their times are replaced by this round's)."""
-        makers, sizes, keys = {}, {}, {}
+        makers, keys = {}, {}
         new = 0
         for key in again:
             if times.get(key, float("inf")) < float("inf"):
                 name = " ".join(map(str, key))
-                makers[name], sizes[name], keys[name] = _ours(point, kern, cfg_mod, list(key)), point.int4_bytes(), key
+                makers[name], keys[name] = _ours(point, kern, cfg_mod, list(key)), key
         for entry in entries:
             key = tuple(entry)
             if key in times:
                 continue
             times[key] = float("inf")
+            make = _ours(point, kern, cfg_mod, entry)
             try:
-                got = _ours(point, kern, cfg_mod, entry)(0)().float()
+                got = make(0)().float()
                 err = (got - expected).abs().max().item()
                 if not err <= 1e-2 * scale:
                     log(f"  {entry}: wrong result (max |error| {err:.3g}), skipped")
@@ -386,11 +387,12 @@ def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float
                 log(f"  {entry}: {type(exc).__name__}: {str(exc)[:120]}")
                 continue
             name = " ".join(map(str, entry))
-            makers[name], sizes[name], keys[name] = _ours(point, kern, cfg_mod, entry), point.int4_bytes(), key
+            makers[name], keys[name] = make, key
             new += 1
         if new == 0:
             return
-        timed, failed = time_alternated({**peers, **makers}, {**peer_bytes, **sizes}, method)
+        sizes = {**peer_bytes, **dict.fromkeys(makers, point.int4_bytes())}
+        timed, failed = time_alternated({**peers, **makers}, sizes, method)
         for name, why in failed.items():
             log(f"  {name}: {why[:120]}")
         for name in peers:

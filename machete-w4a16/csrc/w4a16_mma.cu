@@ -26,6 +26,7 @@
 // w4a16_ring_kernel runs the same split and sums with the weights in per-warp TMA rings.
 #include "w4a16_mma.h"
 
+#include "common/pdl.cuh"
 #include "w4a16_dequant.cuh"
 #include "w4a16_tma.cuh"
 
@@ -71,22 +72,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
-}
-
-// Programmatic dependent launch (sm90+): the kernel may start while the previous kernel on the
-// stream is still running; before griddepcontrol.wait, which returns once that kernel has
-// completed and its writes are visible, it reads nothing that kernel may have written: it hints
-// its first weights into L2, or with early_weights (the caller's promise that the weights are
-// not among those writes) the register kernel loads them.
-__device__ __forceinline__ void wait_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_next_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 }
 
 struct KernelArgs {
@@ -332,7 +317,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
       }
     }
   }
-  wait_prior_grid();
+  pdl_wait_primaries();
   if (!a.early_weights) {
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) fetch_w(u, w_begin + warp + u * WARPS);
@@ -378,7 +363,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
     }
   }
 
-  allow_next_grid();  // the next kernel may launch and fetch its weights during this epilogue
+  pdl_launch_dependents();  // the next kernel may launch and fetch its weights during this epilogue
   store_tile<T, NT, RT, WARPS>(acc, a);
 }
 
@@ -480,7 +465,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
   // way, and 8% slower in a chain of norm -> QKV pairs, 8.87 -> 9.56 us a pair; benchmarks/results/
   // mma_early_weights_*), and L2 hints of the first windows (one lane's: within 3% of none;
   // every lane's: 6-15% slower at 8B QKV / O; scratch A/B, H100).
-  wait_prior_grid();
+  pdl_wait_primaries();
   if (lane == 0) {
     for (int i = 0; i < kRingStages && i < my_windows; ++i) issue(i);
   }
@@ -531,7 +516,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
     }
     mma_window<T, 1, RT>(acc, wq, zz, s2, xv);
   }
-  allow_next_grid();
+  pdl_launch_dependents();
   store_tile<T, 1, RT, WARPS>(acc, a);
 #endif  // __CUDA_ARCH__ >= 900
 }
