@@ -101,11 +101,15 @@ def splitk_candidates(M: int, N: int, K: int, group: int, sms: int, quick: bool)
     return out
 
 
-def mma_candidates(quick: bool) -> list[list]:
+def mma_candidates(quick: bool, registers_too: bool = False) -> list[list]:
     """Phase 1 of the compiled kernel: its whole launch space (K split 1 / 2 / 4 x 4 / 8 warps x
-    1 / 2 row tiles per warp; --quick: no K split). No compile: every entry is instantiated."""
+    1 / 2 row tiles per warp; --quick: no K split); ``registers_too`` (Hopper, M >= 2): each
+    launch with the weights through the lanes' registers (RING 0) as well as through the TMA ring
+    (the ring won at every M = 1 point, not at every M = 16 one: benchmarks/results/INDEX.md).
+    No compile: every entry is instantiated."""
     splits = (1,) if quick else (1, 2, 4)
-    return [["mma", s, w, rt] for s in splits for w in (4, 8) for rt in (1, 2)]
+    rings = ((), (0,)) if registers_too else ((),)
+    return [["mma", s, w, rt, *ring] for s in splits for w in (4, 8) for rt in (1, 2) for ring in rings]
 
 
 def wgmma_candidates() -> list[list]:
@@ -150,7 +154,7 @@ def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool, mma:
     default = cfg.entry_of(kern.mma_config(M, N, K, sms) if compiled else kern.w4a16_config(M, N, K, group, sms))
     cands = []
     if compiled:
-        cands += mma_candidates(quick)
+        cands += mma_candidates(quick, registers_too=wgmma and M > 1)
         # From 17 tokens (the bucket of 32) the Hopper kernel's 64-token tile can beat the small-M
         # kernel (M = 32: 8B gate/up 51.5 against 64.5 us, 70B QKV 49.8 against 58.2; at M = 16
         # it is slower everywhere, 8B QKV 20.3 against 13.9: benchmarks/results/wgmma_small_m_*):

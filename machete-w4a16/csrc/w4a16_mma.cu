@@ -6,7 +6,7 @@
 // side and the few tokens its 8-column B side (M = 1 wastes 7/8 of B, not 15/16 of A).
 //
 // The layout does the fragment work (no shuffles; no shared memory on the weight path, except in
-// the M = 1 Hopper variant at the end of this file, which stages the same bytes by TMA). A warp
+// the Hopper variant at the end of this file, which stages the same bytes by TMA). A warp
 // owns W rows r0 .. r0 + 15; lane (g = lane / 4, t = lane % 4) reads rows r0 + g and r0 + g + 8.
 // In each 128-column window a lane takes columns 32t .. 32t + 31 of its two rows: one 16-byte
 // load per row (4 packed words). Over the window's eight k16 steps s, the mma's k positions
@@ -22,7 +22,7 @@
 // Parallelism: block = `warps` warps on one 16-row tile, warp w taking windows w, w + warps, ...
 // of the block's K slice (gridDim.y slices); the warps' accumulators are summed in shared
 // memory in warp order, the K slices through fp32 partials summed in slice order by the last
-// block to arrive (an acq_rel-fenced counter): deterministic, one launch. At M = 1 on sm90 code
+// block to arrive (an acq_rel-fenced counter): deterministic, one launch. On sm90 code
 // w4a16_ring_kernel runs the same split and sums with the weights in per-warp TMA rings.
 #include "w4a16_mma.h"
 
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
 }
 
 
-// ---- The Hopper variant of the weight stream at M = 1: a per-warp ring of TMA boxes ----
+// ---- The Hopper variant of the weight stream: a per-warp ring of TMA boxes ----
 //
 // Same work split, fragments, math and epilogue as w4a16_mma_kernel (so the same bits), but the
 // window's weights, its scales / zeros and x's window reach shared memory as the copy engine's
@@ -382,9 +382,23 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
 // (benchmarks/results/mma_tma_ring_ab_*), register kernel -> ring at M = 1: 8B QKV 8.99 -> 8.11
 // us, O 6.94 -> 6.53, gate/up 33.3 -> 29.0, down 17.8 -> 17.4; 70B QKV 24.5 -> 20.5, O 19.6 ->
 // 17.0, gate/up 114.1 -> 102.0, down 59.3 -> 55.9; a 32-layer 8B decode step's GEMMs 2.00 ->
-// 1.72 ms. A build that also took M = 2 .. 8 (x's window for 8 tokens: 2 KiB a stage per 1 KiB
-// of W through the copy engine, where the register kernel reads x from L1) was slower there on
-// all eight at M = 8 (8B gate/up 34.0 -> 52.3 us). So M = 1 only.
+// 1.72 ms. x's window rides in the ring at M = 1 only: a build that staged it for 8 tokens too
+// (2 KiB a stage per 1 KiB of W, read back with 8-way bank conflicts) was slower on all eight at
+// M = 8 (8B gate/up 34.0 -> 52.3 us). Above M = 1 each lane reads its B fragments from global
+// memory (L1-resident, as the register kernel does) while the weights still come by TMA; with the
+// register kernel's x and the ring's weights, M = 16 went (best launch of each, the same rounds;
+// benchmarks/results/mma_ring_multi_token_*): 8B QKV 13.1 -> 11.6 us, gate/up 43.1 -> 36.2, down
+// 23.6 -> 21.9; 70B QKV 30.1 -> 27.5, O 25.5 -> 20.4, gate/up 134.2 -> 110.8, down 81.7 -> 63.0
+// (8B O 8.5 -> 8.2 in that run, 8.6 -> 9.8 in the next: the table keeps the register kernel there,
+// _config RING). Tried on top and not kept (same harness): x's next window fetched a window ahead
+// into registers (70B down 63.1 -> 58.8 us, 70B gate/up 111.8 -> 116.0: no net gain) or through a
+// per-lane cp.async ring in the register kernel (8B down 23.5 -> 22.1, 8B gate/up 43.2 -> 46.0);
+// a register cap for 24 warps an SM (80 registers, no spills; 70B O 20.3 -> 24.2); 4 stages
+// (slower on all eight); the window's products summed in fp32 before one multiply by the scale
+// (1-5% faster, but no longer dequantize()'s rounding: up to 9x the tests' tolerance against it).
+// Nsight Compute, 8B QKV at M = 16 (192 blocks of 8 warps): 12 active warps an SM, 0.62 eligible
+// per scheduler, an issue every 7.9 cycles a warp (37% of it waiting on x's L1 loads), DRAM at 28%
+// of its peak: the four windows a warp owns are issue-bound, not bandwidth-bound.
 //
 // Stages a warp keeps in flight: 2 of 2 / 3 / 4 / 8 swept (3 within 1-2%, 4 2-10% slower, 8 up
 // to 25% slower: more shared memory a block costs resident warps).
@@ -399,12 +413,12 @@ __host__ __device__ constexpr int window_group_rows(int group_shift) {
 // One stage of a warp's ring (each box 128-byte aligned): W [16 RT rows][64 bytes], scales
 // [group rows][16 RT] (up to 4 group rows: G = 32 puts four groups in a window), zeros likewise
 // (uint8), x's window (128 columns of the one token).
-template <class T, int RT, bool ZEROS>
+template <class T, int RT, bool ZEROS, bool X_RING>
 struct RingStage {
   static constexpr int kW = RT * kTileRows * kWindow / 2;
   static constexpr int kS = 4 * kTileRows * RT * static_cast<int>(sizeof(T));  // 128 RT
   static constexpr int kZ = ZEROS ? 128 : 0;                                   // 4 x 16 RT bytes
-  static constexpr int kX = kWindow * static_cast<int>(sizeof(T));
+  static constexpr int kX = X_RING ? kWindow * static_cast<int>(sizeof(T)) : 0;
   static constexpr int kBytes = kW + kS + kZ + kX;
   static_assert(kBytes % 128 == 0 && kW % 128 == 0 && kS % 128 == 0, "boxes 128-byte aligned");
 };
@@ -417,13 +431,14 @@ struct RingMaps {
   CUtensorMap w, s, z, x;
 };
 
-template <class T, int RT, bool ZEROS, int WARPS>
+template <class T, int NT, int RT, bool ZEROS, int WARPS, bool X_RING>
 __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_constant__ KernelArgs a,
                                                                   const __grid_constant__ RingMaps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(!X_RING || NT == 1, "x's window in the ring: one token (m = 1)");
   using namespace tma;
   using T2 = typename Elem<T>::T2;
-  using St = RingStage<T, RT, ZEROS>;
+  using St = RingStage<T, RT, ZEROS, X_RING>;
   constexpr int kRows = kTileRows * RT;
   extern __shared__ uint8_t ring_raw[];
   __shared__ uint64_t full_bar[WARPS][kRingStages];  // stage arrival barriers, one ring a warp
@@ -456,8 +471,20 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
     tma_load_2d(st, &maps.w, bar, w * (kWindow / 8), row0);
     tma_load_2d(st + St::kW, &maps.s, bar, row0, group);
     if constexpr (ZEROS) tma_load_2d(st + St::kW + St::kS, &maps.z, bar, row0, group);
-    tma_load_2d(st + St::kW + St::kS + St::kZ, &maps.x, bar, w * kWindow, 0);
+    if constexpr (X_RING) tma_load_2d(st + St::kW + St::kS + St::kZ, &maps.x, bar, w * kWindow, 0);
   };
+  // m > 1: x's B fragments are read from global memory (L1-resident: every block of the SM reads
+  // them), before the stage's wait so that their latency overlaps it; tokens past m read nothing.
+  const uint4* xr[NT];
+  bool has_token[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int token = nt * kTokensPerMma + g;
+    has_token[nt] = token < a.m;
+    xr[nt] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + static_cast<int64_t>(has_token[nt] ? token : 0) *
+                                                                             a.x_row_stride) +
+             4 * t;
+  }
   // As a programmatic dependent the block starts (barriers set up) while the previous kernel
   // finishes; the copies follow griddepcontrol.wait, as every read does in w4a16_mma_kernel
   // without early_weights. Not taken here: early_weights (the weights' boxes issued before the
@@ -472,11 +499,26 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
 
   const bool x_lane = g == 0;  // the lanes whose B fragments hold the token (m = 1)
   const T2 zz_sym = zero_pair<T>(8);
-  float acc[RT][1][4];
+  float acc[RT][NT][4];
 #pragma unroll
-  for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.0f;
+  for (int r = 0; r < RT; ++r) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.0f;
+  }
+  auto load_x = [&](uint4(&dst)[NT][4], int i) {
+    if (i < my_windows) {
+      const int w = first + i * WARPS;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dst[nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
   for (int i = 0; i < my_windows; ++i) {
     const uint8_t* st = ring + (i % kRingStages) * St::kBytes;
+    uint4 xv[NT][4];
+    if constexpr (!X_RING) load_x(xv, i);
     mbar_wait(&full_bar[warp][i % kRingStages], (i / kRingStages) & 1);
     uint32_t wq[RT][2][4];
     T2 s2[RT][2], zz[RT][2];
@@ -498,15 +540,16 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
         if constexpr (ZEROS) zz[r][h] = zero_pair<T>((st + St::kW + St::kS)[lane_group * kRows + row]);
       }
     }
-    uint4 xv[1][4];  // x's B fragments (one token tile); lanes of other tokens hold zeros
-    const uint32_t xs = st_addr + St::kW + St::kS + St::kZ + 64 * t;
+    if constexpr (X_RING) {  // the token's B fragments from the stage; the other lanes hold zeros
+      const uint32_t xs = st_addr + St::kW + St::kS + St::kZ + 64 * t;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      xv[0][j] = make_uint4(0, 0, 0, 0);
-      if (x_lane) {
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(xv[0][j].x), "=r"(xv[0][j].y), "=r"(xv[0][j].z), "=r"(xv[0][j].w)
-                     : "r"(xs + 16 * j));
+      for (int j = 0; j < 4; ++j) {
+        xv[0][j] = make_uint4(0, 0, 0, 0);
+        if (x_lane) {
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(xv[0][j].x), "=r"(xv[0][j].y), "=r"(xv[0][j].z), "=r"(xv[0][j].w)
+                       : "r"(xs + 16 * j));
+        }
       }
     }
     __syncwarp();  // every lane's reads of the stage done before lane 0 hands it back to the copy engine
@@ -514,10 +557,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
       fence_proxy_async();
       issue(i + kRingStages);
     }
-    mma_window<T, 1, RT>(acc, wq, zz, s2, xv);
+    mma_window<T, NT, RT>(acc, wq, zz, s2, xv);
   }
   pdl_launch_dependents();
-  store_tile<T, 1, RT, WARPS>(acc, a);
+  store_tile<T, NT, RT, WARPS>(acc, a);
 #endif  // __CUDA_ARCH__ >= 900
 }
 
@@ -567,12 +610,12 @@ cudaError_t launch_kernel(Kernel* kernel, dim3 grid, int threads, size_t smem, c
   return err;
 }
 
-// Whether the TMA ring can take this call (m = 1): sm90+ code (device_code_waits), the
+// Whether the TMA ring can take this call: sm90+ code (device_code_waits), the
 // driver's tensor-map encoder, and rows of scales / zeros the copy engine can address (16-byte
 // aligned bases and row strides: n % 8 == 0, with zeros n % 16 == 0). x and qweight already meet
 // the kernel's own 16-byte rules (w4a16_mma_check).
 bool ring_supported(const W4A16MmaParams& p, const void* ring_kernel) {
-  if (!p.ring || p.m != 1 || tma::encoder() == nullptr) return false;
+  if (!p.ring || tma::encoder() == nullptr) return false;
   if (p.n % 8 != 0 || reinterpret_cast<uintptr_t>(p.scales) % 16 != 0) return false;
   if (p.zeros != nullptr && (p.n % 16 != 0 || reinterpret_cast<uintptr_t>(p.zeros) % 16 != 0)) return false;
   return device_code_waits(ring_kernel);
@@ -581,9 +624,9 @@ bool ring_supported(const W4A16MmaParams& p, const void* ring_kernel) {
 // Launches the ring kernel; kRingUnavailable (nothing enqueued, no error left pending) where a
 // tensor map or the shared-memory limit cannot be set up: the caller runs the register kernel.
 constexpr cudaError_t kRingUnavailable = cudaErrorNotSupported;
-template <class T, int RT, bool ZEROS, int WARPS>
+template <class T, int NT, int RT, bool ZEROS, int WARPS, bool X_RING>
 cudaError_t launch_ring(const W4A16MmaParams& p, dim3 grid, cudaStream_t stream, const KernelArgs& a) {
-  using St = RingStage<T, RT, ZEROS>;
+  using St = RingStage<T, RT, ZEROS, X_RING>;
   constexpr int kRows = kTileRows * RT;
   const CUtensorMapDataType t16 = p.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const uint64_t groups = a.group_shift >= 31 ? 1 : (p.k >> a.group_shift);
@@ -592,8 +635,12 @@ cudaError_t launch_ring(const W4A16MmaParams& p, dim3 grid, cudaStream_t stream,
   const CUtensorMapSwizzle none = CU_TENSOR_MAP_SWIZZLE_NONE;
   bool ok = tma::encode_2d(&maps.w, CU_TENSOR_MAP_DATA_TYPE_INT32, p.qweight, p.k / 8, p.n, uint64_t(p.k) / 2,
                            kWindow / 8, kRows, none) &&
-            tma::encode_2d(&maps.s, t16, p.scales, p.n, groups, uint64_t(p.n) * sizeof(T), kRows, group_rows, none) &&
-            tma::encode_2d(&maps.x, t16, p.x, p.k, 1, uint64_t(p.k) * sizeof(T), kWindow, 1, none);
+            tma::encode_2d(&maps.s, t16, p.scales, p.n, groups, uint64_t(p.n) * sizeof(T), kRows, group_rows, none);
+  if (X_RING) {
+    ok = ok && tma::encode_2d(&maps.x, t16, p.x, p.k, 1, uint64_t(p.k) * sizeof(T), kWindow, 1, none);
+  } else {
+    maps.x = maps.s;  // never read: x comes from global memory
+  }
   if (ZEROS) {
     ok = ok && tma::encode_2d(&maps.z, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.zeros, p.n, groups, uint64_t(p.n), kRows,
                               group_rows, none);
@@ -601,7 +648,7 @@ cudaError_t launch_ring(const W4A16MmaParams& p, dim3 grid, cudaStream_t stream,
     maps.z = maps.s;  // never read
   }
   if (!ok) return kRingUnavailable;  // the encoder's own failure leaves no runtime error
-  auto kernel = w4a16_ring_kernel<T, RT, ZEROS, WARPS>;
+  auto kernel = w4a16_ring_kernel<T, NT, RT, ZEROS, WARPS, X_RING>;
   const size_t smem = size_t{WARPS} * kRingStages * St::kBytes + 128;  // + the 128-byte alignment slack
   // The shared-memory limit is a per-device attribute: set once per device this process uses.
   static std::atomic<bool> limit_set[kMaxDevices];
@@ -633,18 +680,27 @@ template <class T, int NT, bool ZEROS>
 cudaError_t launch_shape(const W4A16MmaParams& p, const KernelArgs& a, cudaStream_t stream) {
   const int rows = kTileRows * p.row_tiles;
   const dim3 grid(static_cast<unsigned>((p.n + rows - 1) / rows), static_cast<unsigned>(p.split_k));
-  if constexpr (NT == 1) {
-    // The TMA ring where it can run (M = 1; any of its kernels stands for all in the check).
-    if (ring_supported(p, reinterpret_cast<const void*>(w4a16_ring_kernel<T, 1, ZEROS, 8>))) {
-      cudaError_t err = kRingUnavailable;
-      switch ((p.warps == 4 ? 0 : 2) + (p.row_tiles == 1 ? 0 : 1)) {
-        case 0: err = launch_ring<T, 1, ZEROS, 4>(p, grid, stream, a); break;
-        case 1: err = launch_ring<T, 2, ZEROS, 4>(p, grid, stream, a); break;
-        case 2: err = launch_ring<T, 1, ZEROS, 8>(p, grid, stream, a); break;
-        default: err = launch_ring<T, 2, ZEROS, 8>(p, grid, stream, a); break;
+  // The TMA ring where it can run (any of its kernels stands for all in the check); x's window
+  // rides in the ring at m = 1 only.
+  if (ring_supported(p, reinterpret_cast<const void*>(w4a16_ring_kernel<T, 1, 1, ZEROS, 8, true>))) {
+    const int key = (p.warps == 4 ? 0 : 2) + (p.row_tiles == 1 ? 0 : 1);
+    cudaError_t err = kRingUnavailable;
+    if (NT == 1 && p.m == 1) {
+      switch (key) {
+        case 0: err = launch_ring<T, 1, 1, ZEROS, 4, true>(p, grid, stream, a); break;
+        case 1: err = launch_ring<T, 1, 2, ZEROS, 4, true>(p, grid, stream, a); break;
+        case 2: err = launch_ring<T, 1, 1, ZEROS, 8, true>(p, grid, stream, a); break;
+        default: err = launch_ring<T, 1, 2, ZEROS, 8, true>(p, grid, stream, a); break;
       }
-      if (err != kRingUnavailable) return err;
+    } else {
+      switch (key) {
+        case 0: err = launch_ring<T, NT, 1, ZEROS, 4, false>(p, grid, stream, a); break;
+        case 1: err = launch_ring<T, NT, 2, ZEROS, 4, false>(p, grid, stream, a); break;
+        case 2: err = launch_ring<T, NT, 1, ZEROS, 8, false>(p, grid, stream, a); break;
+        default: err = launch_ring<T, NT, 2, ZEROS, 8, false>(p, grid, stream, a); break;
+      }
     }
+    if (err != kRingUnavailable) return err;
   }
   // x ahead where every block is resident at its 16 warps an SM (a grid of one wave): there the
   // warps' serial wait on x's window was the limit (M = 1, H100: 8B O 7.50 -> 7.00 us, 8B down

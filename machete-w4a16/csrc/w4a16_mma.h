@@ -69,10 +69,11 @@ struct W4A16MmaParams {
   // the blocks start (the register kernel also hints its first weights into L2) while that
   // kernel finishes; they read x and the weights only once it has completed.
   bool pdl = true;
-  // On sm90+ code with m == 1: stream the weights through a per-warp ring of TMA boxes in shared
-  // memory instead of each lane's registers (w4a16_mma.cu w4a16_ring_kernel), where the copy
-  // engine can address the tensors (n % 8 == 0, with zeros n % 16 == 0; 16-byte aligned scales /
-  // zeros), else the register kernel. Same work split and summation order: the same bits.
+  // On sm90+ code: stream the weights through a per-warp ring of TMA boxes in shared memory
+  // instead of each lane's registers (w4a16_mma.cu w4a16_ring_kernel; x's window in the ring at
+  // m == 1, read from global memory above), where the copy engine can address the tensors
+  // (n % 8 == 0, with zeros n % 16 == 0; 16-byte aligned scales / zeros), else the register
+  // kernel. Same work split and summation order: the same bits.
   bool ring = true;
   // The caller's promise that the kernel right before this one on the stream did not write
   // qweight, scales or zeros (a layer's weights, made long before): as a programmatic dependent

@@ -200,11 +200,12 @@ def launched_kernels(fn) -> list[str]:
 def test_mma_kernel_x_ahead_and_not(warps):
     """At M <= 8 with one row tile the launcher fetches x a window ahead when the grid fits at
     16 warps an SM, else not (w4a16_mma.cu launch_shape): both sides of that line, one block
-    either side of it, against the reference."""
+    either side of it, against the reference. The register kernel's rule: RING off (on sm90 the
+    ring would take these N)."""
     kern = w4._triton_kernels()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     resident = sms * (16 // warps)  # blocks of 16 rows at 16 warps an SM
-    cfg = {"kernel": "mma", "SPLIT_K": 1, "num_warps": warps, "ROW_TILES": 1}
+    cfg = {"kernel": "mma", "SPLIT_K": 1, "num_warps": warps, "ROW_TILES": 1, "RING": False}
     for N in (16 * resident, 16 * resident + 16):
         for M in (1, 8):
             x, qw, b = make(M, N, 256, torch.bfloat16, 128, M == 8, seed=N + M, bias=True)
@@ -240,18 +241,19 @@ def test_mma_kernel(split, warps, row_tiles, group_size, zero_point, dtype):
 @pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, zero_point, dtype):
-    """On sm90 code at M = 1 the weights stream through a per-warp ring of TMA boxes where the
-    copy engine can address the tensors (N % 8 == 0, with zeros N % 16 == 0): the same work split
-    and summation order as the register kernel, so the same bits, and both against the reference.
+    """On sm90 code the weights stream through a per-warp ring of TMA boxes where the copy engine
+    can address the tensors (N % 8 == 0, with zeros N % 16 == 0), at every M (x's window in the
+    ring at M = 1, from L1 above: one, two and four token tiles): the same work split and
+    summation order as the register kernel, so the same bits, and both against the reference.
     N = 304 ends in half a 32-row tile (boxes past N read zeros); 296 with zeros (not a multiple
-    of 16), 300 and M > 1 take the register kernel either way, as does sm80 (the profiler checks
-    which kernel ran). K = 4096: 32 windows, so the warps of the unsplit launches refill their
-    two stages several times."""
+    of 16) and 300 take the register kernel either way, as does sm80 (the profiler checks which
+    kernel ran). K = 4096: 32 windows, so the warps of the unsplit launches refill their two
+    stages several times."""
     kern = w4._triton_kernels()
     K = 4096
     hopper = torch.cuda.get_device_capability(0) >= (9, 0)
     for N in (304, 296, 300):
-        for M in (1, 2, 8):
+        for M in (1, 2, 8, 9, 16, 17, 32):
             x, qw, b = make(M, N, K, dtype, group_size, zero_point, seed=N + M + split, bias=M % 2 == 1)
             ref = reference(x, qw, b)
             outs = {}
@@ -263,12 +265,12 @@ def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, z
                     assert_gemm_close(out, ref, f"mma M={M} N={N} {cfg}")
                 outs[ring] = out
             assert torch.equal(outs[True], outs[False]), f"ring and register kernel differ: M={M} N={N} {cfg}"
-            if M == 1:
+            if M in (1, 16):
                 cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles}
                 ran = launched_kernels(lambda: kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out,
                                                                  qw.group_size, cfg=cfg))  # fmt: skip
                 ring_expected = hopper and N % (16 if zero_point else 8) == 0
-                assert any("w4a16_ring_kernel" in k for k in ran) == ring_expected, (N, zero_point, ran)
+                assert any("w4a16_ring_kernel" in k for k in ran) == ring_expected, (M, N, zero_point, ran)
 
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
@@ -276,7 +278,8 @@ def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, z
 def test_early_weights_same_bits(zero_point):
     """w4a16_gemm(..., early_weights=True) (the first weights read before the wait on the
     previous kernel) gives the bits of the default at every M the small-M kernel takes (the ring
-    at M = 1 on sm90, the register kernel above), and past it (the flag is ignored there), and
+    on sm90 ignores it; the register kernel where the ring cannot run), and past it (the flag is
+    ignored there), and
     a cached launch plan of one setting never serves the other."""
     kern = w4._triton_kernels()
     for M in (1, 3, 16, 32, 40):
@@ -496,7 +499,8 @@ def test_tuning_table_is_well_formed():
 def test_tuning_entries_round_trip_and_bad_entries():
     c = _submodule("_config")
     for entry in (["splitk", 1, 64, 128, 6, 4, 3], ["splitk", 16, 32, 256, 1, 4, 2], ["tiled", 128, 128, 128, 8, 8, 3],
-                  ["mma", 3, 8, 2], ["wgmma", 128, 256, 1], ["wgmma", 128, 64, 4]):  # fmt: skip
+                  ["mma", 3, 8, 2], ["mma", 3, 8, 2, 0], ["mma", 1, 4, 1, 1], ["wgmma", 128, 256, 1],
+                  ["wgmma", 128, 64, 4]):  # fmt: skip
         cfg = c.config_of(entry)
         assert c.entry_of(cfg) == entry
         assert cfg.get("USE_DOT", True) is (entry[0] != "splitk" or entry[1] > 1)
@@ -504,6 +508,7 @@ def test_tuning_entries_round_trip_and_bad_entries():
            ["tiled", 64, 64, 64, 8, 4, 3],
            ["splitk", 1, 64, 128, 0, 4, 3], ["gemv", 1, 64, 128, 2, 4, 3], ["splitk", 1, 64, 128, 2, 4],
            ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 1], ["mma", 2, 4, 4], ["mma", 0, 4, 1], ["mma", 2, 4],
+           ["mma", 2, 4, 1, 2], ["mma", 2, 4, 1, True], ["mma", 2, 4, 1, 0, 1],
            ["wgmma", 256, 128, 1], ["wgmma", 128, 64, 0], ["wgmma", 128, 64, 9], ["wgmma", 128, 64], None]  # fmt: skip
     for entry in bad:
         with pytest.raises((ValueError, TypeError), match="tuning entry"):
@@ -715,8 +720,9 @@ def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring, early
     runs and must read x (and the split-K counters) only after that kernel completed. x comes
     from the kernel right before (a matmul, whose output it is), and a chain of four GEMMs feeds
     each one's output to the next (the previous kernel is then the kernel itself), eager and
-    replayed from a CUDA graph; against the reference of each step. At M = 1 on sm90 with
-    `ring` the TMA ring reads x (its copies follow the wait too), else the register kernel.
+    replayed from a CUDA graph; against the reference of each step. On sm90 with `ring` the TMA
+    ring runs (x's window in its copies at M = 1, loads from global memory at M = 4; both follow
+    the wait), else the register kernel.
     With early_weights the register kernel loads its first weights before the wait; x still
     after it (the weights here were written long before, as the flag promises)."""
     kern = w4._triton_kernels()
@@ -724,7 +730,7 @@ def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring, early
            "EARLY_WEIGHTS": early}  # fmt: skip
     N = K = 2048
     g = gen(31)
-    a = torch.randn(M, 4096, generator=g).bfloat16().to(DEVICE)  # M = 1: the ring on sm90
+    a = torch.randn(M, 4096, generator=g).bfloat16().to(DEVICE)
     b = (torch.randn(4096, K, generator=g) / 64).bfloat16().to(DEVICE)
     qws = [w4.quantize((torch.randn(N, K, generator=g) / K**0.5).bfloat16().to(DEVICE), 128, False) for _ in range(4)]
 

@@ -202,8 +202,8 @@ def w4a16_gemm(
 
     ``early_weights=True`` promises that the GPU work enqueued right before this call (on the
     current stream) does not write ``qw``'s tensors, as with a model's weights between two
-    layers. The small-M kernel on Hopper (its register path: M = 2 .. 32, or M = 1 where its
-    TMA ring cannot run) then starts loading them while that work finishes (programmatic
+    layers. The small-M kernel on Hopper (its register path: where its TMA ring cannot run, or
+    a tuning entry keeps the registers) then starts loading them while that work finishes (programmatic
     dependent launch); x is read after it either way. Do not pass it right after
     writing the weights (a quantization, a ``copy_`` into them): the read could see old
     values."""

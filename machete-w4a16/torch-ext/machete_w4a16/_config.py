@@ -9,9 +9,12 @@ stores, written by ``benchmarks/tune.py``):
   SPLIT_K an upper bound (the launcher rounds the slice to whole K steps, no empty slices);
 * ``["tiled", BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages]``: the tiled kernel;
   BLOCK_K >= 128 (its nibble planes are BLOCK_K / 8 deep, and an MMA takes 16 and up);
-* ``["mma", SPLIT_K, num_warps, ROW_TILES]``: the compiled CUDA small-M kernel
-  (csrc/w4a16_mma.cu, M <= 32): K split over SPLIT_K blocks per row block (an upper bound, as
-  for splitk), 4 or 8 warps per block, 1 or 2 16-row tiles per warp;
+* ``["mma", SPLIT_K, num_warps, ROW_TILES]`` or ``["mma", SPLIT_K, num_warps, ROW_TILES, RING]``:
+  the compiled CUDA small-M kernel (csrc/w4a16_mma.cu, M <= 32): K split over SPLIT_K blocks per
+  row block (an upper bound, as for splitk), 4 or 8 warps per block, 1 or 2 16-row tiles per
+  warp; RING 1 (the default where it is left out) streams the weights through the TMA ring where
+  the op can run it (sm90), 0 through each lane's registers (the kernel that was faster at some
+  shapes, e.g. Llama-3-8B O at M = 16);
 * ``["wgmma", BLOCK_N, BLOCK_M, SPLIT_K]``: the compiled Hopper large-M kernel
   (csrc/w4a16_wgmma.cu, capability 9.0): a block tile of BLOCK_N rows of W x BLOCK_M tokens,
   one of ``WGMMA_TILES``, K split over SPLIT_K blocks per tile (an upper bound: at most
@@ -30,7 +33,7 @@ DTYPES = ("bfloat16", "float16")
 _FIELDS = {
     "splitk": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"),
     "tiled": ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages"),
-    "mma": ("SPLIT_K", "num_warps", "ROW_TILES"),
+    "mma": ("SPLIT_K", "num_warps", "ROW_TILES", "RING"),
     "wgmma": ("BLOCK_N", "BLOCK_M", "SPLIT_K"),
 }
 # What the compiled kernel is instantiated for (w4a16_mma.cu launch_shape).
@@ -51,16 +54,20 @@ def _pow2(v) -> bool:
 def check_entry(entry) -> None:
     """Raises ValueError / TypeError naming what is wrong with a table entry (module docstring)."""
     if not isinstance(entry, (list, tuple)) or not entry or entry[0] not in _FIELDS:
-        raise ValueError(f"tuning entry: expected ['splitk' | 'tiled', 6 ints] or ['mma' | 'wgmma', 3 ints], got {entry!r}")
+        raise ValueError(f"tuning entry: expected ['splitk' | 'tiled', 6 ints], ['mma', 3 or 4 ints] or ['wgmma', 3 ints], "
+                         f"got {entry!r}")  # fmt: skip
     kernel, values = entry[0], list(entry[1:])
     fields = _FIELDS[kernel]
-    if len(values) != len(fields):
-        raise ValueError(f"tuning entry {entry!r}: expected {len(fields)} values {fields}")
+    if len(values) != len(fields) and not (kernel == "mma" and len(values) == len(fields) - 1):
+        raise ValueError(f"tuning entry {entry!r}: expected {len(fields)} values {fields}"
+                         + (" (or the first 3)" if kernel == "mma" else ""))
     cfg = dict(zip(fields, values))
     for name, v in cfg.items():
-        if type(v) is not int or v < 1:
-            raise TypeError(f"tuning entry {entry!r}: {name} must be an int >= 1, got {v!r}")
+        if type(v) is not int or v < (0 if name == "RING" else 1):
+            raise TypeError(f"tuning entry {entry!r}: {name} must be an int >= {0 if name == 'RING' else 1}, got {v!r}")
     if kernel == "mma":
+        if cfg.get("RING", 1) not in (0, 1):
+            raise ValueError(f"tuning entry {entry!r}: RING must be 0 or 1, got {cfg['RING']}")
         if cfg["num_warps"] not in MMA_WARPS or cfg["ROW_TILES"] not in MMA_ROW_TILES:
             raise ValueError(f"tuning entry {entry!r}: num_warps must be one of {MMA_WARPS}, ROW_TILES one of {MMA_ROW_TILES}")
         return
@@ -87,6 +94,8 @@ def config_of(entry) -> dict:
     cfg = {"kernel": kernel, **dict(zip(_FIELDS[kernel], entry[1:]))}
     if kernel == "splitk":
         cfg["USE_DOT"] = cfg["BLOCK_M"] > 1
+    if "RING" in cfg:
+        cfg["RING"] = bool(cfg["RING"])
     return cfg
 
 
@@ -95,7 +104,7 @@ def entry_of(cfg: dict) -> list:
     kernel = cfg["kernel"]
     if kernel not in _FIELDS:
         raise ValueError(f"cfg: kernel must be 'splitk', 'tiled', 'mma' or 'wgmma', got {kernel!r}")
-    return [kernel, *(int(cfg[f]) for f in _FIELDS[kernel])]
+    return [kernel, *(int(cfg[f]) for f in _FIELDS[kernel] if f != "RING" or f in cfg)]
 
 
 def table_key(gpu: str, dtype: str, N: int, K: int, group_size: int) -> tuple[str, str, int, int, int]:

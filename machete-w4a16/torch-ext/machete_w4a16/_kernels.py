@@ -782,8 +782,8 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         # No counters without a K split: a lazily made buffer inside a torch.compile'd CUDA graph
         # (cudagraph trees) would be an untracked allocation of its pool.
         counters = zeroed_buffer(_COUNTERS, dev, triton.cdiv(N, 16), torch.int32) if cfg["SPLIT_K"] > 1 else None
-        # RING (default on): the Hopper weight stream at M = 1 where the op can run it (the same
-        # bits; csrc/w4a16_mma.h); off keeps the register kernel (A/B, tests).
+        # RING (default on): the Hopper weight stream where the op can run it (the same bits;
+        # csrc/w4a16_mma.h); off keeps the register kernel (a table entry's RING 0, A/B, tests).
         args = (cfg["SPLIT_K"], cfg["num_warps"], cfg["ROW_TILES"], counters, bool(cfg.get("RING", True)),
                 bool(cfg.get("EARLY_WEIGHTS", early_weights)))
         plan = _CompiledPlan(_mma_op(), group_size, args)
