@@ -23,7 +23,8 @@
 // of the block's K slice (gridDim.y slices); the warps' accumulators are summed in shared
 // memory in warp order, the K slices through fp32 partials summed in slice order by the last
 // block to arrive (an acq_rel-fenced counter): deterministic, one launch. On sm90 code
-// w4a16_ring_kernel runs the same split and sums with the weights in per-warp TMA rings.
+// w4a16_ring_kernel runs the same split and sums with the weights in per-warp TMA rings (its K
+// split of 2 summed in a thread-block cluster instead, in the same order).
 #include "w4a16_mma.h"
 
 #include "common/pdl.cuh"
@@ -90,7 +91,16 @@ struct KernelArgs {
   float* partials;
   int32_t* counters;
   bool early_weights;  // W4A16MmaParams::early_weights
+  bool cluster;        // the ring's K split of kClusterSplit: its slices are one cluster (store_tile)
 };
+
+// The K split whose slices the ring kernel sums in a thread-block cluster. H100, M = 8 / 16, the
+// eight projections, every launch of split 2-4 x warps x row tiles, both reductions in the same
+// rounds (benchmarks/results/mma_ring_cluster_split_*): at split 2 the cluster was faster at most
+// launches (M = 16 4 warps, 2 row tiles: 8B O 12.8 -> 9.6 us, 8B down 26.0 -> 21.3, 70B QKV 27.2
+// -> 25.8, 70B gate/up 130.5 -> 122.8, down 67.1 -> 60.4), at 3 and 4 mostly slower (8B QKV 8
+// warps, 1 row tile, split 4: 20.5 -> 25.0): a cluster of 3-4 blocks must fit one GPC at once.
+constexpr int kClusterSplit = 2;
 
 // One window's products for a warp: RT row tiles x NT token tiles over the window's eight k16
 // steps, A from the lane's packed words (dequantized in registers), B from x's fragments. Both
@@ -180,6 +190,32 @@ __device__ __forceinline__ void store_tile(const float (&acc)[RT][NT][4], const 
     }
     return;
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (a.cluster) {
+    // The K slices of this row block are one thread-block cluster (1, split_k, 1), rank = slice:
+    // each slice's tile (its warps summed, in place in red[0]) is read by rank 0 through
+    // distributed shared memory and summed in slice order: the global path's bits, without its
+    // fence / counter / partials round trips through L2.
+    for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) v += red[w][idx];
+      red[0][idx] = v;
+    }
+    tma::cluster_sync();
+    if (blockIdx.y == 0) {
+      const uint32_t base = tma::smem_u32(&red[0][0]);
+      for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
+        if (row0 + idx % kRows >= a.n) continue;
+        float v = 0.0f + red[0][idx];
+        for (int s = 1; s < a.split_k; ++s) v += tma::ld_cluster_f32(tma::map_to_cta(base + 4 * idx, s));
+        finish(idx, v);
+      }
+    }
+    tma::cluster_sync();  // the other slices' tiles stay until rank 0 has read them
+    return;
+  }
+#endif
   // Split K: this slice's partial [token][row0 + row] -> partials[slice, token, row].
   for (int idx = threadIdx.x; idx < valid; idx += WARPS * 32) {
     const int tok = idx / kRows, row = row0 + idx % kRows;
@@ -592,22 +628,36 @@ bool device_code_waits(const void* kernel) {
 // kernel, only where this kernel's code waits for it (device_code_waits: the sm80 code has no
 // griddepcontrol and would race the previous kernel). Returns the launch's own error, cleared.
 template <class Kernel, class... Args>
-cudaError_t launch_kernel(Kernel* kernel, dim3 grid, int threads, size_t smem, cudaStream_t stream, bool pdl,
-                          const Args&... args) {
+cudaError_t launch_kernel_ex(Kernel* kernel, dim3 grid, int threads, size_t smem, cudaStream_t stream, bool pdl,
+                             unsigned cluster_y, const Args&... args) {
   pdl = pdl && device_code_waits(reinterpret_cast<const void*>(kernel));
-  cudaLaunchAttribute attrs[1];
-  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2];
+  int n = 0;
+  if (pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_y > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = 1;
+    attrs[n].val.clusterDim.y = cluster_y;
+    attrs[n++].val.clusterDim.z = 1;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attrs;
-  config.numAttrs = pdl ? 1 : 0;
+  config.numAttrs = n;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
   if (err != cudaSuccess) cudaGetLastError();  // clear it: the caller reports the returned error
   return err;
+}
+template <class Kernel, class... Args>
+cudaError_t launch_kernel(Kernel* kernel, dim3 grid, int threads, size_t smem, cudaStream_t stream, bool pdl,
+                          const Args&... args) {
+  return launch_kernel_ex(kernel, grid, threads, smem, stream, pdl, 1u, args...);
 }
 
 // Whether the TMA ring can take this call: sm90+ code (device_code_waits), the
@@ -664,7 +714,11 @@ cudaError_t launch_ring(const W4A16MmaParams& p, dim3 grid, cudaStream_t stream,
     }
     if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
   }
-  return launch_kernel(kernel, grid, WARPS * 32, smem, stream, p.pdl, a, maps);
+  // A K split of 2 is one thread-block cluster (1, 2, 1) whose slices sum through distributed
+  // shared memory (store_tile); larger splits through global partials.
+  KernelArgs ac = a;
+  ac.cluster = a.split_k == kClusterSplit;
+  return launch_kernel_ex(kernel, grid, WARPS * 32, smem, stream, p.pdl, ac.cluster ? grid.y : 1u, ac, maps);
 }
 
 template <class T, int NT, int RT, bool ZEROS, int WARPS>
@@ -773,6 +827,7 @@ cudaError_t w4a16_mma_launch(const W4A16MmaParams& p, cudaStream_t stream) {
   a.partials = p.partials;
   a.counters = p.counters;
   a.early_weights = p.early_weights;
+  a.cluster = false;  // launch_ring sets it
   W4A16MmaParams q = p;
   q.split_k = a.split_k;
   return p.dtype == DType::kBFloat16 ? launch_dtype<__nv_bfloat16>(q, a, stream) : launch_dtype<__half>(q, a, stream);

@@ -168,17 +168,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// The cluster's barrier: every thread of every block arrives (release) and waits (acquire), so
-// shared-memory writes before it are visible to the other blocks' loads after it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The address of the same shared-memory location in block `rank` of the cluster.
-__device__ __forceinline__ uint32_t map_to_cta(uint32_t addr, int rank) {
-  uint32_t out;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
-  return out;
-}
 // v += p, lane by lane: a slice's partial into the running sum of the split-K epilogues.
 __device__ __forceinline__ void add_to(float4& v, const float4& p) {
   v.x += p.x;
@@ -187,14 +176,6 @@ __device__ __forceinline__ void add_to(float4& v, const float4& p) {
   v.w += p.w;
 }
 
-__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
-  float4 v;
-  // volatile: kept after the cluster barrier (an asm with a memory clobber) that orders it.
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr));
-  return v;
-}
 // Keeps registers live (and in place) up to this point: the A operands of an in-flight wgmma,
 // and the accumulators around the asynchronous region.
 template <int N>

@@ -237,7 +237,7 @@ def test_mma_kernel(split, warps, row_tiles, group_size, zero_point, dtype):
 
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
-@pytest.mark.parametrize("split, warps, row_tiles", [(1, 4, 1), (1, 8, 2), (3, 8, 1), (5, 4, 2)])
+@pytest.mark.parametrize("split, warps, row_tiles", [(1, 4, 1), (1, 8, 2), (2, 4, 2), (3, 8, 1), (5, 4, 2)])
 @pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, zero_point, dtype):
@@ -245,7 +245,9 @@ def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, z
     can address the tensors (N % 8 == 0, with zeros N % 16 == 0), at every M (x's window in the
     ring at M = 1, from L1 above: one, two and four token tiles): the same work split and
     summation order as the register kernel, so the same bits, and both against the reference.
-    N = 304 ends in half a 32-row tile (boxes past N read zeros); 296 with zeros (not a multiple
+    A K split of 2 sums its slices in a thread-block cluster on the ring (global partials in the
+    register kernel), in the same order. N = 304 ends in half a 32-row tile (boxes past N read
+    zeros); 296 with zeros (not a multiple
     of 16) and 300 take the register kernel either way, as does sm80 (the profiler checks which
     kernel ran). K = 4096: 32 windows, so the warps of the unsplit launches refill their two
     stages several times."""
