@@ -131,6 +131,33 @@ __device__ __forceinline__ void mma_window(float (&acc)[RT][NT][4], const uint32
   }
 }
 
+// x's B fragments of a lane (g = lane / 4, t = lane % 4): token g of each n8 tile, columns
+// 32t .. 32t + 31 of a window as four 16-byte loads (L1-resident: every warp of the SM reads
+// them); tokens past m read nothing and hold zeros. Both kernels of this file read x this way
+// (the ring above m = 1).
+template <class T, int NT>
+struct XFragments {
+  const uint4* row[NT];
+  bool has_token[NT];
+  __device__ __forceinline__ XFragments(const KernelArgs& a, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int token = nt * kTokensPerMma + g;
+      has_token[nt] = token < a.m;
+      row[nt] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) +
+                                               static_cast<int64_t>(has_token[nt] ? token : 0) * a.x_row_stride) +
+                4 * t;
+    }
+  }
+  __device__ __forceinline__ void load(uint4 (&dst)[NT][4], int w) const {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[nt][j] = has_token[nt] ? __ldg(row[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
+    }
+  }
+};
+
 // The block's K slice, windows [begin, end): blockIdx.y's share of whole windows
 // (w4a16_mma_launch rounds split_k so that none is empty).
 struct KSlice {
@@ -278,17 +305,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
     }
   }
   const T* scales = static_cast<const T*>(a.scales);
-  // Token rows of this lane's B fragments (one per n8 tile); tokens past m read nothing.
-  const uint4* xr[NT];
-  bool has_token[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int token = nt * kTokensPerMma + g;
-    has_token[nt] = token < a.m;
-    xr[nt] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + static_cast<int64_t>(has_token[nt] ? token : 0) *
-                                                                             a.x_row_stride) +
-             4 * t;
-  }
+  const XFragments<T, NT> xf(a, g, t);
   const T2 zz_sym = zero_pair<T>(8);
 
   float acc[RT][NT][4];
@@ -307,13 +324,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
   uint4 xq[kXAhead ? kInFlight : 1][NT][4];
   auto fetch_x = [&](int u, int w) {
     if constexpr (kXAhead) {
-      if (w < w_end) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) xq[u][nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
-        }
-      }
+      if (w < w_end) xf.load(xq[u], w);
     }
   };
   auto fetch_w = [&](int u, int w) {
@@ -367,16 +378,14 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
       const int w = w0 + u * WARPS;
       if (w >= w_end) break;
       uint4 xv[NT][4];
+      if constexpr (kXAhead) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
+        for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if constexpr (kXAhead) {
-            xv[nt][j] = xq[u][nt][j];
-          } else {
-            xv[nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
-          }
+          for (int j = 0; j < 4; ++j) xv[nt][j] = xq[u][nt][j];
         }
+      } else {
+        xf.load(xv, w);
       }
       T2 s2[RT][2], zz[RT][2];
       uint32_t wq[RT][2][4];
@@ -407,7 +416,7 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
 // ---- The Hopper variant of the weight stream: a per-warp ring of TMA boxes ----
 //
 // Same work split, fragments, math and epilogue as w4a16_mma_kernel (so the same bits), but the
-// window's weights, its scales / zeros and x's window reach shared memory as the copy engine's
+// window's weights, its scales / zeros and (M = 1) x's window reach shared memory as the copy engine's
 // boxes instead of each lane's registers: lane 0 of each warp issues one 16 RT-row x 64-byte box
 // of W and the small boxes with it on the stage's mbarrier, the warp waits on that barrier alone
 // (no block barrier), reads its fragments back (one conflict-free 16-byte load a row: a warp's
@@ -448,7 +457,7 @@ __host__ __device__ constexpr int window_group_rows(int group_shift) {
 
 // One stage of a warp's ring (each box 128-byte aligned): W [16 RT rows][64 bytes], scales
 // [group rows][16 RT] (up to 4 group rows: G = 32 puts four groups in a window), zeros likewise
-// (uint8), x's window (128 columns of the one token).
+// (uint8), at M = 1 x's window (128 columns of the one token).
 template <class T, int RT, bool ZEROS, bool X_RING>
 struct RingStage {
   static constexpr int kW = RT * kTileRows * kWindow / 2;
@@ -461,7 +470,7 @@ struct RingStage {
 
 // The copy engine's view of the operands (launch_ring encodes them per call): qweight [n, k / 8]
 // int32 in boxes of 16 RT rows x 16 words (one window), scales / zeros [k / G, n] in boxes of
-// (group rows a window spans) x 16 RT, x [1, k] in boxes of 128 columns. Boxes reaching past n
+// (group rows a window spans) x 16 RT, x [1, k] in boxes of 128 columns (M = 1). Boxes reaching past n
 // read zeros.
 struct RingMaps {
   CUtensorMap w, s, z, x;
@@ -509,18 +518,9 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
     if constexpr (ZEROS) tma_load_2d(st + St::kW + St::kS, &maps.z, bar, row0, group);
     if constexpr (X_RING) tma_load_2d(st + St::kW + St::kS + St::kZ, &maps.x, bar, w * kWindow, 0);
   };
-  // m > 1: x's B fragments are read from global memory (L1-resident: every block of the SM reads
-  // them), before the stage's wait so that their latency overlaps it; tokens past m read nothing.
-  const uint4* xr[NT];
-  bool has_token[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int token = nt * kTokensPerMma + g;
-    has_token[nt] = token < a.m;
-    xr[nt] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + static_cast<int64_t>(has_token[nt] ? token : 0) *
-                                                                             a.x_row_stride) +
-             4 * t;
-  }
+  // m > 1: x's B fragments are read from global memory, before the stage's wait so that their
+  // latency overlaps it.
+  const XFragments<T, NT> xf(a, g, t);
   // As a programmatic dependent the block starts (barriers set up) while the previous kernel
   // finishes; the copies follow griddepcontrol.wait, as every read does in w4a16_mma_kernel
   // without early_weights. Not taken here: early_weights (the weights' boxes issued before the
@@ -541,20 +541,10 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[r][nt][0] = acc[r][nt][1] = acc[r][nt][2] = acc[r][nt][3] = 0.0f;
   }
-  auto load_x = [&](uint4(&dst)[NT][4], int i) {
-    if (i < my_windows) {
-      const int w = first + i * WARPS;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) dst[nt][j] = has_token[nt] ? __ldg(xr[nt] + 16 * w + j) : make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
   for (int i = 0; i < my_windows; ++i) {
     const uint8_t* st = ring + (i % kRingStages) * St::kBytes;
     uint4 xv[NT][4];
-    if constexpr (!X_RING) load_x(xv, i);
+    if constexpr (!X_RING) xf.load(xv, first + i * WARPS);
     mbar_wait(&full_bar[warp][i % kRingStages], (i / kRingStages) & 1);
     uint32_t wq[RT][2][4];
     T2 s2[RT][2], zz[RT][2];
@@ -716,9 +706,15 @@ cudaError_t launch_ring(const W4A16MmaParams& p, dim3 grid, cudaStream_t stream,
   }
   // A K split of 2 is one thread-block cluster (1, 2, 1) whose slices sum through distributed
   // shared memory (store_tile); larger splits through global partials.
+  // A cluster launch the device refuses (e.g. no room for the cluster) runs with the partials.
   KernelArgs ac = a;
   ac.cluster = a.split_k == kClusterSplit;
-  return launch_kernel_ex(kernel, grid, WARPS * 32, smem, stream, p.pdl, ac.cluster ? grid.y : 1u, ac, maps);
+  cudaError_t err = launch_kernel_ex(kernel, grid, WARPS * 32, smem, stream, p.pdl, ac.cluster ? grid.y : 1u, ac, maps);
+  if (err != cudaSuccess && ac.cluster) {
+    ac.cluster = false;
+    err = launch_kernel_ex(kernel, grid, WARPS * 32, smem, stream, p.pdl, 1u, ac, maps);
+  }
+  return err;
 }
 
 template <class T, int NT, int RT, bool ZEROS, int WARPS>

@@ -56,7 +56,8 @@ struct W4A16MmaParams {
 
   // Launch shape: split_k > 1 splits the K windows over gridDim.y blocks whose fp32 partials
   // ([split_k, m, n] in `partials`) the last block of each row block to arrive sums in split
-  // order (deterministic); `counters` [ceil(n / 16)] int32, zero on entry, left zero.
+  // order (deterministic); `counters` [ceil(n / 16)] int32, zero on entry, left zero. On the
+  // ring a split of 2 sums in a thread-block cluster instead (same order; both still required).
   int split_k = 1;
   int warps = 4;      // warps per block (4 or 8): each takes every warps-th window of the slice
   int row_tiles = 1;  // 16-row tiles per warp (1 or 2): a block covers 16 row_tiles rows

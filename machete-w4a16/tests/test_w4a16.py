@@ -247,9 +247,8 @@ def test_mma_ring_matches_register_kernel(split, warps, row_tiles, group_size, z
     summation order as the register kernel, so the same bits, and both against the reference.
     A K split of 2 sums its slices in a thread-block cluster on the ring (global partials in the
     register kernel), in the same order. N = 304 ends in half a 32-row tile (boxes past N read
-    zeros); 296 with zeros (not a multiple
-    of 16) and 300 take the register kernel either way, as does sm80 (the profiler checks which
-    kernel ran). K = 4096: 32 windows, so the warps of the unsplit launches refill their two
+    zeros); 296 with zeros (not a multiple of 16) and 300 take the register kernel either way,
+    as does sm80 (the profiler checks which kernel ran). K = 4096: 32 windows, so the warps of the unsplit launches refill their two
     stages several times."""
     kern = w4._triton_kernels()
     K = 4096
@@ -713,7 +712,7 @@ def test_layer_from_linear(bias, zero_point):
 
 
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
-@pytest.mark.parametrize("split, warps, row_tiles", [(1, 8, 1), (1, 4, 2), (3, 4, 1)])
+@pytest.mark.parametrize("split, warps, row_tiles", [(1, 8, 1), (1, 4, 2), (2, 4, 2), (3, 4, 1)])
 @pytest.mark.parametrize("ring, early", [(True, False), (False, False), (False, True)],
                          ids=["ring", "registers", "registers-early-weights"])  # the ring ignores early_weights
 @pytest.mark.parametrize("M", [1, 4])

@@ -5,8 +5,8 @@
 //   w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
 //             int group_size, int split_k, int warps, int row_tiles, Tensor(a!)? counters,
 //             bool ring=True, bool early_weights=False) -> ()
-//   (ring: on sm90 code at M = 1, the weights through a per-warp ring of TMA boxes where the
-//   tensors allow it, w4a16_mma.h; False keeps the register kernel: A/B and tests.
+//   (ring: on sm90 code, the weights through a per-warp ring of TMA boxes where the tensors
+//   allow it, w4a16_mma.h; False keeps the register kernel: A/B and tests.
 //   early_weights: the caller's promise that the previous kernel on the stream did not write
 //   qweight / scales / zeros, so the kernel reads them while that kernel finishes, w4a16_mma.h)
 // and the Hopper large-M kernel's (capability 9.0 only: its code is sm_90a):

@@ -8,8 +8,8 @@
 #include <ATen/ATen.h>
 
 // out [M, N] = x [M, K] @ dequantize(qweight, scales, zeros)^T (+ bias): the mma.sync small-M
-// kernel (csrc/w4a16_mma.h), M <= 32, K a multiple of 128, group size >= 32 or -1; `ring`: at
-// M = 1 on sm90 code its weights through per-warp TMA rings where the tensors allow it;
+// kernel (csrc/w4a16_mma.h), M <= 32, K a multiple of 128, group size >= 32 or -1; `ring`: on
+// sm90 code its weights through per-warp TMA rings where the tensors allow it;
 // `early_weights`: the weights are read before the wait on the previous kernel (w4a16_mma.h).
 void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
