@@ -29,7 +29,7 @@
 
 #include "common/pdl.cuh"
 #include "w4a16_dequant.cuh"
-#include "w4a16_tma.cuh"
+#include "common/tma.cuh"
 
 #include <atomic>
 

@@ -52,13 +52,13 @@
 #include <atomic>
 
 #include "w4a16_dequant.cuh"
-#include "w4a16_tma.cuh"
+#include "common/tma.cuh"
 
 namespace fused_llm {
 namespace machete_w4a16 {
 namespace {
 
-using namespace tma;  // the copy engine's device and host helpers (w4a16_tma.cuh)
+using namespace tma;  // the copy engine's device and host helpers (common/tma.cuh)
 
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kSlices = kWgmmaStepK / 16;  // k16 wgmma slices a step

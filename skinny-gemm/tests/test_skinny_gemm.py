@@ -265,17 +265,20 @@ def test_default_config():
 
 def test_tuning_table_is_well_formed():
     """Every committed entry: a (gpu, dtype, N, K) key, M buckets in increasing order from the
-    tuned set, each a valid SkinnyConfig or None."""
+    tuned set, each a valid SkinnyConfig, TmaConfig (16-bit only, M <= 16) or None."""
     from importlib import import_module
 
     table = import_module(sg.__name__ + "._tuning").TABLE
+    config_from_list = import_module(sg.__name__ + "._config").config_from_list
     for (gpu, dtype, N, K), rows in table.items():
         assert isinstance(gpu, str) and dtype in ("bfloat16", "float16", "float8_e4m3fn", "float8_e4m3fnuz")
         assert N > 0 and K > 0
         buckets = [m for m, _ in rows]
         assert buckets == sorted(buckets) and set(buckets) <= {1, 2, 4, 8, 16, 32, 64}
-        for _, cfg in rows:
-            assert cfg is None or sg.SkinnyConfig(*cfg)
+        for m_max, cfg in rows:
+            parsed = None if cfg is None else config_from_list(cfg)
+            if isinstance(parsed, sg.TmaConfig):
+                assert dtype in ("bfloat16", "float16") and m_max <= 16, (gpu, dtype, N, K, m_max)
 
 
 @pytest.fixture
@@ -418,7 +421,7 @@ def _bad_cases():
         ("out dtype", lambda: sg.gemm(x, w, out=out.half()), TypeError, "out: expected dtype torch.bfloat16, got torch.float16"),
         ("out strides", lambda: sg.gemm(x, w, out=torch.empty(32, 4, dtype=torch.bfloat16, device=DEVICE).t()), ValueError, r"out: expected a contiguous tensor, got strides \(1, 4\)"),
         ("deterministic", lambda: sg.gemm(x, w, deterministic=1), TypeError, "deterministic: expected True or False, got 1"),
-        ("config type", lambda: sg.gemm(x, w, config=[16, 32, 32, 1]), TypeError, "config: expected a SkinnyConfig or None, got list"),
+        ("config type", lambda: sg.gemm(x, w, config=[16, 32, 32, 1]), TypeError, "config: expected a SkinnyConfig, a TmaConfig or None, got list"),
         ("config M", lambda: sg.SkinnyConfig(8, 32, 32, 1), ValueError, r"SkinnyConfig.BLOCK_M: expected 1 \(GEMV\) or a power of two >= 16"),
         ("config K", lambda: sg.SkinnyConfig(16, 32, 48, 1), ValueError, "SkinnyConfig.BLOCK_K: expected a power of two >= 32, got 48"),
         ("config N", lambda: sg.SkinnyConfig(16, 8, 32, 1), ValueError, r"SkinnyConfig.BLOCK_N: expected a power of two >= 16 with a tl.dot tile \(BLOCK_M 16\), got 8"),

@@ -3,8 +3,10 @@ reading the weight is the whole cost. ``w`` is ``[N, K]`` (nn.Linear's layout).
 
 One Triton source serves CUDA (sm80, sm90) and ROCm (gfx942): a split-K kernel with the weight
 rows on the MMA's wide side (swap AB), a deterministic split-K reduction (or an atomic one with
-``deterministic=False``), the FP8 scales, bias and output rounding in an fp32 epilogue. On CPU
-the ops run a plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1``
+``deterministic=False``), the FP8 scales, bias and output rounding in an fp32 epilogue. On CUDA
+builds a compiled Hopper kernel (capability 9.0, fp16 / bf16, 1-16 tokens: TMA weight ring,
+stream-K grid; ``csrc/skinny_tma.h``) runs where a :class:`TmaConfig` asks for it. On CPU the
+ops run a plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1``
 is set before the first call, in which case CPU tensors go through the Triton kernel in
 Triton's interpreter (how CI tests the kernel code without a GPU).
 
@@ -30,13 +32,14 @@ import torch
 import torch.nn.functional as F
 
 from . import _reference, _tuning
-from ._config import SkinnyConfig, skinny_config
+from ._config import TMA_MAX_M, SkinnyConfig, TmaConfig, config_from_list, skinny_config
 from ._light_ops import define_op
 from ._triton_launch import device_name, triton_enabled_for, workspace_device, zeroed_buffer
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
     "SkinnyConfig",
+    "TmaConfig",
     "dispatch_buckets",
     "dispatch_config",
     "gemm",
@@ -46,6 +49,7 @@ __all__ = [
     "linear_fp8",
     "reserve_workspaces",
     "skinny_config",
+    "tma_configs",
     "triton_enabled_for",
 ]
 
@@ -71,6 +75,8 @@ def reserve_workspaces(device: torch.device | str, tiles: int = 1 << 14, workspa
     kern = _triton_kernels()
     zeroed_buffer(kern._COUNTERS, dev, tiles, torch.int32)
     zeroed_buffer(kern._WORKSPACES, dev, workspace, torch.float32)
+    if _tma_op() is not None:
+        zeroed_buffer(_TMA_COUNTERS, dev, tiles, torch.int32)
 
 
 def _triton_kernels():
@@ -79,19 +85,118 @@ def _triton_kernels():
     return _kernels
 
 
+# ---------------------------------------------------------------------------------------------
+# The compiled Hopper kernel (CUDA builds: torch-ext/torch_binding.cpp, csrc/skinny_tma.cu)
+# ---------------------------------------------------------------------------------------------
+
+_COMPILED_OPS: dict[str, object] = {}
+_TMA_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_TMA_TRIPLES: list[tuple[int, int, int]] = []
+
+
+def _tma_op():
+    """The CUDA build's ``skinny_tma`` op, or None (CPU / ROCm builds). Looked up once."""
+    if "skinny_tma" not in _COMPILED_OPS:
+        _COMPILED_OPS["skinny_tma"] = getattr(ops, "skinny_tma", None)
+    return _COMPILED_OPS["skinny_tma"]
+
+
+def _compiled_tma_triples() -> list[tuple[int, int, int]]:
+    """The (tile_n, boxes_k, stages) the build compiled (its binding's list), read once."""
+    if not _TMA_TRIPLES and _tma_op() is not None:
+        flat = list(ops.skinny_tma_configs())
+        _TMA_TRIPLES.extend(tuple(flat[i : i + 3]) for i in range(0, len(flat), 3))
+    return _TMA_TRIPLES
+
+
+def tma_configs() -> list[TmaConfig]:
+    """The :class:`TmaConfig` launches this build has code for (each (tile_n, boxes_k, stages)
+    at one and two blocks an SM); empty on CPU / ROCm builds."""
+    return [TmaConfig(tn, bk, st, bps) for tn, bk, st in _compiled_tma_triples() for bps in (1, 2)]
+
+
+def _tma_capable(device: torch.device) -> bool:
+    """Whether the compiled Hopper kernel runs on ``device``: a CUDA build, a capability 9.0 GPU."""
+    if device.type != "cuda" or torch.version.hip is not None or _tma_op() is None:
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0)
+
+
+_CAPABILITIES: dict[int, tuple[int, int]] = {}
+
+
+def _capability(index: int) -> tuple[int, int]:
+    cap = _CAPABILITIES.get(index)
+    if cap is None:
+        cap = _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return cap
+
+
+def _tma_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """x [M, K] and w [N, K] (16-bit, one device) as the compiled kernel reads them: 1-16 rows, K a
+    multiple of 8, unit-stride rows with row strides of multiples of 8 elements and 16-byte
+    aligned bases (the copy engine's rules), on a capability 9.0 GPU of a CUDA build."""
+    M, K = x.shape
+    return (
+        1 <= M <= TMA_MAX_M
+        and K >= 8
+        and K % 8 == 0
+        and x.stride(1) == 1
+        and (M == 1 or x.stride(0) % 8 == 0)
+        and w.stride(1) == 1
+        and w.stride(0) % 8 == 0
+        and x.data_ptr() % 16 == 0
+        and w.data_ptr() % 16 == 0
+        and _tma_capable(x.device)
+    )
+
+
+def _run_tma(out, x, w, bias, cfg: TmaConfig) -> None:
+    """The compiled Hopper kernel with ``cfg`` (x [M, K] 16-bit on a GPU). x is copied when only
+    its layout keeps it from the copy engine (<= 16 rows: at most 0.5 MB at K 16384); anything
+    else the kernel cannot take is an error naming the argument."""
+    M, K = x.shape
+    if not _tma_capable(x.device):
+        raise ValueError(
+            "config: a TmaConfig runs the compiled Hopper kernel, which needs a CUDA build of skinny-gemm and a GPU of "
+            f"capability 9.0; got {x.device} ({'no compiled kernel in this build' if _tma_op() is None else 'another GPU'})"
+        )
+    if not 1 <= M <= TMA_MAX_M:
+        raise ValueError(f"x: a TmaConfig takes 1 to {TMA_MAX_M} rows (tokens), got {M}")
+    if K % 8:
+        raise ValueError(f"x: a TmaConfig needs K a multiple of 8 (the copy engine's 16-byte rows), got K = {K}")
+    if w.stride(0) % 8 or w.data_ptr() % 16:
+        raise ValueError(
+            f"w: a TmaConfig needs a row stride that is a multiple of 8 elements and a 16-byte aligned base, got row "
+            f"stride {w.stride(0)} at address {w.data_ptr()} (pass w.contiguous(), or a SkinnyConfig)"
+        )
+    if not (x.stride(1) == 1 and (M == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0):
+        x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, rows of K
+    compiled = _compiled_tma_triples()
+    if (cfg.tile_n, cfg.boxes_k, cfg.stages) not in compiled:
+        compiled = ", ".join(str(c) for c in compiled)
+        raise ValueError(f"config: {cfg} is not compiled in this build; compiled (tile_n, boxes_k, stages): {compiled}")
+    counters = zeroed_buffer(_TMA_COUNTERS, x.device, -(-w.shape[0] // cfg.tile_n), torch.int32)
+    _tma_op()(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, cfg.blocks_per_sm, counters)
+
+
 def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:
     """x [M, K], w [N, K], scales fp32 [M] / [1] and [N] / [1] or None, bias [N] or None;
-    writes out [M, N]. ``config``: a SkinnyConfig or None (eager calls), or its ``as_list()``
-    (the ops' ``int[] config``; empty: the default choice)."""
+    writes out [M, N]. ``config``: a SkinnyConfig, a TmaConfig or None (eager calls), or its
+    ``as_list()`` (the ops' ``int[] config``; empty: the default choice)."""
     if x.shape[0] == 0 or out.shape[1] == 0:
         return
-    if x.shape[1] == 0 or not triton_enabled_for(x):  # K = 0: out is the bias (or zeros)
-        _reference.skinny_gemm(x, w, bias, out, x_scale, w_scale)
-        return
-    if config is None or isinstance(config, SkinnyConfig):
+    if config is None or isinstance(config, (SkinnyConfig, TmaConfig)):
         cfg = config  # an eager call's, checked once when it was made (~7 us a construction on a CI-class CPU)
     else:
-        cfg = SkinnyConfig(*config) if len(config) else None
+        cfg = config_from_list(config) if len(config) else None
+    if isinstance(cfg, TmaConfig) and x.is_cuda and x.shape[1] > 0:
+        _run_tma(out, x, w, bias, cfg)  # a 16-bit call (gemm_fp8 refuses a TmaConfig)
+        return
+    if x.shape[1] == 0 or not triton_enabled_for(x) or isinstance(cfg, TmaConfig):
+        # K = 0 (out is the bias or zeros), CPU; a TmaConfig off the GPU: the same semantics in torch
+        _reference.skinny_gemm(x, w, bias, out, x_scale, w_scale)
+        return
     _triton_kernels().launch_skinny(x, w, bias, out, x_scale, w_scale, deterministic, cfg)
 
 
@@ -169,13 +274,15 @@ def _check_bias(bias, x: torch.Tensor, N: int, dtypes) -> None:
         raise ValueError(f"bias: expected shape ({N},), got {tuple(bias.shape)}")
 
 
-def _check_flags(deterministic, config) -> list[int]:
+def _check_flags(deterministic, config, tma: bool = True) -> list[int]:
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     if config is None:
         return []
-    if not isinstance(config, SkinnyConfig):
-        raise TypeError(f"config: expected a SkinnyConfig or None, got {type(config).__name__}")
+    if isinstance(config, TmaConfig) and not tma:
+        raise TypeError("config: the compiled kernel (TmaConfig) multiplies fp16 / bf16 only; expected a SkinnyConfig or None")
+    if not isinstance(config, (SkinnyConfig, TmaConfig)):
+        raise TypeError(f"config: expected a SkinnyConfig, a TmaConfig or None, got {type(config).__name__}")
     return config.as_list()
 
 
@@ -229,8 +336,11 @@ def gemm(
     x ``[..., K]`` float16 / bfloat16, any strides; w ``[N, K]`` in x's dtype with K contiguous
     (any row stride); bias ``[N]`` in x's dtype or float32, or None; out ``[..., N]`` (x's dtype,
     contiguous) or None. ``deterministic=False`` takes the atomic split-K reduction (bitwise
-    results may vary between runs). ``config`` replaces the default :func:`skinny_config`.
-    Any M (0 included), N, K (odd sizes masked). Returns out ``[..., N]``."""
+    results may vary between runs). ``config`` replaces the default :func:`skinny_config`: a
+    :class:`SkinnyConfig` (the Triton kernel), or a :class:`TmaConfig` (the compiled Hopper
+    kernel: capability 9.0 GPUs of a CUDA build, 1-16 tokens, K a multiple of 8, w rows 16-byte
+    aligned; its reduction is always the ordered one; on CPU the plain-torch path). Any M (0
+    included), N, K (odd sizes masked). Returns out ``[..., N]``."""
     _check_x(x, _DTYPES)
     N = _check_w(w, x)
     _check_bias(bias, x, N, (x.dtype, torch.float32))
@@ -336,7 +446,7 @@ def gemm_fp8(
     output channel); bias ``[N]`` bf16 / fp16 / fp32 or None; ``out_dtype`` bfloat16, float16 or
     float32. ``deterministic`` and ``config`` as in :func:`gemm`. Returns ``[..., N]``."""
     x2, M, N, xs, ws = _check_fp8_args(x, w, x_scale, w_scale, bias, out_dtype)
-    cfg = _check_flags(deterministic, config)
+    cfg = _check_flags(deterministic, config, tma=False)
     _check_no_grad(x, w, bias)
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
@@ -362,7 +472,7 @@ def _table_rows(device: torch.device, dtype: torch.dtype, N: int, K: int):
     return table.get((device_name(device), str(dtype).removeprefix("torch."), N, K))
 
 
-def dispatch_buckets(w: torch.Tensor, dtype: torch.dtype | None = None) -> list[tuple[int, SkinnyConfig | None]]:
+def dispatch_buckets(w: torch.Tensor, dtype: torch.dtype | None = None) -> list[tuple[int, SkinnyConfig | TmaConfig | None]]:
     """The M buckets ``linear`` / ``linear_fp8`` dispatch by for weight ``w`` ``[N, K]`` on its
     device and x in ``dtype`` (default: w's): ``[(m_max, config or None), ...]`` in increasing
     ``m_max``, as :func:`dispatch_config` reads them (None: cuBLAS; M above the last ``m_max``:
@@ -370,10 +480,10 @@ def dispatch_buckets(w: torch.Tensor, dtype: torch.dtype | None = None) -> list[
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         raise ValueError(f"w: expected a 2-D torch.Tensor [N, K], got {getattr(w, 'shape', type(w).__name__)}")
     rows = _table_rows(w.device, w.dtype if dtype is None else dtype, w.shape[0], w.shape[1])
-    return [(m_max, SkinnyConfig(*cfg) if cfg is not None else None) for m_max, cfg in rows or ()]
+    return [(m_max, config_from_list(cfg) if cfg is not None else None) for m_max, cfg in rows or ()]
 
 
-def dispatch_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | None:
+def dispatch_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | TmaConfig | None:
     """The configuration ``linear`` / ``linear_fp8`` run the skinny kernel with for x ``[..., K]``
     and w ``[N, K]``, or None where they run cuBLAS: the tuning table's entry for this GPU
     (``torch.cuda.get_device_name``; ``"cpu"`` for CPU tensors, which only tests use), x's
@@ -391,16 +501,16 @@ def dispatch_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | None:
 # The table's configurations as SkinnyConfig objects, made once each: a construction checks
 # every field (~7 us of host time on a CI-class CPU, measured with the launch stubbed out), on
 # every eager linear call otherwise.
-_TABLE_CONFIGS: dict[tuple[int, ...], SkinnyConfig] = {}
+_TABLE_CONFIGS: dict[tuple[int, ...], SkinnyConfig | TmaConfig] = {}
 
 
-def _table_config(fields) -> SkinnyConfig:
+def _table_config(fields) -> SkinnyConfig | TmaConfig:
     if torch.compiler.is_compiling():  # a graph constant; a global dict read would be guarded on
-        return SkinnyConfig(*fields)
+        return config_from_list(fields)
     key = tuple(fields)
     cfg = _TABLE_CONFIGS.get(key)
     if cfg is None:
-        cfg = _TABLE_CONFIGS[key] = SkinnyConfig(*key)
+        cfg = _TABLE_CONFIGS[key] = config_from_list(key)
     return cfg
 
 
@@ -423,6 +533,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
         return F.linear(x, w, bias)
     cfg = dispatch_config(x, w)
     if cfg is None:
+        return F.linear(x, w, bias)
+    if isinstance(cfg, TmaConfig) and x.is_cuda and w.dtype == x.dtype and not _tma_fits(_rows(x), w):
+        # A table entry for the compiled kernel where this build, GPU or layout cannot run it (a
+        # build without it, a strided or misaligned w): cuBLAS, as for shapes without an entry.
         return F.linear(x, w, bias)
     return gemm(x, w, bias, config=cfg)
 

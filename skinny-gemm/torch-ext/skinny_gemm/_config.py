@@ -1,5 +1,6 @@
-"""The launch configuration of the skinny kernel and its default choice (plain Python: no
-Triton needed, so the public functions can check a ``config`` argument on any variant)."""
+"""The launch configurations of the skinny kernels and the default choice (plain Python: no
+Triton needed, so the public functions can check a ``config`` argument on any variant):
+:class:`SkinnyConfig` for the Triton kernel, :class:`TmaConfig` for the compiled Hopper one."""
 
 from __future__ import annotations
 
@@ -51,6 +52,57 @@ class SkinnyConfig:
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
         return [self.BLOCK_M, self.BLOCK_N, self.BLOCK_K, self.SPLIT_K, self.num_warps, self.num_stages]
+
+
+# The compiled Hopper kernel's choices (csrc/skinny_tma.h): rows of W a unit covers (16 a
+# consumer warp), 64-column TMA boxes a stage, stages of the ring, blocks an SM. Which
+# (tile_n, boxes_k, stages) combinations a build has code for is the binding's list
+# (``skinny_tma_configs``), checked when a call reaches a GPU.
+TMA_TILE_N = (32, 64, 128)
+TMA_BOXES_K = (1, 2, 4)
+TMA_STAGES = range(2, 9)
+TMA_BLOCKS_PER_SM = (1, 2)
+TMA_MAX_M = 16
+
+
+@dataclass(frozen=True)
+class TmaConfig:
+    """One launch of the compiled Hopper kernel (``csrc/skinny_tma.h``: capability 9.0, fp16 /
+    bf16, 1-16 tokens): the weight stream through a ring of ``stages`` shared-memory stages of
+    ``tile_n`` rows x ``64 * boxes_k`` columns filled by TMA, mma.sync consumers, a stream-K
+    grid of ``blocks_per_sm`` blocks an SM, and the cut tiles summed in a fixed order (always
+    deterministic). Its table / op form is ``[0, tile_n, boxes_k, stages, blocks_per_sm]`` (the 0
+    where a :class:`SkinnyConfig` has BLOCK_M, which is never 0)."""
+
+    tile_n: int = 64
+    boxes_k: int = 2
+    stages: int = 6
+    blocks_per_sm: int = 1
+
+    def __post_init__(self):
+        for name, allowed in (("tile_n", TMA_TILE_N), ("boxes_k", TMA_BOXES_K), ("stages", TMA_STAGES),
+                              ("blocks_per_sm", TMA_BLOCKS_PER_SM)):  # fmt: skip
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise TypeError(f"TmaConfig.{name}: expected an int, got {value!r}")
+            if value not in allowed:
+                raise ValueError(f"TmaConfig.{name}: expected one of {list(allowed)}, got {value}")
+
+    def as_list(self) -> list[int]:
+        """The form the ops and the tuning table take (``int[] config``)."""
+        return [0, self.tile_n, self.boxes_k, self.stages, self.blocks_per_sm]
+
+
+def config_from_list(fields) -> SkinnyConfig | TmaConfig:
+    """An ``int[] config`` (an op argument, a table entry) as its configuration: six ints a
+    :class:`SkinnyConfig`, ``[0, ...]`` with four more a :class:`TmaConfig`."""
+    fields = [int(f) for f in fields]
+    if len(fields) == 5 and fields[0] == 0:
+        return TmaConfig(*fields[1:])
+    if len(fields) != 6:
+        raise ValueError(f"config: expected 6 ints (SkinnyConfig) or [0, tile_n, boxes_k, stages, blocks_per_sm] "
+                         f"(TmaConfig), got {fields}")  # fmt: skip
+    return SkinnyConfig(*fields)
 
 
 def skinny_config(M: int, N: int, K: int, elem_bytes: int, sms: int = 132, hip: bool = False) -> SkinnyConfig:

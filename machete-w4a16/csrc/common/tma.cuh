@@ -1,6 +1,9 @@
-// The copy-engine plumbing both compiled kernels share (w4a16_wgmma.cu's stages, w4a16_mma.cu's
-// per-warp rings): the device side of TMA boxes landing on mbarriers (sm90+ instructions; the
-// inline functions are emitted only where a kernel calls them) and the host's tensor-map encoder.
+// generated from common/csrc/tma.cuh by `fused-llm sync`, do not edit
+// The copy-engine plumbing of the compiled Hopper kernels (machete-w4a16's wgmma stages and
+// per-warp rings, skinny-gemm's weight stream): the device side of TMA boxes landing on mbarriers
+// (sm90+ instructions; the inline functions are emitted only where a kernel calls them), the
+// thread-block cluster helpers, and the host's tensor-map encoder. Stamped into each package's
+// csrc/common/ by `fused-llm sync` (common/manifest.toml).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes through the runtime)
@@ -9,7 +12,6 @@
 #include <cstdint>
 
 namespace fused_llm {
-namespace machete_w4a16 {
 namespace tma {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -20,6 +22,13 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // expect), completed by the copies' transaction bytes.
 __device__ __forceinline__ void mbar_init(uint64_t* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// A barrier completed by `count` plain arrivals (mbar_arrive): consumers handing a stage back.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
@@ -102,5 +111,4 @@ inline bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* ba
 }
 
 }  // namespace tma
-}  // namespace machete_w4a16
 }  // namespace fused_llm

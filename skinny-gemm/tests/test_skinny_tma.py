@@ -1,0 +1,265 @@
+"""skinny-gemm's compiled Hopper kernel (``TmaConfig``: csrc/skinny_tma.cu) against fp64
+references of ``x @ w.T (+ bias)`` on the same fp16 / bf16 inputs.
+
+The kernel runs on capability 9.0 GPUs of a CUDA build; everywhere else the tests check the
+configuration, the dispatch and the fallbacks (a TmaConfig on CPU runs the plain-torch path).
+
+Tolerance, per output element (``assert_gemm_close``): one ulp of the output dtype at the
+reference's magnitude (one rounding) plus 1e-4 of the output's scale (fp32 sums in the MMA's
+order; a row tile cut between blocks adds the blocks' fp32 partial tiles in block order).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import pytest
+import torch
+import torch.nn.functional as F
+from skinny_gemm_testing import assert_fully_written, assert_only_declared_outputs_mutate, opcheck, poison_
+from test_skinny_gemm import DEVICE, _gpu_key, assert_gemm_close, gen, make, reference, sg, table  # noqa: F401
+
+_config = import_module(sg.__name__ + "._config")
+
+TMA = DEVICE == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0) and bool(sg.tma_configs())
+needs_tma = pytest.mark.skipif(not TMA, reason="the compiled Hopper kernel: a CUDA build on a capability 9.0 GPU")
+
+
+def run_tma(x, w, bias=None, cfg=None, out=None):
+    """gemm with a TmaConfig (default: TmaConfig()) on a poisoned output."""
+    out = poison_(torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=DEVICE)) if out is None else out
+    return sg.gemm(x, w, bias, out=out, config=cfg or sg.TmaConfig())
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration (any device)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+def test_config_forms():
+    """A TmaConfig's op / table form is [0, tile_n, boxes_k, stages, blocks_per_sm]; six ints are
+    a SkinnyConfig; each parses back to its configuration."""
+    cfg = sg.TmaConfig(128, 1, 4, 2)
+    assert cfg.as_list() == [0, 128, 1, 4, 2]
+    assert _config.config_from_list(cfg.as_list()) == cfg
+    assert _config.config_from_list([16, 64, 128, 4, 4, 4]) == sg.SkinnyConfig(16, 64, 128, 4, 4, 4)
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize(
+    "make_it, exc, match",
+    [
+        (lambda: sg.TmaConfig(48), ValueError, r"TmaConfig.tile_n: expected one of \[32, 64, 128\], got 48"),
+        (lambda: sg.TmaConfig(64, 3), ValueError, r"TmaConfig.boxes_k: expected one of \[1, 2, 4\], got 3"),
+        (lambda: sg.TmaConfig(64, 2, 9), ValueError, r"TmaConfig.stages: expected one of \[2, 3, 4, 5, 6, 7, 8\], got 9"),
+        (lambda: sg.TmaConfig(64, 2, 6, 3), ValueError, r"TmaConfig.blocks_per_sm: expected one of \[1, 2\], got 3"),
+        (lambda: sg.TmaConfig(64.0), TypeError, "TmaConfig.tile_n: expected an int, got 64.0"),
+        (lambda: _config.config_from_list([1, 2, 3]), ValueError, r"config: expected 6 ints \(SkinnyConfig\) or \[0, tile_n"),
+    ],
+    ids=["tile_n", "boxes_k", "stages", "blocks_per_sm", "type", "list"],
+)
+def test_config_errors(make_it, exc, match):
+    with pytest.raises(exc, match=match):
+        make_it()
+
+
+@pytest.mark.kernels_ci
+def test_fp8_refuses_a_tma_config():
+    xq = torch.randn(4, 64, generator=gen(1)).to(torch.float8_e4m3fn).to(DEVICE)
+    one = torch.ones(1, device=DEVICE)
+    if DEVICE == "cuda" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no FP8 on this GPU")
+    with pytest.raises(TypeError, match=r"config: the compiled kernel \(TmaConfig\) multiplies fp16 / bf16 only"):
+        sg.gemm_fp8(xq, xq[:32], one, one, config=sg.TmaConfig())
+
+
+@pytest.mark.kernels_ci
+def test_off_gpu_a_tma_config_is_the_reference_path():
+    """Off a capable GPU's kernel (CPU here) a TmaConfig computes the same function in torch."""
+    if DEVICE == "cuda":
+        pytest.skip("CPU semantics")
+    x, w, b = make(5, 40, 200, torch.bfloat16, seed=2, bias=True)
+    assert_gemm_close(run_tma(x, w, b), reference(x, w, b), "TmaConfig on CPU")
+    assert sg.tma_configs() == []  # a CPU build has no compiled kernel
+
+
+@pytest.mark.kernels_ci
+def test_table_entry_dispatch(table):
+    """A table entry of the compiled kernel: dispatch_config and dispatch_buckets give the
+    TmaConfig, linear runs gemm with it where the kernel can run (its value on CPU), and cuBLAS
+    where it cannot (a build or GPU without it, a misaligned w)."""
+    N, K = 48, 256
+    x, w, b = make(5, N, K, torch.bfloat16, seed=3, bias=True)
+    entry = [0, 64, 2, 6, 1]
+    table[(_gpu_key(), "bfloat16", N, K)] = [(8, entry)]
+    assert sg.dispatch_config(x, w) == sg.TmaConfig(64, 2, 6, 1)
+    assert sg.dispatch_buckets(w) == [(8, sg.TmaConfig(64, 2, 6, 1))]
+    got = sg.linear(x, w, b)
+    if DEVICE == "cpu" or TMA:
+        assert torch.equal(got, sg.gemm(x, w, b, config=sg.TmaConfig(64, 2, 6, 1)))
+    else:
+        assert torch.equal(got, F.linear(x, w, b)), "a GPU without the kernel: cuBLAS"
+    if DEVICE == "cuda":
+        wide = torch.empty(N, K + 1, dtype=w.dtype, device=DEVICE)[:, 1:]  # rows 2 bytes off 16-byte alignment
+        wide.copy_(w)
+        assert torch.equal(sg.linear(x, wide, b), F.linear(x, wide, b)), "a w the copy engine cannot read: cuBLAS"
+
+
+# ---------------------------------------------------------------------------------------------
+# Values (a capability 9.0 GPU)
+# ---------------------------------------------------------------------------------------------
+
+# The issue's Llama-405B TP8 QKV and Llama-3-8B shapes, off-tile N (1000: 1000 / 64 leaves 40
+# rows), K not a multiple of a stage (4104 = 64 x 64 + 8: a box reaching past K, boxes past it
+# skipped), tiny N and K (one unit, fewer units than SMs).
+SHAPES = [(2304, 16384), (6144, 4096), (1000, 4104), (96, 200), (130, 64), (17, 8)]
+
+
+@needs_tma
+@pytest.mark.parametrize("N, K", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_values(N, K, M, dtype):
+    x, w, b = make(M, N, K, dtype, seed=M * 7 + N, bias=M % 2 == 1)
+    assert_gemm_close(run_tma(x, w, b), reference(x, w, b), f"TmaConfig() {M}x{N}x{K}")
+
+
+@needs_tma
+def test_every_compiled_config():
+    """Every compiled launch (each at 1 and 2 blocks an SM) at 8 and 16 tokens (one and two n8
+    token tiles), with an fp32 bias; the arrival counters are left zero."""
+    x16, w, _ = make(16, 1000, 4104, torch.bfloat16, seed=4)
+    b = torch.randn(1000, generator=gen(5)).to(DEVICE)
+    for cfg in sg.tma_configs():
+        for x in (x16[:8], x16):
+            assert_gemm_close(run_tma(x, w, b, cfg), reference(x, w, b), f"{cfg} M={x.shape[0]}")
+    counters = import_module(sg.__name__)._TMA_COUNTERS
+    assert all(not c.any() for c in counters.values())
+
+
+@needs_tma
+def test_layouts_and_out():
+    """x strided or misaligned (copied first), 3-D x, out= given (fully written), M = 0 (nothing
+    launched), and an uncompiled configuration (an error naming config, out untouched)."""
+    x, w, b = make(6, 512, 1024, torch.bfloat16, seed=6, bias=True)
+    ref = reference(x, w, b)
+    strided = torch.empty(6, 2048, dtype=x.dtype, device=DEVICE)[:, ::2]
+    strided.copy_(x)
+    assert_gemm_close(run_tma(strided, w, b), ref, "strided x")
+    shifted = torch.empty(6 * 1024 + 1, dtype=x.dtype, device=DEVICE)[1:].view(6, 1024)
+    shifted.copy_(x)
+    assert_gemm_close(run_tma(shifted, w, b), ref, "misaligned x")
+    y = sg.gemm(x.view(2, 3, 1024), w, b, config=sg.TmaConfig())
+    assert_gemm_close(y.view(6, 512), ref, "3-D x")
+    assert sg.gemm(x[:0], w, config=sg.TmaConfig()).shape == (0, 512)
+    out = poison_(torch.empty(6, 512, dtype=x.dtype, device=DEVICE))
+    missing = next(
+        sg.TmaConfig(tn, bk, st)
+        for tn in _config.TMA_TILE_N for bk in _config.TMA_BOXES_K for st in _config.TMA_STAGES
+        if (tn, bk, st) not in {(c.tile_n, c.boxes_k, c.stages) for c in sg.tma_configs()}
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="config: TmaConfig.* is not compiled in this build"):
+        sg.gemm(x, w, out=out, config=missing)
+    assert torch.isnan(out.float()).all()
+
+
+@needs_tma
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x, w: sg.gemm(torch.randn(17, 64, device=DEVICE).bfloat16(), w, config=sg.TmaConfig()),
+         r"x: a TmaConfig takes 1 to 16 rows \(tokens\), got 17"),
+        (lambda x, w: sg.gemm(x[:, :60], w[:, :60], config=sg.TmaConfig()),
+         "x: a TmaConfig needs K a multiple of 8"),
+        (lambda x, w: sg.gemm(x[:, :56], w[:, :56], config=sg.TmaConfig()),
+         r"w: a TmaConfig needs a row stride that is a multiple of 8 elements"),
+    ],
+    ids=["M", "K", "w stride"],
+)
+def test_bad_input(call, match):
+    x, w, _ = make(4, 32, 64, torch.bfloat16, seed=7)
+    w = torch.cat([w, w[:, :4]], dim=1)[:, :64] if "stride" in match else w  # row stride 68
+    with pytest.raises(ValueError, match=match):
+        call(x, w)
+
+
+@needs_tma
+def test_binding_checks():
+    """The compiled op's own checks (direct torch.ops callers), each before anything is written."""
+    x, w, _ = make(4, 32, 64, torch.bfloat16, seed=8)
+    out = poison_(torch.empty(4, 32, dtype=x.dtype, device=DEVICE))
+    counters = torch.zeros(16, dtype=torch.int32, device=DEVICE)
+    op = sg.ops.skinny_tma
+    cases = [
+        ((out, x, w, None, 64, 2, 6, 1, counters.float()), "counters: expected a contiguous int32 tensor"),
+        ((out, x, w, None, 64, 3, 6, 1, counters), r"config: \(tile_n, boxes_k, stages\) = \(64, 3, 6\)"),
+        ((out, x, w.half(), None, 64, 2, 6, 1, counters), r"w: expected a BFloat16 \[N, 64\] tensor"),
+        ((out[:, :16], x, w, None, 64, 2, 6, 1, counters), r"out: expected a BFloat16 \[4, 32\] tensor"),
+        ((out, x.float(), w, None, 64, 2, 6, 1, counters), "x: expected dtype bfloat16 or float16"),
+    ]
+    for args, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            op(*args)
+    assert torch.isnan(out.float()).all()
+
+
+@needs_tma
+def test_deterministic():
+    """Rows tiles cut between blocks are summed in block order: repeated calls are bitwise equal."""
+    x, w, _ = make(16, 2304, 16384, torch.bfloat16, seed=9)
+    first = run_tma(x, w)
+    for _ in range(5):
+        assert torch.equal(run_tma(x, w), first)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library contract, torch.compile, CUDA graphs
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_tma
+def test_opcheck():
+    x, w, b = make(5, 200, 512, torch.bfloat16, seed=10, bias=True)
+    out = torch.empty(5, 200, dtype=torch.bfloat16, device=DEVICE)
+    args = (out, x, w, b, True, sg.TmaConfig().as_list())
+    opcheck(sg.ops.skinny_gemm, args)
+    poison_(out)
+    assert_only_declared_outputs_mutate(sg.ops.skinny_gemm, args)
+    assert_gemm_close(out, reference(x, w, b), "after opcheck")
+
+
+@needs_tma
+def test_torch_compile_fullgraph(table):
+    x, w, b = make(6, 256, 512, torch.float16, seed=11, bias=True)
+    table[(_gpu_key(), "float16", 256, 512)] = [(8, [0, 64, 2, 6, 1])]
+
+    def block(x):
+        return [sg.gemm(x, w, b, config=sg.TmaConfig(128, 2, 4)) + 1, sg.linear(x * 2, w)]
+
+    with torch.no_grad():
+        got = torch.compile(block, fullgraph=True, dynamic=False)(x)
+        expected = block(x)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+@needs_tma
+@pytest.mark.parametrize("M", [1, 16])
+def test_cuda_graph_capture(M):
+    """Captured once, replayed on new inputs: equal to eager calls (the partials come from the
+    graph's pool, the counters are made before the capture and left zero)."""
+    x, w, b = make(M, 2304, 16384, torch.bfloat16, seed=12, bias=True)
+    static_x = x.clone()
+    cfg = sg.TmaConfig()
+    sg.gemm(static_x, w, b, config=cfg)  # warm-up: makes the counters
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = sg.gemm(static_x, w, b, config=cfg)
+    for seed in (13, 14):
+        new_x = torch.randn(M, 16384, generator=gen(seed)).bfloat16().to(DEVICE)
+        static_x.copy_(new_x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, sg.gemm(new_x, w, b, config=cfg))
+        assert_fully_written(static_out, "graph replay")
