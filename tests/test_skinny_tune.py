@@ -65,6 +65,19 @@ def test_dry_run_plans_every_point_without_a_gpu(quick):
                 assert all(c.BLOCK_M == 1 or c.BLOCK_M >= M or c.BLOCK_M == 64 for c in cands)
 
 
+def test_the_compiled_kernel_joins_the_sweep_at_16_bit_and_16_tokens():
+    """The compiled Hopper kernel's launches (the build's tma_configs() on a capability 9.0 GPU)
+    are candidates for 16-bit inputs at M <= 16 where K is a multiple of 8, nowhere else."""
+    tma = [sg.TmaConfig(64, 2, 6, 1), sg.TmaConfig(128, 2, 4, 2)]
+    for M in ISSUE_TOKENS:
+        for elem in (1, 2):
+            cands = tune.candidates(sg, M, 2304, 16384, elem, 132, True, tma)
+            assert (set(tma) <= set(cands)) == (elem == 2 and M <= 16)
+            assert not set(tma) & set(cands) or (elem == 2 and M <= 16)
+    assert not set(tma) & set(tune.candidates(sg, 4, 100, 100, 2, 132, True, tma)), "K % 8 != 0"
+    assert not any(isinstance(c, sg.TmaConfig) for c in tune.candidates(sg, 4, 2304, 16384, 2, 132, True))
+
+
 def test_merged_buckets_and_the_lookup_of_absent_ones(monkeypatch):
     """A run's buckets replace or join the key's earlier ones; dispatch takes the first bucket >=
     M that is present (an absent bucket falls to the next larger one), cuBLAS above the last."""

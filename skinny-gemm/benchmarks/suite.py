@@ -5,8 +5,10 @@
 per-channel scales and bf16 out (suite ``skinny-gemm-fp8``). Providers in one run:
 
 * ``ours``: ``gemm`` / ``gemm_fp8`` (the skinny kernel, default configuration, ordered split-K
-  reduction); ``ours_atomic``: the atomic reduction; ``linear``: the dispatching entry point
-  (with the committed tuning table: cuBLAS wherever the table has no entry);
+  reduction); ``ours_atomic``: the atomic reduction; ``ours_tma`` (bf16, capability 9.0 GPUs of
+  a CUDA build, 1-16 tokens): ``gemm`` with the compiled Hopper kernel's default ``TmaConfig()``;
+  ``linear``: the dispatching entry point (with the committed tuning table: cuBLAS wherever the
+  table has no entry);
 * ``cublas``: ``F.linear`` / ``torch._scaled_mm`` (the reference: the issue's targets are
   ratios to it);
 * ``torch_compile``: ``torch.compile(mode="max-autotune-no-cudagraphs")`` of the same
@@ -83,6 +85,25 @@ def _make_ours(which: str):
         return lambda: kernel.gemm(x, w, out=out, deterministic=det)
 
     return make
+
+
+def _tma_unavailable() -> str | None:
+    reason = _ours_unavailable()
+    if reason is not None:
+        return reason
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
+        return "the compiled Hopper kernel runs on capability 9.0 GPUs"
+    return None if _ours().tma_configs() else "this build of skinny-gemm has no compiled kernel (not a CUDA build)"
+
+
+def make_tma(case: Case, seed: int) -> Fn:
+    kernel = _ours()
+    x, w = _inputs(case, seed)
+    if x.shape[0] > 16:
+        raise ValueError(f"the compiled kernel takes 1-16 tokens, not {x.shape[0]}: not timed")
+    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device="cuda")
+    cfg = kernel.TmaConfig()
+    return lambda: kernel.gemm(x, w, out=out, config=cfg)
 
 
 def make_cublas(case: Case, seed: int) -> Fn:
@@ -183,6 +204,8 @@ def build_suites() -> list[Suite]:
             providers=[
                 Provider("ours", _make_ours("ours"), unavailable=_ours_unavailable, note="gemm, ordered split-K reduction"),
                 Provider("ours_atomic", _make_ours("ours_atomic"), unavailable=_ours_unavailable, note="gemm(deterministic=False)"),
+                Provider("ours_tma", make_tma, unavailable=_tma_unavailable,
+                         note="gemm(config=TmaConfig()): the compiled Hopper kernel, <= 16 tokens"),
                 Provider("linear", _make_ours("linear"), unavailable=_ours_unavailable, note="linear: the tuning table's choice"),
                 Provider("cublas", make_cublas, note="F.linear"),
                 Provider("torch_compile", make_compile, unavailable=autotune_unavailable,

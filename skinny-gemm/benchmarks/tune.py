@@ -48,10 +48,12 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 METHOD = Method(replays=10, repeats=3, budget_s=0.3)
 
 
-def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool) -> list:
+def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool, tma: list | None = None) -> list:
     """The sweep: BLOCK_M the smallest dot tile holding M (at M = 1 also the GEMV), BLOCK_N 32 /
     64 / 128 weight rows, 128 / 256 / 512 bytes of each row per K step, K slices for ~1 / 2 / 4
-    / 8 programs per SM, 3 / 4 / 6 stages (quick: the default plus 12 neighbours)."""
+    / 8 programs per SM, 3 / 4 / 6 stages (quick: the default plus 12 neighbours); with 16-bit
+    inputs at M <= 16, also every launch of the compiled Hopper kernel in ``tma`` (the build's
+    ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 8."""
     default = kernel.skinny_config(M, N, K, elem, sms)
     if quick:  # the neighbourhood of the winners of the H100 sweeps (2026-11-24)
         block_ns, kbytes, per_sm, stages = (32, 64), (256,), (1, 2, 4), (4,)
@@ -68,6 +70,8 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool)
         out.add(kernel.SkinnyConfig(bm, bn, bk, split, 8 if bn == 128 else 4, st))
     if M == 1:
         out |= set(gemv_candidates(kernel, K, elem, quick))
+    if tma and elem == 2 and M <= 16 and K % 8 == 0:
+        out |= set(tma)
     return sorted(out, key=lambda c: c.as_list())
 
 
@@ -89,7 +93,7 @@ def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
     return out
 
 
-def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, margin: float, log):
+def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, margin: float, log, tma: list | None = None):
     """(cuBLAS us, best skinny us, the entry: the best config or None, the best config)."""
     N, K = ref.SHAPES[shape]
     fp8 = dtype != "bfloat16"
@@ -125,7 +129,7 @@ def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, marg
     expected = cublas(0)().float()
     t_cublas = time_us(cublas, nbytes, METHOD).median_us
     best, best_cfg = float("inf"), None
-    for cfg in candidates(kernel, M, N, K, 1 if fp8 else 2, sms, quick):
+    for cfg in candidates(kernel, M, N, K, 1 if fp8 else 2, sms, quick, tma):
         try:
             got = ours(cfg)(0)().float()
             err = (got - expected).abs().max().item()
@@ -182,14 +186,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def dry_run(args, kernel, sms: int, out=print) -> int:
+def dry_run(args, kernel, sms: int, out=print, tma: list | None = None) -> int:
     """Print every point's candidates; return the number of points."""
     points = 0
     for dtype in args.dtypes:
         for shape in args.shapes:
             N, K = ref.SHAPES[shape]
             for M in args.tokens:
-                cands = candidates(kernel, M, N, K, 1 if dtype == "fp8" else 2, sms, args.quick)
+                cands = candidates(kernel, M, N, K, 1 if dtype == "fp8" else 2, sms, args.quick, tma)
                 points += 1
                 out(f"{dtype} {shape} [N={N}, K={K}] M={M}: {len(cands)} configurations: " + " ".join(str(c.as_list()) for c in cands))
     out(f"{points} points")
@@ -202,8 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     kernel = get_kernel("skinny-gemm")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     sms = args.sms or (torch.cuda.get_device_properties(0).multi_processor_count if gpu else 132)
+    # The compiled Hopper kernel's launches, where this build and GPU have it.
+    tma = kernel.tma_configs() if gpu is not None and torch.cuda.get_device_capability(0) == (9, 0) else []
     if args.dry_run:
-        dry_run(args, kernel, sms)
+        dry_run(args, kernel, sms, tma=tma)
         return 0
     if gpu is None:
         raise SystemExit("tune.py measures on a GPU; none is visible (--dry-run lists the sweep without one)")
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             N, K = ref.SHAPES[shape]
             chosen_by_m = {}
             for M in args.tokens:
-                t_cublas, t_best, chosen, best = tune_one(kernel, dtype, shape, M, sms, args.quick, args.margin, print)
+                t_cublas, t_best, chosen, best = tune_one(kernel, dtype, shape, M, sms, args.quick, args.margin, print, tma)
                 chosen_by_m[M] = chosen
                 print(f"{gpu} {name} {shape} M={M}: cuBLAS {t_cublas:.1f} us, best skinny {t_best:.1f} us "
                       f"({t_cublas / t_best:.3f}x) {best} -> {'skinny' if chosen else 'cuBLAS'}", flush=True)  # fmt: skip
