@@ -16,9 +16,10 @@
 // (the A fragment) and one of x (B, one or two n8 token tiles), mma.sync m16n8k16 into fp32.
 // At the end of a tile's units in the program's range the warps flush their accumulators: a
 // tile wholly inside one program is written out directly; otherwise the program stores its
-// partial tile in slot (p + tile) of `partials` (unique: along the ranges' staircase of (program,
-// tile) pairs p + tile rises at every step) and counts its arrival; the last of the tile's
-// programs adds the slots in program order (deterministic) and the bias, and writes the tile.
+// partial tile in one of its two slots of `partials` (only the first and the last tile of a
+// range can be cut: slot 2 p for its first tile, 2 p + 1 for another) and counts its arrival;
+// the last of the tile's programs adds the slots in program order (deterministic) and the bias,
+// and writes the tile.
 #include "skinny_tma.h"
 
 #include <cuda.h>
@@ -54,6 +55,12 @@ struct KernelArgs {
 // The program whose range holds unit u: the largest p with floor(p U / P) <= u.
 __device__ __forceinline__ int64_t program_of(int64_t u, int64_t units, int64_t programs) {
   return ((u + 1) * programs + units - 1) / units - 1;
+}
+// Program q's partial slot for a tile it cuts: 2 q for the first tile of its range, 2 q + 1 for
+// the last (the tiles between lie wholly inside the range and are written directly).
+__device__ __forceinline__ int64_t slot_of(int64_t q, int64_t tile, const int64_t k_stages, int64_t units,
+                                           int64_t programs) {
+  return 2 * q + (tile != q * units / programs / k_stages ? 1 : 0);
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
@@ -121,7 +128,7 @@ struct Shape {
 };
 
 template <bool kBF16, int kTileN, int kBoxes, int kStages, int kNT>
-__global__ void __launch_bounds__(Shape<kBF16, kTileN, kBoxes, kStages, kNT>::kThreads)
+__global__ void __launch_bounds__(Shape<kBF16, kTileN, kBoxes, kStages, kNT>::kThreads, 1)
     skinny_tma_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
                       const KernelArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -223,7 +230,7 @@ __global__ void __launch_bounds__(Shape<kBF16, kTileN, kBoxes, kStages, kNT>::kT
       const int slot_offset = (warp * 32 + lane) * 4 * kNT;
       bool write = true;
       if (first != last) {
-        float* mine = a.partials + (p + tile) * S::kPartialFloats + slot_offset;
+        float* mine = a.partials + slot_of(p, tile, a.k_stages, a.units, a.programs) * S::kPartialFloats + slot_offset;
 #pragma unroll
         for (int t = 0; t < kNT; ++t) reinterpret_cast<float4*>(mine)[t] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
         __threadfence();  // this partial visible device-wide before the arrival is counted
@@ -240,7 +247,8 @@ __global__ void __launch_bounds__(Shape<kBF16, kTileN, kBoxes, kStages, kNT>::kT
 #pragma unroll
           for (int t = 0; t < kNT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
           for (int64_t q = first; q <= last; ++q) {  // program order: the same sum on every run
-            const float* part = a.partials + (q + tile) * S::kPartialFloats + slot_offset;
+            const float* part =
+                a.partials + slot_of(q, tile, a.k_stages, a.units, a.programs) * S::kPartialFloats + slot_offset;
 #pragma unroll
             for (int t = 0; t < kNT; ++t) {
               const float4 v = __ldcg(reinterpret_cast<const float4*>(part) + t);
@@ -284,36 +292,26 @@ __global__ void __launch_bounds__(Shape<kBF16, kTileN, kBoxes, kStages, kNT>::kT
 #endif
 }
 
-bool capability_90(int device) {
-  static std::atomic<int> cached[kMaxDevices];  // 0 unknown, 1 yes, 2 no
+// A device attribute, queried once per device; 0 where the query fails.
+template <cudaDeviceAttr kAttr>
+int device_attribute(int device) {
+  static std::atomic<int> cached[kMaxDevices];  // the value + 1; 0: not queried yet
   if (device < kMaxDevices) {
     const int c = cached[device].load(std::memory_order_relaxed);
-    if (c != 0) return c == 1;
+    if (c != 0) return c - 1;
   }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const bool yes = major == 9 && minor == 0;
-  if (device < kMaxDevices) cached[device].store(yes ? 1 : 2, std::memory_order_relaxed);
-  return yes;
-}
-
-int sm_count(int device) {
-  static std::atomic<int> cached[kMaxDevices];
-  if (device < kMaxDevices) {
-    const int c = cached[device].load(std::memory_order_relaxed);
-    if (c != 0) return c;
-  }
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, kAttr, device) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  if (device < kMaxDevices) cached[device].store(sms, std::memory_order_relaxed);
-  return sms;
+  if (device < kMaxDevices) cached[device].store(value + 1, std::memory_order_relaxed);
+  return value;
+}
+
+bool capability_90(int device) {
+  return device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
+         device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
 }
 
 template <bool kBF16, int kTileN, int kBoxes, int kStages, int kNT>
@@ -377,21 +375,33 @@ cudaError_t launch_dtype(const SkinnyTmaParams& p, const KernelArgs& a, int devi
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// Blocks of a launch shape one SM holds: two where two blocks of its 16-token instantiation fit
+// the SM's shared memory (228 KiB on the H100 and H200, 1 KiB of it reserved per block, and
+// the barriers' static bytes), else one: a second block that cannot be resident would run as a
+// second wave and undo the equal split.
+template <int kTileN, int kBoxes, int kStages>
+constexpr int max_blocks_per_sm() {
+  constexpr int per_block = Shape<true, kTileN, kBoxes, kStages, 2>::kSmemBytes + 1024 + 256;
+  return 2 * per_block <= 228 * 1024 ? 2 : 1;
+}
+
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
 bool skinny_tma_config_supported(const SkinnyTmaConfig& c) {
-  if (c.blocks_per_sm != 1 && c.blocks_per_sm != 2) return false;
-#define SKINNY_TMA_MATCH(TN, BK, ST) \
-  if (c.tile_n == TN && c.boxes_k == BK && c.stages == ST) return true;
-  SKINNY_TMA_CONFIGS(SKINNY_TMA_MATCH)
-#undef SKINNY_TMA_MATCH
+  const SkinnyTmaConfig* configs = nullptr;
+  const int n = skinny_tma_compiled_configs(&configs);
+  for (int i = 0; i < n; ++i) {
+    if (c.tile_n == configs[i].tile_n && c.boxes_k == configs[i].boxes_k && c.stages == configs[i].stages) {
+      return c.blocks_per_sm >= 1 && c.blocks_per_sm <= configs[i].blocks_per_sm;
+    }
+  }
   return false;
 }
 
 int skinny_tma_compiled_configs(const SkinnyTmaConfig** configs) {
-#define SKINNY_TMA_ENTRY(TN, BK, ST) SkinnyTmaConfig{TN, BK, ST, 1},
+#define SKINNY_TMA_ENTRY(TN, BK, ST) SkinnyTmaConfig{TN, BK, ST, max_blocks_per_sm<TN, BK, ST>()},
   static const SkinnyTmaConfig kCompiled[] = {SKINNY_TMA_CONFIGS(SKINNY_TMA_ENTRY)};
 #undef SKINNY_TMA_ENTRY
   *configs = kCompiled;
@@ -406,7 +416,7 @@ int64_t skinny_tma_programs(const SkinnyTmaParams& p, int sms) {
 }
 
 int64_t skinny_tma_partial_floats(const SkinnyTmaParams& p, int sms) {
-  return (skinny_tma_programs(p, sms) + cdiv(p.n, p.config.tile_n)) * p.config.tile_n * kMaxM;
+  return 2 * skinny_tma_programs(p, sms) * p.config.tile_n * kMaxM;
 }
 
 cudaError_t skinny_tma_launch(const SkinnyTmaParams& p, cudaStream_t stream) {
@@ -418,7 +428,7 @@ cudaError_t skinny_tma_launch(const SkinnyTmaParams& p, cudaStream_t stream) {
   int device = 0;
   if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
   if (!capability_90(device)) return cudaErrorNotSupported;
-  const int sms = sm_count(device);
+  const int sms = device_attribute<cudaDevAttrMultiProcessorCount>(device);
   if (sms <= 0) return cudaErrorNotSupported;
   KernelArgs a;
   a.m = p.m;

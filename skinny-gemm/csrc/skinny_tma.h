@@ -17,7 +17,7 @@
 //   stage to be handed back; the consumer warps (16 rows of W each) read their mma.sync A and B
 //   fragments with ldmatrix from the stage and hand it back.
 // * A row tile cut between blocks is summed in a fixed order: each block stores its fp32 partial
-//   tile in a slot of `partials`, and the last to arrive (an arrival counter per tile) adds the
+//   tile in one of its two slots of `partials`, and the last to arrive (an arrival counter per tile) adds the
 //   slots in block order, adds the bias and writes the tile: the same bits on every run.
 //
 // CUDA only (the binding includes this header in CUDA builds alone); the kernel's code exists
@@ -43,7 +43,7 @@ struct SkinnyTmaConfig {
   int tile_n = 64;      // rows of W a unit covers: 16 per consumer warp; 32, 64 or 128
   int boxes_k = 2;      // 64-column boxes per stage: stage_k = 64 * boxes_k columns; 1, 2 or 4
   int stages = 6;       // shared-memory stages of the ring: 2 .. 8 (within the SM's 227 KiB)
-  int blocks_per_sm = 1;  // 1 or 2 (programs = SMs x blocks_per_sm, fewer if there are fewer units)
+  int blocks_per_sm = 1;  // 1, or 2 where two blocks fit an SM (programs = SMs x blocks_per_sm, at most the units)
 };
 
 struct SkinnyTmaParams {
@@ -63,8 +63,8 @@ struct SkinnyTmaParams {
   void* out = nullptr;         // [m, n] of T, unit-stride rows
   int64_t out_row_stride = 0;
 
-  // fp32 [(programs + tiles) * tile_n * 16] (skinny_tma_partial_floats); int32 [tiles]
-  // (ceil(n / tile_n)), zero on entry, left zero.
+  // fp32 [2 * programs * tile_n * 16] (skinny_tma_partial_floats); int32 [tiles]
+  // (ceil(n / tile_n)), zero on entry, left zero (so one launch at a time uses them).
   float* partials = nullptr;
   int32_t* counters = nullptr;
   SkinnyTmaConfig config;
@@ -76,8 +76,8 @@ int64_t skinny_tma_programs(const SkinnyTmaParams& p, int sms);
 int64_t skinny_tma_partial_floats(const SkinnyTmaParams& p, int sms);
 // Whether `config` is one the library has code for (tile_n, boxes_k, stages, blocks_per_sm).
 bool skinny_tma_config_supported(const SkinnyTmaConfig& config);
-// The compiled (tile_n, boxes_k, stages) triples, each taking blocks_per_sm 1 or 2: sets
-// `*configs` to the first of `count` entries (blocks_per_sm 1 in each), returns count.
+// The compiled (tile_n, boxes_k, stages) triples: sets `*configs` to the first of `count`
+// entries, whose blocks_per_sm is the most blocks an SM holds (1 or 2), and returns count.
 int skinny_tma_compiled_configs(const SkinnyTmaConfig** configs);
 
 // Enqueues the kernel on `stream`. Returns cudaErrorNotSupported (with nothing enqueued) where

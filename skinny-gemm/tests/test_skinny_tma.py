@@ -186,14 +186,17 @@ def test_bad_input(call, match):
 
 @needs_tma
 def test_binding_checks():
-    """The compiled op's own checks (direct torch.ops callers), each before anything is written."""
+    """The compiled op's own checks (direct torch.ops callers), each before anything is written:
+    values that would narrow to a compiled launch, two blocks an SM where they do not fit."""
     x, w, _ = make(4, 32, 64, torch.bfloat16, seed=8)
     out = poison_(torch.empty(4, 32, dtype=x.dtype, device=DEVICE))
     counters = torch.zeros(16, dtype=torch.int32, device=DEVICE)
     op = sg.ops.skinny_tma
     cases = [
         ((out, x, w, None, 64, 2, 6, 1, counters.float()), "counters: expected a contiguous int32 tensor"),
-        ((out, x, w, None, 64, 3, 6, 1, counters), r"config: \(tile_n, boxes_k, stages\) = \(64, 3, 6\)"),
+        ((out, x, w, None, 64, 3, 6, 1, counters), r"config: \(tile_n, boxes_k, stages, blocks_per_sm\) = \(64, 3, 6, 1\)"),
+        ((out, x, w, None, 2**32 + 64, 2, 6, 1, counters), r"config: .* = \(4294967360, 2, 6, 1\) is not compiled"),
+        ((out, x, w, None, 64, 2, 8, 2, counters), r"config: .* = \(64, 2, 8, 2\) is not compiled"),
         ((out, x, w.half(), None, 64, 2, 6, 1, counters), r"w: expected a BFloat16 \[N, 64\] tensor"),
         ((out[:, :16], x, w, None, 64, 2, 6, 1, counters), r"out: expected a BFloat16 \[4, 32\] tensor"),
         ((out, x.float(), w, None, 64, 2, 6, 1, counters), "x: expected dtype bfloat16 or float16"),

@@ -4,7 +4,8 @@
 // in CUDA builds only, the compiled Hopper kernel's ops:
 //   skinny_tma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int tile_n, int boxes_k,
 //              int stages, int blocks_per_sm, Tensor(b!) counters) -> ()
-//   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages), flattened)
+//   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most blocks an
+//                                       SM), flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -35,7 +36,7 @@ std::string compiled_list() {
   std::string s;
   for (int i = 0; i < n; ++i) {
     s += (i ? ", (" : "(") + std::to_string(configs[i].tile_n) + ", " + std::to_string(configs[i].boxes_k) + ", " +
-         std::to_string(configs[i].stages) + ")";
+         std::to_string(configs[i].stages) + ", up to " + std::to_string(configs[i].blocks_per_sm) + ")";
   }
   return s;
 }
@@ -51,7 +52,8 @@ void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
   TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(M <= sg::kMaxM, msg("x: the TMA kernel takes at most ", sg::kMaxM, " rows (tokens), got ", M));
-  TORCH_CHECK(K >= 8 && K % 8 == 0, msg("x: K must be a positive multiple of 8 (16-byte rows for the copy engine), got ", K));
+  TORCH_CHECK(M == 0 || (K >= 8 && K % 8 == 0),
+              msg("x: K must be a positive multiple of 8 (16-byte rows for the copy engine), got ", K));
   TORCH_CHECK(x.stride(1) == 1 && (M <= 1 || x.stride(0) % 8 == 0) && aligned16(x),
               msg("x: expected unit-stride rows, a row stride that is a multiple of 8 and a 16-byte aligned base, got "
                   "strides [", x.stride(0), ", ", x.stride(1), "]"));
@@ -74,15 +76,21 @@ void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
                   shape_str(out)));
   check_last_dim_contiguous(out, "out");
   check_same_device(out, "out", x);
-  TORCH_CHECK(!ranges_overlap(out, x) && !ranges_overlap(out, w),
-              msg("out: overlaps x or w in memory (the output must be separate)"));
+  TORCH_CHECK(M <= 1 || out.stride(0) >= N, msg("out: expected a row stride >= N = ", N, ", got ", out.stride(0)));
+  TORCH_CHECK(!ranges_overlap(out, x) && !ranges_overlap(out, w) && !(bias.has_value() && ranges_overlap(out, *bias)) &&
+                  !ranges_overlap(out, counters),
+              msg("out: overlaps x, w, bias or counters in memory (the output must be separate)"));
+  const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
+  TORCH_CHECK(small(tile_n) && small(boxes_k) && small(stages) && small(blocks_per_sm),
+              msg("config: (tile_n, boxes_k, stages, blocks_per_sm) = (", tile_n, ", ", boxes_k, ", ", stages, ", ",
+                  blocks_per_sm, ") is not compiled; compiled: ", compiled_list()));
   sg::SkinnyTmaParams p;
   p.config = {static_cast<int>(tile_n), static_cast<int>(boxes_k), static_cast<int>(stages),
               static_cast<int>(blocks_per_sm)};
   TORCH_CHECK(sg::skinny_tma_config_supported(p.config),
-              msg("config: (tile_n, boxes_k, stages) = (", tile_n, ", ", boxes_k, ", ", stages, ") with blocks_per_sm ",
-                  blocks_per_sm, " is not compiled; compiled: ", compiled_list(), ", blocks_per_sm 1 or 2"));
-  const int64_t tiles = (N + tile_n - 1) / tile_n;
+              msg("config: (tile_n, boxes_k, stages, blocks_per_sm) = (", tile_n, ", ", boxes_k, ", ", stages, ", ",
+                  blocks_per_sm, ") is not compiled; compiled: ", compiled_list()));
+  const int64_t tiles = (N + p.config.tile_n - 1) / p.config.tile_n;
   TORCH_CHECK(counters.scalar_type() == at::kInt && counters.dim() == 1 && counters.is_contiguous() &&
                   counters.numel() >= tiles,
               msg("counters: expected a contiguous int32 tensor of >= ", tiles, " zeros, got ", counters.scalar_type(),
@@ -123,6 +131,7 @@ std::vector<int64_t> skinny_tma_configs() {
     flat.push_back(configs[i].tile_n);
     flat.push_back(configs[i].boxes_k);
     flat.push_back(configs[i].stages);
+    flat.push_back(configs[i].blocks_per_sm);
   }
   return flat;
 }

@@ -91,7 +91,7 @@ def _triton_kernels():
 
 _COMPILED_OPS: dict[str, object] = {}
 _TMA_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_TMA_TRIPLES: list[tuple[int, int, int]] = []
+_TMA_COMPILED: list[tuple[int, int, int, int]] = []
 
 
 def _tma_op():
@@ -101,18 +101,20 @@ def _tma_op():
     return _COMPILED_OPS["skinny_tma"]
 
 
-def _compiled_tma_triples() -> list[tuple[int, int, int]]:
-    """The (tile_n, boxes_k, stages) the build compiled (its binding's list), read once."""
-    if not _TMA_TRIPLES and _tma_op() is not None:
+def _compiled_tma() -> list[tuple[int, int, int, int]]:
+    """The (tile_n, boxes_k, stages, most blocks an SM) the build compiled (its binding's list),
+    read once."""
+    if not _TMA_COMPILED and _tma_op() is not None:
         flat = list(ops.skinny_tma_configs())
-        _TMA_TRIPLES.extend(tuple(flat[i : i + 3]) for i in range(0, len(flat), 3))
-    return _TMA_TRIPLES
+        _TMA_COMPILED.extend(tuple(flat[i : i + 4]) for i in range(0, len(flat), 4))
+    return _TMA_COMPILED
 
 
 def tma_configs() -> list[TmaConfig]:
     """The :class:`TmaConfig` launches this build has code for (each (tile_n, boxes_k, stages)
-    at one and two blocks an SM); empty on CPU / ROCm builds."""
-    return [TmaConfig(tn, bk, st, bps) for tn, bk, st in _compiled_tma_triples() for bps in (1, 2)]
+    at one block an SM, and at two where two fit an SM's shared memory); empty on CPU / ROCm
+    builds."""
+    return [TmaConfig(tn, bk, st, bps) for tn, bk, st, most in _compiled_tma() for bps in range(1, most + 1)]
 
 
 def _tma_capable(device: torch.device) -> bool:
@@ -172,10 +174,12 @@ def _run_tma(out, x, w, bias, cfg: TmaConfig) -> None:
         )
     if not (x.stride(1) == 1 and (M == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, rows of K
-    compiled = _compiled_tma_triples()
-    if (cfg.tile_n, cfg.boxes_k, cfg.stages) not in compiled:
-        compiled = ", ".join(str(c) for c in compiled)
-        raise ValueError(f"config: {cfg} is not compiled in this build; compiled (tile_n, boxes_k, stages): {compiled}")
+    compiled = _compiled_tma()
+    if not any((tn, bk, st) == (cfg.tile_n, cfg.boxes_k, cfg.stages) and cfg.blocks_per_sm <= most for tn, bk, st, most in compiled):
+        compiled = ", ".join(f"({tn}, {bk}, {st}, up to {most})" for tn, bk, st, most in compiled)
+        raise ValueError(
+            f"config: {cfg} is not compiled in this build; compiled (tile_n, boxes_k, stages, blocks_per_sm): {compiled}"
+        )
     counters = zeroed_buffer(_TMA_COUNTERS, x.device, -(-w.shape[0] // cfg.tile_n), torch.int32)
     _tma_op()(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, cfg.blocks_per_sm, counters)
 
