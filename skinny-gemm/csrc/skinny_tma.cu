@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/launch.h"
 #include "common/tma.cuh"
 
 namespace fused_llm {
@@ -292,26 +293,21 @@ __global__ void __launch_bounds__(Shape<kBF16, kTileN, kBoxes, kStages, kNT>::kT
 #endif
 }
 
-// A device attribute, queried once per device; 0 where the query fails.
-template <cudaDeviceAttr kAttr>
-int device_attribute(int device) {
-  static std::atomic<int> cached[kMaxDevices];  // the value + 1; 0: not queried yet
-  if (device < kMaxDevices) {
-    const int c = cached[device].load(std::memory_order_relaxed);
-    if (c != 0) return c - 1;
-  }
-  int value = 0;
-  if (cudaDeviceGetAttribute(&value, kAttr, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (device < kMaxDevices) cached[device].store(value + 1, std::memory_order_relaxed);
-  return value;
-}
-
+// Whether `device` is capability 9.0 (the kernel's only code is sm_90), queried once per device.
 bool capability_90(int device) {
-  return device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
-         device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
+  static std::atomic<int8_t> known[kMaxDevices];  // 0 unknown, 1 no, 2 yes
+  if (device < kMaxDevices && known[device].load(std::memory_order_relaxed) != 0) {
+    return known[device].load(std::memory_order_relaxed) == 2;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const bool yes = major == 9 && minor == 0;
+  if (device < kMaxDevices) known[device].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
 }
 
 template <bool kBF16, int kTileN, int kBoxes, int kStages, int kNT>
@@ -373,8 +369,6 @@ cudaError_t launch_dtype(const SkinnyTmaParams& p, const KernelArgs& a, int devi
   return cudaErrorNotSupported;
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 // Blocks of a launch shape one SM holds: two where two blocks of its 16-token instantiation fit
 // the SM's shared memory (228 KiB on the H100 and H200, 1 KiB of it reserved per block, and
 // the barriers' static bytes), else one: a second block that cannot be resident would run as a
@@ -422,14 +416,14 @@ int64_t skinny_tma_partial_floats(const SkinnyTmaParams& p, int sms) {
 cudaError_t skinny_tma_launch(const SkinnyTmaParams& p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   if (p.m < 0 || p.m > kMaxM || p.n < 0 || p.k < 8 || p.k % 8 != 0 || !skinny_tma_config_supported(p.config) ||
-      !aligned16(p.x) || !aligned16(p.w) || p.w_row_stride % 8 != 0 || (p.m > 1 && p.x_row_stride % 8 != 0)) {
+      !aligned(p.x, 16) || !aligned(p.w, 16) || p.w_row_stride % 8 != 0 || (p.m > 1 && p.x_row_stride % 8 != 0)) {
     return cudaErrorNotSupported;
   }
   int device = 0;
   if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
   if (!capability_90(device)) return cudaErrorNotSupported;
-  const int sms = device_attribute<cudaDevAttrMultiProcessorCount>(device);
-  if (sms <= 0) return cudaErrorNotSupported;
+  int sms = 0;
+  if (const cudaError_t err = sm_count(&sms); err != cudaSuccess) return err;
   KernelArgs a;
   a.m = p.m;
   a.n = p.n;

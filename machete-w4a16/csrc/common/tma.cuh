@@ -4,6 +4,10 @@
 // (sm90+ instructions; the inline functions are emitted only where a kernel calls them), the
 // thread-block cluster helpers, and the host's tensor-map encoder. Stamped into each package's
 // csrc/common/ by `fused-llm sync` (common/manifest.toml).
+//
+// Internal linkage (unnamed namespace), as launch.h: each package's .so keeps its own copy, so
+// two packages stamped from different versions of this file can be loaded in one process (an
+// inline function's static, encoder()'s cache, would otherwise be one process-wide object).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap and its enums (types only: the encoder comes through the runtime)
@@ -13,6 +17,7 @@
 
 namespace fused_llm {
 namespace tma {
+namespace {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -49,8 +54,8 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(inner), "r"(outer)
       : "memory");
 }
-// Shared memory last read through the generic proxy (the W and scale loads) before the copy
-// engine (the async proxy) overwrites it.
+// Shared memory last read through the generic proxy (ordinary or ldmatrix loads) before the
+// copy engine (the async proxy) overwrites it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // The cluster's barrier: every thread of every block arrives (release) and waits (acquire), so
@@ -110,5 +115,6 @@ inline bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* ba
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+}  // namespace
 }  // namespace tma
 }  // namespace fused_llm

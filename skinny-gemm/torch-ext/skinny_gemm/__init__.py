@@ -28,6 +28,8 @@ gradient; ``linear`` hands them to ``F.linear``).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -75,8 +77,6 @@ def reserve_workspaces(device: torch.device | str, tiles: int = 1 << 14, workspa
     kern = _triton_kernels()
     zeroed_buffer(kern._COUNTERS, dev, tiles, torch.int32)
     zeroed_buffer(kern._WORKSPACES, dev, workspace, torch.float32)
-    if _tma_op() is not None:
-        zeroed_buffer(_TMA_COUNTERS, dev, tiles, torch.int32)
 
 
 def _triton_kernels():
@@ -89,25 +89,17 @@ def _triton_kernels():
 # The compiled Hopper kernel (CUDA builds: torch-ext/torch_binding.cpp, csrc/skinny_tma.cu)
 # ---------------------------------------------------------------------------------------------
 
-_COMPILED_OPS: dict[str, object] = {}
-_TMA_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_TMA_COMPILED: list[tuple[int, int, int, int]] = []
-
-
+@functools.cache
 def _tma_op():
-    """The CUDA build's ``skinny_tma`` op, or None (CPU / ROCm builds). Looked up once."""
-    if "skinny_tma" not in _COMPILED_OPS:
-        _COMPILED_OPS["skinny_tma"] = getattr(ops, "skinny_tma", None)
-    return _COMPILED_OPS["skinny_tma"]
+    """The CUDA build's ``skinny_tma`` op, or None (CPU / ROCm builds)."""
+    return getattr(ops, "skinny_tma", None)
 
 
-def _compiled_tma() -> list[tuple[int, int, int, int]]:
-    """The (tile_n, boxes_k, stages, most blocks an SM) the build compiled (its binding's list),
-    read once."""
-    if not _TMA_COMPILED and _tma_op() is not None:
-        flat = list(ops.skinny_tma_configs())
-        _TMA_COMPILED.extend(tuple(flat[i : i + 4]) for i in range(0, len(flat), 4))
-    return _TMA_COMPILED
+@functools.cache
+def _compiled_tma() -> tuple[tuple[int, int, int, int], ...]:
+    """The (tile_n, boxes_k, stages, most blocks an SM) the build compiled (its binding's list)."""
+    flat = list(ops.skinny_tma_configs()) if _tma_op() is not None else []
+    return tuple(tuple(flat[i : i + 4]) for i in range(0, len(flat), 4))
 
 
 def tma_configs() -> list[TmaConfig]:
@@ -117,62 +109,42 @@ def tma_configs() -> list[TmaConfig]:
     return [TmaConfig(tn, bk, st, bps) for tn, bk, st, most in _compiled_tma() for bps in range(1, most + 1)]
 
 
-def _tma_capable(device: torch.device) -> bool:
-    """Whether the compiled Hopper kernel runs on ``device``: a CUDA build, a capability 9.0 GPU."""
-    if device.type != "cuda" or torch.version.hip is not None or _tma_op() is None:
-        return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0)
+@functools.cache
+def _tma_capable(index: int) -> bool:
+    """Whether the compiled Hopper kernel runs on CUDA device ``index``: a CUDA build, capability 9.0."""
+    return torch.version.hip is None and _tma_op() is not None and torch.cuda.get_device_capability(index) == (9, 0)
 
 
-_CAPABILITIES: dict[int, tuple[int, int]] = {}
-
-
-def _capability(index: int) -> tuple[int, int]:
-    cap = _CAPABILITIES.get(index)
-    if cap is None:
-        cap = _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
-    return cap
-
-
-def _tma_fits(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """x [M, K] and w [N, K] (16-bit, one device) as the compiled kernel reads them: 1-16 rows, K a
-    multiple of 8, unit-stride rows with row strides of multiples of 8 elements and 16-byte
-    aligned bases (the copy engine's rules), on a capability 9.0 GPU of a CUDA build."""
+def _tma_refusal(x: torch.Tensor, w: torch.Tensor) -> str | None:
+    """Why the compiled kernel cannot take x [M, K] and w [N, K] (16-bit, on one GPU), as an
+    error naming the argument; None where it can. x's own strides and alignment are no reason
+    (_run_tma copies x: <= 16 rows, at most 0.5 MB at K 16384)."""
     M, K = x.shape
-    return (
-        1 <= M <= TMA_MAX_M
-        and K >= 8
-        and K % 8 == 0
-        and x.stride(1) == 1
-        and (M == 1 or x.stride(0) % 8 == 0)
-        and w.stride(1) == 1
-        and w.stride(0) % 8 == 0
-        and x.data_ptr() % 16 == 0
-        and w.data_ptr() % 16 == 0
-        and _tma_capable(x.device)
-    )
-
-
-def _run_tma(out, x, w, bias, cfg: TmaConfig) -> None:
-    """The compiled Hopper kernel with ``cfg`` (x [M, K] 16-bit on a GPU). x is copied when only
-    its layout keeps it from the copy engine (<= 16 rows: at most 0.5 MB at K 16384); anything
-    else the kernel cannot take is an error naming the argument."""
-    M, K = x.shape
-    if not _tma_capable(x.device):
-        raise ValueError(
+    if not _tma_capable(x.device.index):
+        return (
             "config: a TmaConfig runs the compiled Hopper kernel, which needs a CUDA build of skinny-gemm and a GPU of "
             f"capability 9.0; got {x.device} ({'no compiled kernel in this build' if _tma_op() is None else 'another GPU'})"
         )
     if not 1 <= M <= TMA_MAX_M:
-        raise ValueError(f"x: a TmaConfig takes 1 to {TMA_MAX_M} rows (tokens), got {M}")
+        return f"x: a TmaConfig takes 1 to {TMA_MAX_M} rows (tokens), got {M}"
     if K % 8:
-        raise ValueError(f"x: a TmaConfig needs K a multiple of 8 (the copy engine's 16-byte rows), got K = {K}")
+        return f"x: a TmaConfig needs K a multiple of 8 (the copy engine's 16-byte rows), got K = {K}"
     if w.stride(0) % 8 or w.data_ptr() % 16:
-        raise ValueError(
+        return (
             f"w: a TmaConfig needs a row stride that is a multiple of 8 elements and a 16-byte aligned base, got row "
             f"stride {w.stride(0)} at address {w.data_ptr()} (pass w.contiguous(), or a SkinnyConfig)"
         )
-    if not (x.stride(1) == 1 and (M == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0):
+    return None
+
+
+def _run_tma(out, x, w, bias, cfg: TmaConfig) -> None:
+    """The compiled Hopper kernel with ``cfg`` (x [M, K] 16-bit on a GPU, K > 0): what it cannot
+    take is an error naming the argument (_tma_refusal), x copied where only its layout is off.
+    Its arrival counters are the Triton kernel's (one zeroed buffer per device, left zeroed)."""
+    refusal = _tma_refusal(x, w)
+    if refusal is not None:
+        raise ValueError(refusal)
+    if not (x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, rows of K
     compiled = _compiled_tma()
     if not any((tn, bk, st) == (cfg.tile_n, cfg.boxes_k, cfg.stages) and cfg.blocks_per_sm <= most for tn, bk, st, most in compiled):
@@ -180,7 +152,7 @@ def _run_tma(out, x, w, bias, cfg: TmaConfig) -> None:
         raise ValueError(
             f"config: {cfg} is not compiled in this build; compiled (tile_n, boxes_k, stages, blocks_per_sm): {compiled}"
         )
-    counters = zeroed_buffer(_TMA_COUNTERS, x.device, -(-w.shape[0] // cfg.tile_n), torch.int32)
+    counters = zeroed_buffer(_triton_kernels()._COUNTERS, x.device, -(-w.shape[0] // cfg.tile_n), torch.int32)
     _tma_op()(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, cfg.blocks_per_sm, counters)
 
 
@@ -538,9 +510,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     cfg = dispatch_config(x, w)
     if cfg is None:
         return F.linear(x, w, bias)
-    if isinstance(cfg, TmaConfig) and x.is_cuda and w.dtype == x.dtype and not _tma_fits(_rows(x), w):
-        # A table entry for the compiled kernel where this build, GPU or layout cannot run it (a
-        # build without it, a strided or misaligned w): cuBLAS, as for shapes without an entry.
+    if (isinstance(cfg, TmaConfig) and x.is_cuda and w.dtype == x.dtype and not torch.compiler.is_compiling()
+            and _tma_refusal(_rows(x), w) is not None):  # fmt: skip
+        # A table entry for the compiled kernel where this build, GPU or w's layout cannot run it:
+        # cuBLAS, as for shapes without an entry. (Under torch.compile the addresses are not known
+        # when tracing: such a w is the op's error naming w when it runs.)
         return F.linear(x, w, bias)
     return gemm(x, w, bias, config=cfg)
 
