@@ -52,8 +52,9 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
     """The sweep: BLOCK_M the smallest dot tile holding M (at M = 1 also the GEMV), BLOCK_N 32 /
     64 / 128 weight rows, 128 / 256 / 512 bytes of each row per K step, K slices for ~1 / 2 / 4
     / 8 programs per SM, 3 / 4 / 6 stages (quick: the default plus 12 neighbours); with 16-bit
-    inputs at M <= 16, also every launch of the compiled Hopper kernel in ``tma`` (the build's
-    ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 8."""
+    inputs at M <= 16, also every launch shape of the compiled Hopper kernel in ``tma`` (the
+    build's ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 8,
+    each at the K split of ``tma_split`` and its neighbours (blocks from ~0.75 to ~2.5 an SM)."""
     default = kernel.skinny_config(M, N, K, elem, sms)
     if quick:  # the neighbourhood of the winners of the H100 sweeps (2026-11-24)
         block_ns, kbytes, per_sm, stages = (32, 64), (256,), (1, 2, 4), (4,)
@@ -71,7 +72,11 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
     if M == 1:
         out |= set(gemv_candidates(kernel, K, elem, quick))
     if tma and elem == 2 and M <= 16 and K % 8 == 0:
-        out |= set(tma)
+        for c in tma:
+            base = kernel.tma_split(N, c.tile_n, sms)
+            for split in {base - 1, base, base + 1, 2 * base}:
+                if 1 <= split <= 8 and 0.7 * sms <= -(-N // c.tile_n) * split <= 2.6 * sms or split == base:
+                    out.add(kernel.TmaConfig(c.tile_n, c.boxes_k, c.stages, split))
     return sorted(out, key=lambda c: c.as_list())
 
 

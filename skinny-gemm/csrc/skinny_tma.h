@@ -7,18 +7,23 @@
 // The weight stream is the whole cost at these m (2304 x 16384 bf16 is 75.5 MB against 16 tokens'
 // 0.5 MB), so the kernel is built around reading it at the memory's speed:
 //
-// * A persistent grid: `programs` blocks (one or two an SM) split the (row tile, K stage) units of
-//   the whole product into equal contiguous ranges, so every SM streams the same number of bytes
-//   and none waits on a second wave (stream-K). A range may start or end inside a row tile; the
-//   tiles it cuts are summed across the blocks that share them.
-// * One producer warp per block streams its range through a ring of `stages` shared-memory
+// * A split-K grid of thread-block clusters: row tile t of tile_n rows is one cluster of `split`
+//   blocks (1-8), block r of it reading the r-th of `split` contiguous slices of K. A split is
+//   chosen so that tiles x split fills the GPU (2304 rows of 64 are 36 tiles: a split of 4-6
+//   makes 144-216 blocks, two or three an SM); the blocks share the memory's bandwidth, so each
+//   slice streams in about the same time.
+// * One producer warp per block streams its slice through a ring of `stages` shared-memory
 //   stages: one thread issues the TMA boxes of a stage (the tile's rows x stage_k columns of W,
 //   128-byte swizzled, and the tokens' x columns) on the stage's mbarrier, waiting only for the
 //   stage to be handed back; the consumer warps (16 rows of W each) read their mma.sync A and B
 //   fragments with ldmatrix from the stage and hand it back.
-// * A row tile cut between blocks is summed in a fixed order: each block stores its fp32 partial
-//   tile in one of its two slots of `partials`, and the last to arrive (an arrival counter per tile) adds the
-//   slots in block order, adds the bias and writes the tile: the same bits on every run.
+// * The slices' fp32 partial tiles are summed through distributed shared memory: each block
+//   leaves its partial in its own shared memory, and after a cluster barrier the rows of
+//   consumer warp w are added by block w % split in block order, which adds the bias and writes
+//   them: the same bits on every run, and no global memory between the blocks. (A first design
+//   cut the work into equal ranges of (tile, K stage) units over a persistent grid and summed
+//   the cut tiles through global partials and arrival counters; the fences and round trips of
+//   that fixup cost 5.6 us of 25.6 at 2304 x 16384, H200: docs/skinny-gemm-tma-kernel.md.)
 //
 // CUDA only (the binding includes this header in CUDA builds alone); the kernel's code exists
 // for capability 9.0 (the launch refuses other GPUs): the package's Triton kernel serves sm80 and
@@ -43,8 +48,11 @@ struct SkinnyTmaConfig {
   int tile_n = 64;      // rows of W a unit covers: 16 per consumer warp; 32, 64 or 128
   int boxes_k = 2;      // 64-column boxes per stage: stage_k = 64 * boxes_k columns; 1, 2 or 4
   int stages = 6;       // shared-memory stages of the ring: 2 .. 8 (within the SM's 227 KiB)
-  int blocks_per_sm = 1;  // 1, or 2 where two blocks fit an SM (programs = SMs x blocks_per_sm, at most the units)
+  int split = 1;        // K slices of a row tile, the blocks of its cluster: 1 .. kMaxSplit
 };
+
+// The most K slices (blocks of a cluster: the portable cluster size).
+constexpr int kMaxSplit = 8;
 
 struct SkinnyTmaParams {
   int64_t m = 0;  // 1 .. kMaxM (0 launches nothing)
@@ -62,27 +70,20 @@ struct SkinnyTmaParams {
   bool bias_fp32 = false;      // bias dtype float32 (else T)
   void* out = nullptr;         // [m, n] of T, unit-stride rows
   int64_t out_row_stride = 0;
-
-  // fp32 [2 * programs * tile_n * 16] (skinny_tma_partial_floats); int32 [tiles]
-  // (ceil(n / tile_n)), zero on entry, left zero (so one launch at a time uses them).
-  float* partials = nullptr;
-  int32_t* counters = nullptr;
   SkinnyTmaConfig config;
 };
 
-// The grid a launch with these parameters takes on a GPU of `sms` multiprocessors.
-int64_t skinny_tma_programs(const SkinnyTmaParams& p, int sms);
-// The floats `partials` must hold for that launch.
-int64_t skinny_tma_partial_floats(const SkinnyTmaParams& p, int sms);
-// Whether `config` is one the library has code for (tile_n, boxes_k, stages, blocks_per_sm).
+// Whether `config` is one the library has code for ((tile_n, boxes_k, stages) compiled, split
+// 1 .. kMaxSplit).
 bool skinny_tma_config_supported(const SkinnyTmaConfig& config);
 // The compiled (tile_n, boxes_k, stages) triples: sets `*configs` to the first of `count`
-// entries, whose blocks_per_sm is the most blocks an SM holds (1 or 2), and returns count.
+// entries (their split is kMaxSplit, the most any takes) and returns count.
 int skinny_tma_compiled_configs(const SkinnyTmaConfig** configs);
 
 // Enqueues the kernel on `stream`. Returns cudaErrorNotSupported (with nothing enqueued) where
 // the device is not capability 9.0, the tensor maps cannot be encoded (alignment, driver) or the
-// configuration is not one of the compiled ones; other CUDA errors of the launch as they come.
+// configuration is not one of the compiled ones; other CUDA errors of the launch (a cluster the
+// device cannot place) as they come.
 cudaError_t skinny_tma_launch(const SkinnyTmaParams& p, cudaStream_t stream);
 
 }  // namespace skinny_gemm

@@ -38,12 +38,14 @@ def run_tma(x, w, bias=None, cfg=None, out=None):
 
 @pytest.mark.kernels_ci
 def test_config_forms():
-    """A TmaConfig's op / table form is [0, tile_n, boxes_k, stages, blocks_per_sm]; six ints are
-    a SkinnyConfig; each parses back to its configuration."""
+    """A TmaConfig's op / table form is [0, tile_n, boxes_k, stages, split]; six ints are a
+    SkinnyConfig; each parses back to its configuration. Split 0 is tma_split's choice: the
+    fewest K slices (1-8) whose blocks cover the SMs."""
     cfg = sg.TmaConfig(128, 1, 4, 2)
     assert cfg.as_list() == [0, 128, 1, 4, 2]
     assert _config.config_from_list(cfg.as_list()) == cfg
     assert _config.config_from_list([16, 64, 128, 4, 4, 4]) == sg.SkinnyConfig(16, 64, 128, 4, 4, 4)
+    assert [sg.tma_split(n, 64, 132) for n in (2304, 6144, 4096, 13312, 64, 1)] == [4, 2, 3, 1, 8, 8]
 
 
 @pytest.mark.kernels_ci
@@ -53,11 +55,11 @@ def test_config_forms():
         (lambda: sg.TmaConfig(48), ValueError, r"TmaConfig.tile_n: expected one of \[32, 64, 128\], got 48"),
         (lambda: sg.TmaConfig(64, 3), ValueError, r"TmaConfig.boxes_k: expected one of \[1, 2, 4\], got 3"),
         (lambda: sg.TmaConfig(64, 2, 9), ValueError, r"TmaConfig.stages: expected one of \[2, 3, 4, 5, 6, 7, 8\], got 9"),
-        (lambda: sg.TmaConfig(64, 2, 6, 3), ValueError, r"TmaConfig.blocks_per_sm: expected one of \[1, 2\], got 3"),
+        (lambda: sg.TmaConfig(64, 2, 6, 9), ValueError, r"TmaConfig.split: expected one of \[0, 1, .*, 8\], got 9"),
         (lambda: sg.TmaConfig(64.0), TypeError, "TmaConfig.tile_n: expected an int, got 64.0"),
         (lambda: _config.config_from_list([1, 2, 3]), ValueError, r"config: expected 6 ints \(SkinnyConfig\) or \[0, tile_n"),
     ],
-    ids=["tile_n", "boxes_k", "stages", "blocks_per_sm", "type", "list"],
+    ids=["tile_n", "boxes_k", "stages", "split", "type", "list"],
 )
 def test_config_errors(make_it, exc, match):
     with pytest.raises(exc, match=match):
@@ -91,13 +93,13 @@ def test_table_entry_dispatch(table):
     where it cannot (a build or GPU without it, a misaligned w)."""
     N, K = 48, 256
     x, w, b = make(5, N, K, torch.bfloat16, seed=3, bias=True)
-    entry = [0, 64, 2, 6, 1]
+    entry = [0, 64, 2, 6, 2]
     table[(_gpu_key(), "bfloat16", N, K)] = [(8, entry)]
-    assert sg.dispatch_config(x, w) == sg.TmaConfig(64, 2, 6, 1)
-    assert sg.dispatch_buckets(w) == [(8, sg.TmaConfig(64, 2, 6, 1))]
+    assert sg.dispatch_config(x, w) == sg.TmaConfig(64, 2, 6, 2)
+    assert sg.dispatch_buckets(w) == [(8, sg.TmaConfig(64, 2, 6, 2))]
     got = sg.linear(x, w, b)
     if DEVICE == "cpu" or TMA:
-        assert torch.equal(got, sg.gemm(x, w, b, config=sg.TmaConfig(64, 2, 6, 1)))
+        assert torch.equal(got, sg.gemm(x, w, b, config=sg.TmaConfig(64, 2, 6, 2)))
     else:
         assert torch.equal(got, F.linear(x, w, b)), "a GPU without the kernel: cuBLAS"
     if DEVICE == "cuda":
@@ -127,15 +129,28 @@ def test_values(N, K, M, dtype):
 
 @needs_tma
 def test_every_compiled_config():
-    """Every compiled launch (each at 1 and 2 blocks an SM) at 8 and 16 tokens (one and two n8
-    token tiles), with an fp32 bias; the arrival counters are left zero."""
+    """Every compiled launch at 8 and 16 tokens (one and two n8 token tiles), with an fp32 bias,
+    at one K slice (no cluster), tma_split's and the most (8: some slices of K = 4104 are
+    empty at 4 boxes a stage, 17 stages for 8 slices)."""
     x16, w, _ = make(16, 1000, 4104, torch.bfloat16, seed=4)
     b = torch.randn(1000, generator=gen(5)).to(DEVICE)
-    for cfg in sg.tma_configs():
-        for x in (x16[:8], x16):
-            assert_gemm_close(run_tma(x, w, b, cfg), reference(x, w, b), f"{cfg} M={x.shape[0]}")
-    counters = sg._triton_kernels()._COUNTERS  # shared with the Triton kernel
-    assert all(not c.any() for c in counters.values())
+    for c in sg.tma_configs():
+        for split in (1, 0, 8):
+            cfg = sg.TmaConfig(c.tile_n, c.boxes_k, c.stages, split)
+            for x in (x16[:8], x16):
+                assert_gemm_close(run_tma(x, w, b, cfg), reference(x, w, b), f"{cfg} M={x.shape[0]}")
+
+
+@needs_tma
+@pytest.mark.parametrize("split", range(1, 9))
+def test_every_split(split):
+    """Each K split 1-8 (the blocks of a cluster), 1 and 16 tokens, at the issue's 2304 x 16384
+    and at a K of two stages (splits past 2 leave slices empty)."""
+    for N, K in ((2304, 16384), (200, 256)):
+        for M in (1, 16):
+            x, w, b = make(M, N, K, torch.bfloat16, seed=split * 31 + M, bias=True)
+            cfg = sg.TmaConfig(64, 2, 4, split)
+            assert_gemm_close(run_tma(x, w, b, cfg), reference(x, w, b), f"{cfg} {M}x{N}x{K}")
 
 
 @needs_tma
@@ -187,19 +202,18 @@ def test_bad_input(call, match):
 @needs_tma
 def test_binding_checks():
     """The compiled op's own checks (direct torch.ops callers), each before anything is written:
-    values that would narrow to a compiled launch, two blocks an SM where they do not fit."""
+    values that would narrow to a compiled launch, a split out of 1-8 (0 is the Python layer's)."""
     x, w, _ = make(4, 32, 64, torch.bfloat16, seed=8)
     out = poison_(torch.empty(4, 32, dtype=x.dtype, device=DEVICE))
-    counters = torch.zeros(16, dtype=torch.int32, device=DEVICE)
     op = sg.ops.skinny_tma
     cases = [
-        ((out, x, w, None, 64, 2, 6, 1, counters.float()), "counters: expected a contiguous int32 tensor"),
-        ((out, x, w, None, 64, 3, 6, 1, counters), r"config: \(tile_n, boxes_k, stages, blocks_per_sm\) = \(64, 3, 6, 1\)"),
-        ((out, x, w, None, 2**32 + 64, 2, 6, 1, counters), r"config: .* = \(4294967360, 2, 6, 1\) is not compiled"),
-        ((out, x, w, None, 64, 2, 8, 2, counters), r"config: .* = \(64, 2, 8, 2\) is not compiled"),
-        ((out, x, w.half(), None, 64, 2, 6, 1, counters), r"w: expected a BFloat16 \[N, 64\] tensor"),
-        ((out[:, :16], x, w, None, 64, 2, 6, 1, counters), r"out: expected a BFloat16 \[4, 32\] tensor"),
-        ((out, x.float(), w, None, 64, 2, 6, 1, counters), "x: expected dtype bfloat16 or float16"),
+        ((out, x, w, None, 64, 3, 6, 1), r"config: \(tile_n, boxes_k, stages\) = \(64, 3, 6\) is not compiled"),
+        ((out, x, w, None, 2**32 + 64, 2, 6, 1), r"config: .* = \(4294967360, 2, 6\) is not compiled"),
+        ((out, x, w, None, 64, 2, 6, 0), r"config: split \(K slices, the blocks of a cluster\) must be 1 .. 8, got 0"),
+        ((out, x, w, None, 64, 2, 6, 9), r"config: split .* got 9"),
+        ((out, x, w.half(), None, 64, 2, 6, 1), r"w: expected a BFloat16 \[N, 64\] tensor"),
+        ((out[:, :16], x, w, None, 64, 2, 6, 1), r"out: expected a BFloat16 \[4, 32\] tensor"),
+        ((out, x.float(), w, None, 64, 2, 6, 1), "x: expected dtype bfloat16 or float16"),
     ]
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):
@@ -209,7 +223,7 @@ def test_binding_checks():
 
 @needs_tma
 def test_deterministic():
-    """Rows tiles cut between blocks are summed in block order: repeated calls are bitwise equal."""
+    """The K slices are summed in block order: repeated calls are bitwise equal."""
     x, w, _ = make(16, 2304, 16384, torch.bfloat16, seed=9)
     first = run_tma(x, w)
     for _ in range(5):
@@ -235,7 +249,7 @@ def test_opcheck():
 @needs_tma
 def test_torch_compile_fullgraph(table):
     x, w, b = make(6, 256, 512, torch.float16, seed=11, bias=True)
-    table[(_gpu_key(), "float16", 256, 512)] = [(8, [0, 64, 2, 6, 1])]
+    table[(_gpu_key(), "float16", 256, 512)] = [(8, [0, 64, 2, 6, 2])]
 
     def block(x):
         return [sg.gemm(x, w, b, config=sg.TmaConfig(128, 2, 4)) + 1, sg.linear(x * 2, w)]
@@ -250,12 +264,11 @@ def test_torch_compile_fullgraph(table):
 @needs_tma
 @pytest.mark.parametrize("M", [1, 16])
 def test_cuda_graph_capture(M):
-    """Captured once, replayed on new inputs: equal to eager calls (the partials come from the
-    graph's pool, the counters are made before the capture and left zero)."""
+    """Captured once, replayed on new inputs: equal to eager calls (a cluster launch in a graph)."""
     x, w, b = make(M, 2304, 16384, torch.bfloat16, seed=12, bias=True)
     static_x = x.clone()
     cfg = sg.TmaConfig()
-    sg.gemm(static_x, w, b, config=cfg)  # warm-up: makes the counters
+    sg.gemm(static_x, w, b, config=cfg)  # warm-up
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = sg.gemm(static_x, w, b, config=cfg)

@@ -3,9 +3,9 @@
 // op namespace as torch.library fragments. This file defines that namespace (TORCH_LIBRARY) and,
 // in CUDA builds only, the compiled Hopper kernel's ops:
 //   skinny_tma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int tile_n, int boxes_k,
-//              int stages, int blocks_per_sm, Tensor(b!) counters) -> ()
-//   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most blocks an
-//                                       SM), flattened)
+//              int stages, int split) -> ()
+//   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most K slices),
+//                                       flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -36,7 +36,7 @@ std::string compiled_list() {
   std::string s;
   for (int i = 0; i < n; ++i) {
     s += (i ? ", (" : "(") + std::to_string(configs[i].tile_n) + ", " + std::to_string(configs[i].boxes_k) + ", " +
-         std::to_string(configs[i].stages) + ", up to " + std::to_string(configs[i].blocks_per_sm) + ")";
+         std::to_string(configs[i].stages) + ")";
   }
   return s;
 }
@@ -44,7 +44,7 @@ std::string compiled_list() {
 }  // namespace
 
 void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                int64_t tile_n, int64_t boxes_k, int64_t stages, int64_t blocks_per_sm, at::Tensor& counters) {
+                int64_t tile_n, int64_t boxes_k, int64_t stages, int64_t split) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
   TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -77,25 +77,19 @@ void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
   check_last_dim_contiguous(out, "out");
   check_same_device(out, "out", x);
   TORCH_CHECK(M <= 1 || out.stride(0) >= N, msg("out: expected a row stride >= N = ", N, ", got ", out.stride(0)));
-  TORCH_CHECK(!ranges_overlap(out, x) && !ranges_overlap(out, w) && !(bias.has_value() && ranges_overlap(out, *bias)) &&
-                  !ranges_overlap(out, counters),
-              msg("out: overlaps x, w, bias or counters in memory (the output must be separate)"));
+  TORCH_CHECK(!ranges_overlap(out, x) && !ranges_overlap(out, w) && !(bias.has_value() && ranges_overlap(out, *bias)),
+              msg("out: overlaps x, w or bias in memory (the output must be separate)"));
   const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
-  TORCH_CHECK(small(tile_n) && small(boxes_k) && small(stages) && small(blocks_per_sm),
-              msg("config: (tile_n, boxes_k, stages, blocks_per_sm) = (", tile_n, ", ", boxes_k, ", ", stages, ", ",
-                  blocks_per_sm, ") is not compiled; compiled: ", compiled_list()));
+  TORCH_CHECK(small(tile_n) && small(boxes_k) && small(stages),
+              msg("config: (tile_n, boxes_k, stages) = (", tile_n, ", ", boxes_k, ", ", stages,
+                  ") is not compiled; compiled: ", compiled_list()));
+  TORCH_CHECK(split >= 1 && split <= sg::kMaxSplit,
+              msg("config: split (K slices, the blocks of a cluster) must be 1 .. ", sg::kMaxSplit, ", got ", split));
   sg::SkinnyTmaParams p;
-  p.config = {static_cast<int>(tile_n), static_cast<int>(boxes_k), static_cast<int>(stages),
-              static_cast<int>(blocks_per_sm)};
+  p.config = {static_cast<int>(tile_n), static_cast<int>(boxes_k), static_cast<int>(stages), static_cast<int>(split)};
   TORCH_CHECK(sg::skinny_tma_config_supported(p.config),
-              msg("config: (tile_n, boxes_k, stages, blocks_per_sm) = (", tile_n, ", ", boxes_k, ", ", stages, ", ",
-                  blocks_per_sm, ") is not compiled; compiled: ", compiled_list()));
-  const int64_t tiles = (N + p.config.tile_n - 1) / p.config.tile_n;
-  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.dim() == 1 && counters.is_contiguous() &&
-                  counters.numel() >= tiles,
-              msg("counters: expected a contiguous int32 tensor of >= ", tiles, " zeros, got ", counters.scalar_type(),
-                  " ", shape_str(counters)));
-  check_same_device(counters, "counters", x);
+              msg("config: (tile_n, boxes_k, stages) = (", tile_n, ", ", boxes_k, ", ", stages,
+                  ") is not compiled; compiled: ", compiled_list()));
   if (M == 0 || N == 0) return;
 
   const c10::cuda::CUDAGuard guard(x.device());
@@ -115,10 +109,6 @@ void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
   p.bias_fp32 = bias.has_value() && bias->scalar_type() == at::kFloat;
   p.out = out.data_ptr();
   p.out_row_stride = M == 1 ? N : out.stride(0);
-  p.counters = counters.data_ptr<int32_t>();
-  const at::Tensor partials =
-      at::empty({sg::skinny_tma_partial_floats(p, props->multiProcessorCount)}, x.options().dtype(at::kFloat));
-  p.partials = partials.data_ptr<float>();
   const cudaError_t err = sg::skinny_tma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
   TORCH_CHECK(err == cudaSuccess, msg("skinny_tma: kernel launch failed: ", cudaGetErrorString(err)));
 }
@@ -131,7 +121,7 @@ std::vector<int64_t> skinny_tma_configs() {
     flat.push_back(configs[i].tile_n);
     flat.push_back(configs[i].boxes_k);
     flat.push_back(configs[i].stages);
-    flat.push_back(configs[i].blocks_per_sm);
+    flat.push_back(configs[i].split);
   }
   return flat;
 }
@@ -141,7 +131,7 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #if defined(CUDA_KERNEL)
   ops.def(
       "skinny_tma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int tile_n, int boxes_k, int stages, "
-      "int blocks_per_sm, Tensor(b!) counters) -> ()");
+      "int split) -> ()");
   ops.impl("skinny_tma", c10::kCUDA, &skinny_tma);
   ops.def("skinny_tma_configs() -> int[]", &skinny_tma_configs);
 #else

@@ -10,10 +10,9 @@
 
 // out [M, N] = x [M, K] @ w [N, K]^T (+ bias) by the Hopper TMA kernel (csrc/skinny_tma.h):
 // 1 <= M <= 16, K a multiple of 8, capability 9.0 GPUs; (tile_n, boxes_k, stages) one of
-// skinny_tma_configs(), blocks_per_sm 1 up to its most; counters int32 [ceil(N / tile_n)], zero
-// on entry, left zero.
+// skinny_tma_configs(), split (K slices: the blocks of a thread-block cluster) 1 .. its most.
 void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                int64_t tile_n, int64_t boxes_k, int64_t stages, int64_t blocks_per_sm, at::Tensor& counters);
+                int64_t tile_n, int64_t boxes_k, int64_t stages, int64_t split);
 
-// The compiled (tile_n, boxes_k, stages, most blocks an SM) quadruples, flattened.
+// The compiled (tile_n, boxes_k, stages, most K slices) quadruples, flattened.
 std::vector<int64_t> skinny_tma_configs();

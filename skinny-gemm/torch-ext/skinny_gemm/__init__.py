@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _reference, _tuning
-from ._config import TMA_MAX_M, SkinnyConfig, TmaConfig, config_from_list, skinny_config
+from ._config import TMA_MAX_M, SkinnyConfig, TmaConfig, config_from_list, skinny_config, tma_split
 from ._light_ops import define_op
 from ._triton_launch import device_name, triton_enabled_for, workspace_device, zeroed_buffer
 from ._ops import add_op_namespace_prefix, ops
@@ -52,6 +52,7 @@ __all__ = [
     "reserve_workspaces",
     "skinny_config",
     "tma_configs",
+    "tma_split",
     "triton_enabled_for",
 ]
 
@@ -97,16 +98,21 @@ def _tma_op():
 
 @functools.cache
 def _compiled_tma() -> tuple[tuple[int, int, int, int], ...]:
-    """The (tile_n, boxes_k, stages, most blocks an SM) the build compiled (its binding's list)."""
+    """The (tile_n, boxes_k, stages, most K slices) the build compiled (its binding's list)."""
     flat = list(ops.skinny_tma_configs()) if _tma_op() is not None else []
     return tuple(tuple(flat[i : i + 4]) for i in range(0, len(flat), 4))
 
 
 def tma_configs() -> list[TmaConfig]:
-    """The :class:`TmaConfig` launches this build has code for (each (tile_n, boxes_k, stages)
-    at one block an SM, and at two where two fit an SM's shared memory); empty on CPU / ROCm
-    builds."""
-    return [TmaConfig(tn, bk, st, bps) for tn, bk, st, most in _compiled_tma() for bps in range(1, most + 1)]
+    """The (tile_n, boxes_k, stages) this build has code for, as :class:`TmaConfig` with split 0
+    (each takes any split 1-8: :func:`tma_split` chooses one per shape, the tuner tries several);
+    empty on CPU / ROCm builds."""
+    return [TmaConfig(tn, bk, st) for tn, bk, st, _ in _compiled_tma()]
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @functools.cache
@@ -140,20 +146,18 @@ def _tma_refusal(x: torch.Tensor, w: torch.Tensor) -> str | None:
 def _run_tma(out, x, w, bias, cfg: TmaConfig) -> None:
     """The compiled Hopper kernel with ``cfg`` (x [M, K] 16-bit on a GPU, K > 0): what it cannot
     take is an error naming the argument (_tma_refusal), x copied where only its layout is off.
-    Its arrival counters are the Triton kernel's (one zeroed buffer per device, left zeroed)."""
+    Split 0 takes tma_split's choice for this N and GPU."""
     refusal = _tma_refusal(x, w)
     if refusal is not None:
         raise ValueError(refusal)
     if not (x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, rows of K
     compiled = _compiled_tma()
-    if not any((tn, bk, st) == (cfg.tile_n, cfg.boxes_k, cfg.stages) and cfg.blocks_per_sm <= most for tn, bk, st, most in compiled):
-        compiled = ", ".join(f"({tn}, {bk}, {st}, up to {most})" for tn, bk, st, most in compiled)
-        raise ValueError(
-            f"config: {cfg} is not compiled in this build; compiled (tile_n, boxes_k, stages, blocks_per_sm): {compiled}"
-        )
-    counters = zeroed_buffer(_triton_kernels()._COUNTERS, x.device, -(-w.shape[0] // cfg.tile_n), torch.int32)
-    _tma_op()(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, cfg.blocks_per_sm, counters)
+    if not any((tn, bk, st) == (cfg.tile_n, cfg.boxes_k, cfg.stages) for tn, bk, st, _ in compiled):
+        compiled = ", ".join(f"({tn}, {bk}, {st})" for tn, bk, st, _ in compiled)
+        raise ValueError(f"config: {cfg} is not compiled in this build; compiled (tile_n, boxes_k, stages): {compiled}")
+    split = cfg.split or tma_split(w.shape[0], cfg.tile_n, _sm_count(x.device.index))
+    _tma_op()(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, split)
 
 
 def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:

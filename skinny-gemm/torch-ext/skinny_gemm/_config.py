@@ -54,34 +54,45 @@ class SkinnyConfig:
         return [self.BLOCK_M, self.BLOCK_N, self.BLOCK_K, self.SPLIT_K, self.num_warps, self.num_stages]
 
 
-# The compiled Hopper kernel's choices (csrc/skinny_tma.h): rows of W a unit covers (16 a
-# consumer warp), 64-column TMA boxes a stage, stages of the ring, blocks an SM. Which
-# (tile_n, boxes_k, stages) combinations a build has code for is the binding's list
-# (``skinny_tma_configs``), checked when a call reaches a GPU.
+# The compiled Hopper kernel's choices (csrc/skinny_tma.h): rows of W a block covers (16 a
+# consumer warp), 64-column TMA boxes a stage, stages of the ring, K slices of a row tile (the
+# blocks of a thread-block cluster; 0: tma_split's choice). Which (tile_n, boxes_k, stages)
+# combinations a build has code for is the binding's list (``skinny_tma_configs``), checked
+# when a call reaches a GPU.
 TMA_TILE_N = (32, 64, 128)
 TMA_BOXES_K = (1, 2, 4)
 TMA_STAGES = range(2, 9)
-TMA_BLOCKS_PER_SM = (1, 2)
+TMA_SPLIT = range(0, 9)
 TMA_MAX_M = 16
+
+
+def tma_split(N: int, tile_n: int, sms: int) -> int:
+    """The K slices a TmaConfig with split 0 takes: the fewest (1-8) whose blocks, ceil(N /
+    tile_n) row tiles x split, number at least the GPU's multiprocessors (the blocks then share
+    the memory's bandwidth; fewer than one an SM leaves SMs idle). 2304 rows of 64 on 132 SMs:
+    36 tiles, 4 slices, 144 blocks."""
+    tiles = -(-N // tile_n)
+    return max(1, min(8, -(-sms // tiles)))
 
 
 @dataclass(frozen=True)
 class TmaConfig:
     """One launch of the compiled Hopper kernel (``csrc/skinny_tma.h``: capability 9.0, fp16 /
     bf16, 1-16 tokens): the weight stream through a ring of ``stages`` shared-memory stages of
-    ``tile_n`` rows x ``64 * boxes_k`` columns filled by TMA, mma.sync consumers, a stream-K
-    grid of ``blocks_per_sm`` blocks an SM, and the cut tiles summed in a fixed order (always
-    deterministic). Its table / op form is ``[0, tile_n, boxes_k, stages, blocks_per_sm]`` (the 0
+    ``tile_n`` rows x ``64 * boxes_k`` columns filled by TMA, mma.sync consumers, each row tile
+    cut into ``split`` K slices whose blocks form a thread-block cluster and sum their partials
+    in a fixed order through distributed shared memory (always deterministic; 0: the split of
+    :func:`tma_split`). Its table / op form is ``[0, tile_n, boxes_k, stages, split]`` (the 0
     where a :class:`SkinnyConfig` has BLOCK_M, which is never 0)."""
 
     tile_n: int = 64
     boxes_k: int = 2
-    stages: int = 6
-    blocks_per_sm: int = 1
+    stages: int = 4
+    split: int = 0
 
     def __post_init__(self):
         for name, allowed in (("tile_n", TMA_TILE_N), ("boxes_k", TMA_BOXES_K), ("stages", TMA_STAGES),
-                              ("blocks_per_sm", TMA_BLOCKS_PER_SM)):  # fmt: skip
+                              ("split", TMA_SPLIT)):  # fmt: skip
             value = getattr(self, name)
             if type(value) is not int:
                 raise TypeError(f"TmaConfig.{name}: expected an int, got {value!r}")
@@ -90,7 +101,7 @@ class TmaConfig:
 
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
-        return [0, self.tile_n, self.boxes_k, self.stages, self.blocks_per_sm]
+        return [0, self.tile_n, self.boxes_k, self.stages, self.split]
 
 
 def config_from_list(fields) -> SkinnyConfig | TmaConfig:
@@ -100,7 +111,7 @@ def config_from_list(fields) -> SkinnyConfig | TmaConfig:
     if len(fields) == 5 and fields[0] == 0:
         return TmaConfig(*fields[1:])
     if len(fields) != 6:
-        raise ValueError(f"config: expected 6 ints (SkinnyConfig) or [0, tile_n, boxes_k, stages, blocks_per_sm] "
+        raise ValueError(f"config: expected 6 ints (SkinnyConfig) or [0, tile_n, boxes_k, stages, split] "
                          f"(TmaConfig), got {fields}")  # fmt: skip
     return SkinnyConfig(*fields)
 
