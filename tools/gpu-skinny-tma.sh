@@ -12,8 +12,8 @@
 #    with the log); each configuration's result is checked against cuBLAS before it is timed;
 # 4. the kernel's tests (values against fp64 at the issue's shapes and off-tile ones, every
 #    compiled launch, layouts, bad input, determinism, opcheck, compile, CUDA graphs);
-# 5. compute-sanitizer memcheck and racecheck on the kernel's value tests (TMA ring, partial
-#    slots, arrival counters);
+# 5. compute-sanitizer memcheck and racecheck on the kernel's value tests (TMA ring, the
+#    clusters' distributed shared memory);
 # 6. the package's other tests and the quick benchmark with the ours_tma provider, as far as
 #    the time left allows.
 # Every stage's limit is cut to the time left before a 560 s deadline (the call's limit is 600);
@@ -92,11 +92,11 @@ grep -E "^(FAILED|ERROR)" "$OUT/test-tma.log" | head -20
 
 echo "=== compute-sanitizer at ${SECONDS}s"
 timeout "$(limit 60)" compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" -q skinny-gemm/tests/test_skinny_tma.py \
-  -k "every_compiled_config or layouts or values and 1000" > "$OUT/sanitize-memcheck.log" 2>&1
+  -k "every_split or layouts or (values and 1000)" > "$OUT/sanitize-memcheck.log" 2>&1
 echo "memcheck exit: $? (9: errors, 124: hit the limit)" | tee -a "$OUT/sanitize-memcheck.log"
 tail -3 "$OUT/sanitize-memcheck.log"
 timeout "$(limit 60)" compute-sanitizer --tool racecheck --error-exitcode 9 "${PYTEST[@]}" -q skinny-gemm/tests/test_skinny_tma.py \
-  -k "every_compiled_config" > "$OUT/sanitize-racecheck.log" 2>&1
+  -k "values and 1000 and bfloat16" > "$OUT/sanitize-racecheck.log" 2>&1
 echo "racecheck exit: $? (9: hazards, 124: hit the limit)" | tee -a "$OUT/sanitize-racecheck.log"
 tail -3 "$OUT/sanitize-racecheck.log"
 
