@@ -66,15 +66,17 @@ def test_dry_run_plans_every_point_without_a_gpu(quick):
 
 
 def test_the_compiled_kernel_joins_the_sweep_at_16_bit_and_16_tokens():
-    """The compiled Hopper kernel's launches (the build's tma_configs() on a capability 9.0 GPU)
-    are candidates for 16-bit inputs at M <= 16 where K is a multiple of 8, nowhere else."""
-    tma = [sg.TmaConfig(64, 2, 6, 1), sg.TmaConfig(128, 2, 4, 2)]
+    """The compiled Hopper kernel's launch shapes (the build's tma_configs() on a capability 9.0
+    GPU) are candidates for 16-bit inputs at M <= 16 where K is a multiple of 8, nowhere else,
+    each at tma_split's K split and its neighbours that keep ~0.7-2.6 blocks an SM."""
+    tma = [sg.TmaConfig(64, 2, 6), sg.TmaConfig(128, 2, 4)]
+    # 2304 rows: 36 tiles of 64 (split 4: 3, 4, 5, 8 -> 108-288 blocks), 18 of 128 (split 8: 7, 8)
+    expected = {sg.TmaConfig(64, 2, 6, s) for s in (3, 4, 5, 8)} | {sg.TmaConfig(128, 2, 4, s) for s in (7, 8)}
     for M in ISSUE_TOKENS:
         for elem in (1, 2):
-            cands = tune.candidates(sg, M, 2304, 16384, elem, 132, True, tma)
-            assert (set(tma) <= set(cands)) == (elem == 2 and M <= 16)
-            assert not set(tma) & set(cands) or (elem == 2 and M <= 16)
-    assert not set(tma) & set(tune.candidates(sg, 4, 100, 100, 2, 132, True, tma)), "K % 8 != 0"
+            cands = {c for c in tune.candidates(sg, M, 2304, 16384, elem, 132, True, tma) if isinstance(c, sg.TmaConfig)}
+            assert cands == (expected if elem == 2 and M <= 16 else set()), (M, elem)
+    assert not any(isinstance(c, sg.TmaConfig) for c in tune.candidates(sg, 4, 100, 100, 2, 132, True, tma)), "K % 8"
     assert not any(isinstance(c, sg.TmaConfig) for c in tune.candidates(sg, 4, 2304, 16384, 2, 132, True))
 
 

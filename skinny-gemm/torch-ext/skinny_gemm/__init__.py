@@ -5,7 +5,8 @@ One Triton source serves CUDA (sm80, sm90) and ROCm (gfx942): a split-K kernel w
 rows on the MMA's wide side (swap AB), a deterministic split-K reduction (or an atomic one with
 ``deterministic=False``), the FP8 scales, bias and output rounding in an fp32 epilogue. On CUDA
 builds a compiled Hopper kernel (capability 9.0, fp16 / bf16, 1-16 tokens: TMA weight ring,
-stream-K grid; ``csrc/skinny_tma.h``) runs where a :class:`TmaConfig` asks for it. On CPU the
+K slices summed in a thread-block cluster; ``csrc/skinny_tma.h``) runs where a :class:`TmaConfig` asks
+for it (or the tuning table names one). On CPU the
 ops run a plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1``
 is set before the first call, in which case CPU tensors go through the Triton kernel in
 Triton's interpreter (how CI tests the kernel code without a GPU).

@@ -18,7 +18,7 @@ for the skinny kernel, or None where cuBLAS won. ``gpu_name`` is
 
 from __future__ import annotations
 
-MADE_BY = 'python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1 --dtypes bfloat16  # NVIDIA H100 80GB HBM3'
+MADE_BY = 'python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1 --dtypes bfloat16  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 1,4,16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200'
 
 TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 1]),
                                                       (4, [16, 64, 128, 4, 4, 4]),
@@ -71,4 +71,14 @@ TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('
                                                            (16, [16, 64, 256, 1, 4, 4]),
                                                            (64, None)],
  ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 28672, 4096): [(1, [1, 32, 256, 1, 4, 4])],
- ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 57344, 8192): [(1, [16, 64, 256, 1, 4, 4])]}
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn', 57344, 8192): [(1, [16, 64, 256, 1, 4, 4])],
+ ('NVIDIA H200', 'bfloat16', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 3]),
+                                            (4, [0, 64, 2, 4, 4]),
+                                            (16, [0, 64, 2, 4, 4])],
+ ('NVIDIA H200', 'bfloat16', 4096, 4096): [(1, [1, 4, 4096, 1, 8, 2]),
+                                           (4, [0, 32, 4, 6, 1]),
+                                           (16, [0, 32, 4, 6, 1])],
+ ('NVIDIA H200', 'bfloat16', 4096, 14336): [(1, [0, 32, 4, 6, 1]),
+                                            (4, [0, 32, 4, 6, 1]),
+                                            (16, [0, 32, 4, 6, 1])],
+ ('NVIDIA H200', 'bfloat16', 6144, 4096): [(1, [0, 32, 4, 4, 1]), (4, [0, 64, 4, 4, 1]), (16, None)]}
