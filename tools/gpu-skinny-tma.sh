@@ -2,11 +2,12 @@
 # skinny-gemm's compiled Hopper kernel (TmaConfig, csrc/skinny_tma.cu) on the device machine, in
 # one call (the environment of tools/gpu-session.sh: the carried wheels in .whl/, installed
 # into /tmp/site; logs to $OUT):
-#   bash tools/gpu-skinny-tma.sh [tune]
+#   bash tools/gpu-skinny-tma.sh [tune | smoke]
 # 1. builds skinny-gemm for this GPU (its CUDA variant: the binding and the kernel, sm_90);
 # 2. a smoke run (60 s): the default launch at tiny and the 2304 x 16384 shape against
 #    fp64, and a few launches timed against cuBLAS at 1-16 tokens; a failure or hang stops
-#    here, with a memcheck of the smallest case, so a broken kernel costs one short call;
+#    here, with a memcheck of the smallest case, so a broken kernel costs one short call
+#    (`smoke` as the first argument stops after it: ~2 minutes with the machine's start);
 # 3. the bf16 sweep of tune.py at 1, 4 and 16 tokens on the Llama-405B TP8 QKV shape and the 8B ones,
 #    printed, not written (`tune` as the first argument writes the table instead: commit it
 #    with the log); each configuration's result is checked against cuBLAS before it is timed;
@@ -75,6 +76,8 @@ PY
   echo "tiny memcheck exit: $?"; head -60 "$OUT/tiny-memcheck.log"
   exit 1
 fi
+
+if [ "${1:-}" = smoke ]; then (cd "$OUT" && tar czf logs.tar.gz *.log && rm -f *.log); exit 0; fi
 
 echo "=== tune (bf16, 1, 4, 16 tokens) at ${SECONDS}s"
 write=--no-write; [ "${1:-}" = tune ] && write=
