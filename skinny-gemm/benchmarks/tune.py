@@ -75,7 +75,8 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
         for c in tma:
             base = kernel.tma_split(N, c.tile_n, sms)
             for split in {base - 1, base, base + 1, 2 * base}:
-                if 1 <= split <= 8 and 0.7 * sms <= -(-N // c.tile_n) * split <= 2.6 * sms or split == base:
+                blocks = -(-N // c.tile_n) * split
+                if split == base or (1 <= split <= 8 and 0.7 * sms <= blocks <= 2.6 * sms):
                     out.add(kernel.TmaConfig(c.tile_n, c.boxes_k, c.stages, split))
     return sorted(out, key=lambda c: c.as_list())
 

@@ -130,8 +130,7 @@ def test_values(N, K, M, dtype):
 @needs_tma
 def test_every_compiled_config():
     """Every compiled launch at 8 and 16 tokens (one and two n8 token tiles), with an fp32 bias,
-    at one K slice (no cluster), tma_split's and the most (8: some slices of K = 4104 are
-    empty at 4 boxes a stage, 17 stages for 8 slices)."""
+    at one K slice (no cluster), tma_split's and the most (8; empty slices: test_every_split)."""
     x16, w, _ = make(16, 1000, 4104, torch.bfloat16, seed=4)
     b = torch.randn(1000, generator=gen(5)).to(DEVICE)
     for c in sg.tma_configs():

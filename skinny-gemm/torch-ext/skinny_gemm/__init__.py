@@ -5,9 +5,9 @@ One Triton source serves CUDA (sm80, sm90) and ROCm (gfx942): a split-K kernel w
 rows on the MMA's wide side (swap AB), a deterministic split-K reduction (or an atomic one with
 ``deterministic=False``), the FP8 scales, bias and output rounding in an fp32 epilogue. On CUDA
 builds a compiled Hopper kernel (capability 9.0, fp16 / bf16, 1-16 tokens: TMA weight ring,
-K slices summed in a thread-block cluster; ``csrc/skinny_tma.h``) runs where a :class:`TmaConfig` asks
-for it (or the tuning table names one). On CPU the
-ops run a plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1``
+K slices summed in a thread-block cluster; ``csrc/skinny_tma.h``) runs where a
+:class:`TmaConfig` asks for it (or the tuning table names one). On CPU the ops run a
+plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1``
 is set before the first call, in which case CPU tensors go through the Triton kernel in
 Triton's interpreter (how CI tests the kernel code without a GPU).
 
@@ -112,11 +112,6 @@ def tma_configs() -> list[TmaConfig]:
 
 
 @functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-@functools.cache
 def _tma_capable(index: int) -> bool:
     """Whether the compiled Hopper kernel runs on CUDA device ``index``: a CUDA build, capability 9.0."""
     return torch.version.hip is None and _tma_op() is not None and torch.cuda.get_device_capability(index) == (9, 0)
@@ -157,7 +152,7 @@ def _run_tma(out, x, w, bias, cfg: TmaConfig) -> None:
     if not any((tn, bk, st) == (cfg.tile_n, cfg.boxes_k, cfg.stages) for tn, bk, st, _ in compiled):
         compiled = ", ".join(f"({tn}, {bk}, {st})" for tn, bk, st, _ in compiled)
         raise ValueError(f"config: {cfg} is not compiled in this build; compiled (tile_n, boxes_k, stages): {compiled}")
-    split = cfg.split or tma_split(w.shape[0], cfg.tile_n, _sm_count(x.device.index))
+    split = cfg.split or tma_split(w.shape[0], cfg.tile_n, _triton_kernels()._device_sms(x))
     _tma_op()(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, split)
 
 
