@@ -31,7 +31,7 @@ ISSUE_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 def test_defaults_are_every_shape_and_bucket():
     args = tune.parse_args([])
     assert {tune.ref.SHAPES[s] for s in args.shapes} == ISSUE_SHAPES and len(args.shapes) == len(ISSUE_SHAPES)
-    assert tuple(args.tokens) == tune.BUCKETS == ISSUE_TOKENS and args.dtypes == ["bfloat16", "fp8"]
+    assert tuple(args.tokens) == tune.BUCKETS == ISSUE_TOKENS and args.dtypes == ["bfloat16", "fp8", "fp8-tensor"]
     assert not (args.quick or args.dry_run or args.no_write)
     assert tune.parse_args(["--tokens", "16,1,16"]).tokens == [1, 16]
 
@@ -54,8 +54,8 @@ def test_dry_run_plans_every_point_without_a_gpu(quick):
     valid configurations (SkinnyConfig checks them), the GEMV at M = 1 only."""
     lines = []
     argv = ["--dry-run", "--sms", "132"] + (["--quick"] if quick else [])
-    assert tune.dry_run(tune.parse_args(argv), sg, 132, lines.append) == 2 * len(ISSUE_SHAPES) * len(ISSUE_TOKENS)
-    assert lines[-1] == "154 points"
+    assert tune.dry_run(tune.parse_args(argv), sg, 132, lines.append) == 3 * len(ISSUE_SHAPES) * len(ISSUE_TOKENS)
+    assert lines[-1] == "231 points"
     for N, K in ISSUE_SHAPES:
         for M in ISSUE_TOKENS:
             for elem in (1, 2):
@@ -65,19 +65,45 @@ def test_dry_run_plans_every_point_without_a_gpu(quick):
                 assert all(c.BLOCK_M == 1 or c.BLOCK_M >= M or c.BLOCK_M == 64 for c in cands)
 
 
-def test_the_compiled_kernel_joins_the_sweep_at_16_bit_and_16_tokens():
+def test_the_compiled_kernel_joins_the_sweep_at_16_tokens():
     """The compiled Hopper kernel's launch shapes (the build's tma_configs() on a capability 9.0
-    GPU) are candidates for 16-bit inputs at M <= 16 where K is a multiple of 8, nowhere else,
-    each at tma_split's K split and its neighbours that keep ~0.7-2.6 blocks an SM."""
-    tma = [sg.TmaConfig(64, 2, 6), sg.TmaConfig(128, 2, 4)]
-    # 2304 rows: 36 tiles of 64 (split 4: 3, 4, 5, 8 -> 108-288 blocks), 18 of 128 (split 8: 7, 8)
-    expected = {sg.TmaConfig(64, 2, 6, s) for s in (3, 4, 5, 8)} | {sg.TmaConfig(128, 2, 4, s) for s in (7, 8)}
+    GPU; --quick: those of QUICK_TMA) are candidates for 16-bit and FP8 inputs at M <= 16 where
+    K is a multiple of 16 bytes, nowhere else, each at tma_split's K split and its neighbours
+    that keep ~0.7-2.6 blocks an SM."""
+    tma = [sg.TmaConfig(64, 2, 8), sg.TmaConfig(128, 2, 4), sg.TmaConfig(64, 2, 6)]
+    # 2304 rows: 36 tiles of 64 (split 3: 2, 3, 4 -> 72 (too few), 108, 144 blocks), 18 of 128
+    # (split 7: 6, 7, 8 -> 108-144); (64, 2, 6) is not a --quick shape
+    quick = {sg.TmaConfig(64, 2, 8, s) for s in (3, 4)} | {sg.TmaConfig(128, 2, 4, s) for s in (6, 7, 8)}
+    full = quick | {sg.TmaConfig(64, 2, 6, s) for s in (3, 4)}
     for M in ISSUE_TOKENS:
         for elem in (1, 2):
-            cands = {c for c in tune.candidates(sg, M, 2304, 16384, elem, 132, True, tma) if isinstance(c, sg.TmaConfig)}
-            assert cands == (expected if elem == 2 and M <= 16 else set()), (M, elem)
+            for is_quick, expected in ((True, quick), (False, full)):
+                cands = {c for c in tune.candidates(sg, M, 2304, 16384, elem, 132, is_quick, tma) if isinstance(c, sg.TmaConfig)}
+                assert cands == (expected if M <= 16 else set()), (M, elem, is_quick)
     assert not any(isinstance(c, sg.TmaConfig) for c in tune.candidates(sg, 4, 100, 100, 2, 132, True, tma)), "K % 8"
+    assert not any(isinstance(c, sg.TmaConfig) for c in tune.candidates(sg, 4, 100, 24, 1, 132, True, tma)), "FP8 K % 16"
     assert not any(isinstance(c, sg.TmaConfig) for c in tune.candidates(sg, 4, 2304, 16384, 2, 132, True))
+
+
+def test_a_table_from_a_run_cut_short(tmp_path, monkeypatch):
+    """--from-log writes the points a run printed (its first line the command), merged into the
+    table as the run would have: a skinny pick as its configuration, a cuBLAS one as None."""
+    target = tmp_path / "_tuning.py"
+    target.write_text(tune.TABLE_PATH.read_text())
+    monkeypatch.setattr(tune, "TABLE_PATH", target)
+    log = tmp_path / "tune.log"
+    log.write_text("\n".join([
+        "# python skinny-gemm/benchmarks/tune.py --quick --tokens 1,4  # GPU X",
+        "GPU X float8_e4m3fn/tensor 8B-o M=1: cuBLAS 9.0 us, best skinny 8.1 us (1.111x) [0, 64, 4, 3, 2] -> skinny",
+        "  [16, 32, 256, 2, 4, 4]: wrong result (max |error| 1), skipped",
+        "GPU X float8_e4m3fn/tensor 8B-o M=4: cuBLAS 8.9 us, best skinny 9.5 us (0.941x) [0, 64, 4, 3, 2] -> cuBLAS",
+    ]))  # fmt: skip
+    assert tune.main(["--from-log", str(log)]) == 0
+    spec = importlib.util.spec_from_file_location("from_log_skinny_tuning", target)
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    assert written.TABLE[("GPU X", "float8_e4m3fn/tensor", 4096, 4096)] == [(1, [0, 64, 4, 3, 2]), (4, None)]
+    assert written.MADE_BY.endswith("--quick --tokens 1,4  # GPU X (2 points, written from its log)")
 
 
 def test_merged_buckets_and_the_lookup_of_absent_ones(monkeypatch):
@@ -116,7 +142,7 @@ def test_written_table_reads_back(tmp_path, monkeypatch):
 
 
 def test_suite_cases_and_the_autotune_peer():
-    """Both suites time the issue's 11 shapes at its 7 token counts against cuBLAS, torch.compile
+    """Every suite times the issue's 11 shapes at its 7 token counts against cuBLAS, torch.compile
     max-autotune and the read floor; the compile peer says why it cannot run here (no GPU)."""
     for suite in bench_run.load_suites("skinny-gemm"):
         shapes = {tune.ref.SHAPES[name] for name in tune.ref.SHAPES}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import pprint
+import re
 import shlex
 import sys
 import time
@@ -46,15 +47,19 @@ ref = load_sibling(__file__)  # benchmark.py: the shapes and inputs (the suite's
 TABLE_PATH = HERE.parent / "torch-ext" / "skinny_gemm" / "_tuning.py"
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 METHOD = Method(replays=10, repeats=3, budget_s=0.3)
+# The compiled kernel's launch shapes a --quick sweep tries: the ones that run one block an SM at
+# the split tma_split chooses (the fastest on an H100, 2026-11-28: docs/skinny-gemm-tma-kernel.md)
+# and a few with room for two.
+QUICK_TMA = {(64, 4, 4), (64, 2, 8), (64, 4, 3), (64, 2, 4), (32, 4, 6), (128, 2, 4), (128, 1, 6), (32, 8, 2)}
 
 
 def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool, tma: list | None = None) -> list:
     """The sweep: BLOCK_M the smallest dot tile holding M (at M = 1 also the GEMV), BLOCK_N 32 /
     64 / 128 weight rows, 128 / 256 / 512 bytes of each row per K step, K slices for ~1 / 2 / 4
     / 8 programs per SM, 3 / 4 / 6 stages (quick: the default plus 12 neighbours); with 16-bit
-    inputs at M <= 16, also every launch shape of the compiled Hopper kernel in ``tma`` (the
-    build's ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 8,
-    each at the K split of ``tma_split`` and its neighbours (blocks from ~0.75 to ~2.5 an SM)."""
+    at M <= 16, also every launch shape of the compiled Hopper kernel in ``tma`` (the build's
+    ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 16 bytes,
+    each at the K split of ``tma_split`` and its neighbours (blocks from ~0.7 to ~2.6 an SM)."""
     default = kernel.skinny_config(M, N, K, elem, sms)
     if quick:  # the neighbourhood of the winners of the H100 sweeps (2026-11-24)
         block_ns, kbytes, per_sm, stages = (32, 64), (256,), (1, 2, 4), (4,)
@@ -71,10 +76,12 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
         out.add(kernel.SkinnyConfig(bm, bn, bk, split, 8 if bn == 128 else 4, st))
     if M == 1:
         out |= set(gemv_candidates(kernel, K, elem, quick))
-    if tma and elem == 2 and M <= 16 and K % 8 == 0:
+    if tma and M <= 16 and (K * elem) % 16 == 0:
         for c in tma:
+            if quick and (c.tile_n, c.boxes_k, c.stages) not in QUICK_TMA:
+                continue
             base = kernel.tma_split(N, c.tile_n, sms)
-            for split in {base - 1, base, base + 1, 2 * base}:
+            for split in {base - 1, base, base + 1}:
                 blocks = -(-N // c.tile_n) * split
                 if split == base or (1 <= split <= 8 and 0.7 * sms <= blocks <= 2.6 * sms):
                     out.add(kernel.TmaConfig(c.tile_n, c.boxes_k, c.stages, split))
@@ -100,17 +107,23 @@ def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
 
 
 def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, margin: float, log, tma: list | None = None):
-    """(cuBLAS us, best skinny us, the entry: the best config or None, the best config)."""
+    """(cuBLAS us, best skinny us, the entry: the best config or None, the best config). dtype
+    ``fp8``: per-token x and per-channel w scales against cuBLAS's rowwise GEMM; ``fp8-tensor``:
+    both scales per tensor against its per-tensor GEMM."""
     N, K = ref.SHAPES[shape]
     fp8 = dtype != "bfloat16"
     if fp8:
         def inputs(seed):
             xq, wq, xs, ws = ref.make_fp8(M, N, K, "cuda", seed)
+            if dtype == "fp8-tensor":
+                xs, ws = xs[:1, 0].contiguous(), ws[:1, 0].contiguous()
+                return xq, wq, xs, ws, ws.reshape(())
             return xq, wq, xs, ws, ws.reshape(1, -1).contiguous()
 
         def cublas(seed):
             xq, wq, xs, _, wsT = inputs(seed)
-            return lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=wsT, out_dtype=torch.bfloat16)
+            sa = xs.reshape(()) if dtype == "fp8-tensor" else xs
+            return lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=wsT, out_dtype=torch.bfloat16)
 
         def ours(cfg):
             def make(seed):
@@ -167,7 +180,8 @@ def merge(rows: list, tuned: dict) -> list:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, checked (a SystemExit naming the bad value)."""
     parser = argparse.ArgumentParser(prog="tune.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtypes", default="bfloat16,fp8", help="bfloat16 and / or fp8 (the GPU's e4m3 format)")
+    parser.add_argument("--dtypes", default="bfloat16,fp8,fp8-tensor",
+                        help="of bfloat16, fp8 (the GPU's e4m3 format, rowwise scales), fp8-tensor (per-tensor scales)")
     parser.add_argument("--shapes", default=",".join(ref.SHAPES), help=f"of {', '.join(ref.SHAPES)} (default: all)")
     parser.add_argument("--tokens", default=",".join(map(str, BUCKETS)), help="M buckets to tune (default: all)")
     parser.add_argument("--quick", action="store_true", help="a small sweep around the default configuration")
@@ -175,14 +189,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sms", type=int, default=None, help="SM count for --dry-run without a GPU (default: the GPU's, else 132)")
     parser.add_argument("--no-write", action="store_true", help="measure and print the table, do not write _tuning.py")
     parser.add_argument("--dry-run", action="store_true", help="list the sweep; measure nothing (no GPU needed)")
+    parser.add_argument("--from-log", metavar="LOG", default=None,
+                        help="write the entries a run printed to LOG (one cut short by a time limit): no GPU needed")
     args = parser.parse_args(argv)
     args.dtypes, args.shapes = args.dtypes.split(","), args.shapes.split(",")
     try:
         args.tokens = sorted({int(t) for t in args.tokens.split(",")})
     except ValueError:
         parser.error(f"--tokens: expected comma-separated integers, got {args.tokens!r}")
-    if bad := [d for d in args.dtypes if d not in ("bfloat16", "fp8")]:
-        parser.error(f"--dtypes: expected bfloat16 and / or fp8, got {bad}")
+    if bad := [d for d in args.dtypes if d not in ("bfloat16", "fp8", "fp8-tensor")]:
+        parser.error(f"--dtypes: expected bfloat16, fp8 and / or fp8-tensor, got {bad}")
     if bad := [s for s in args.shapes if s not in ref.SHAPES]:
         parser.error(f"--shapes: expected names of {', '.join(ref.SHAPES)}, got {bad}")
     if bad := [t for t in args.tokens if t not in BUCKETS]:
@@ -199,16 +215,51 @@ def dry_run(args, kernel, sms: int, out=print, tma: list | None = None) -> int:
         for shape in args.shapes:
             N, K = ref.SHAPES[shape]
             for M in args.tokens:
-                cands = candidates(kernel, M, N, K, 1 if dtype == "fp8" else 2, sms, args.quick, tma)
+                cands = candidates(kernel, M, N, K, 2 if dtype == "bfloat16" else 1, sms, args.quick, tma)
                 points += 1
                 out(f"{dtype} {shape} [N={N}, K={K}] M={M}: {len(cands)} configurations: " + " ".join(str(c.as_list()) for c in cands))
     out(f"{points} points")
     return points
 
 
+# A measured point as main() prints it: "<gpu> <dtype key> <shape> M=<m>: cuBLAS .. -> skinny|cuBLAS".
+LOG_LINE = re.compile(r"^(?P<gpu>.+) (?P<name>\S+) (?P<shape>\S+) M=(?P<m>\d+): cuBLAS [\d.]+ us, best skinny [\d.]+ us "
+                      r"\([\d.]+x\) (?P<best>\[[\d, ]+\]|None) -> (?P<pick>skinny|cuBLAS)$")
+
+
+def from_log(path: str) -> int:
+    """Writes the entries of the points a tune run printed (LOG_LINE), merged into the table as
+    that run would have merged them, with the run's command from the log's first line."""
+    from importlib import import_module
+
+    kernel = get_kernel("skinny-gemm")
+    table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
+    lines = Path(path).read_text().splitlines()
+    command = lines[0].removeprefix("# ") if lines and lines[0].startswith("# ") else None
+    if command is None:
+        raise SystemExit(f"{path}: the first line must be '# <the tune.py command>' (main() prints it)")
+    by_key: dict = {}
+    for line in lines:
+        m = LOG_LINE.match(line)
+        if m:
+            N, K = ref.SHAPES[m["shape"]]
+            pick = eval(m["best"]) if m["pick"] == "skinny" else None  # noqa: S307 - a list of ints or None
+            by_key.setdefault((m["gpu"], m["name"], N, K), {})[int(m["m"])] = pick
+    for key, chosen in by_key.items():
+        table[key] = merge(table.get(key, []), chosen)
+    points = sum(map(len, by_key.values()))
+    tuning = import_module(kernel.__name__ + "._tuning")
+    made_by = f"{command} ({points} points, written from its log)"
+    write_table(table, f"{tuning.MADE_BY}; {made_by}" if tuning.MADE_BY else made_by)
+    print(f"wrote {TABLE_PATH}: {points} points of {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.from_log:
+        return from_log(args.from_log)
     kernel = get_kernel("skinny-gemm")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     sms = args.sms or (torch.cuda.get_device_properties(0).multi_processor_count if gpu else 132)
@@ -220,13 +271,14 @@ def main(argv: list[str] | None = None) -> int:
     if gpu is None:
         raise SystemExit("tune.py measures on a GPU; none is visible (--dry-run lists the sweep without one)")
     fp8_name = str(ref.fp8_dtype(0)).removeprefix("torch.")
+    print("# python skinny-gemm/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}", flush=True)
     from importlib import import_module
 
     table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
     tuned: set = set()
     t0 = time.time()
     for dtype in args.dtypes:
-        name = fp8_name if dtype == "fp8" else dtype
+        name = {"fp8": fp8_name, "fp8-tensor": f"{fp8_name}/tensor"}.get(dtype, dtype)
         for shape in args.shapes:
             N, K = ref.SHAPES[shape]
             chosen_by_m = {}

@@ -264,21 +264,23 @@ def test_default_config():
 
 
 def test_tuning_table_is_well_formed():
-    """Every committed entry: a (gpu, dtype, N, K) key, M buckets in increasing order from the
-    tuned set, each a valid SkinnyConfig, TmaConfig (16-bit only, M <= 16) or None."""
+    """Every committed entry: a (gpu, dtype, N, K) key (FP8 also with "/tensor": per-tensor
+    scales), M buckets in increasing order from the tuned set, each a valid SkinnyConfig,
+    TmaConfig (not e4m3fnuz, M <= 16) or None."""
     from importlib import import_module
 
     table = import_module(sg.__name__ + "._tuning").TABLE
     config_from_list = import_module(sg.__name__ + "._config").config_from_list
     for (gpu, dtype, N, K), rows in table.items():
-        assert isinstance(gpu, str) and dtype in ("bfloat16", "float16", "float8_e4m3fn", "float8_e4m3fnuz")
+        fp8 = ("float8_e4m3fn", "float8_e4m3fnuz")
+        assert isinstance(gpu, str) and dtype in ("bfloat16", "float16", *fp8, *(f"{d}/tensor" for d in fp8))
         assert N > 0 and K > 0
         buckets = [m for m, _ in rows]
         assert buckets == sorted(buckets) and set(buckets) <= {1, 2, 4, 8, 16, 32, 64}
         for m_max, cfg in rows:
             parsed = None if cfg is None else config_from_list(cfg)
             if isinstance(parsed, sg.TmaConfig):
-                assert dtype in ("bfloat16", "float16") and m_max <= 16, (gpu, dtype, N, K, m_max)
+                assert "fnuz" not in dtype and m_max <= 16, (gpu, dtype, N, K, m_max)
 
 
 @pytest.fixture

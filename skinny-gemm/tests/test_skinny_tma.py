@@ -1,5 +1,7 @@
-"""skinny-gemm's compiled Hopper kernel (``TmaConfig``: csrc/skinny_tma.cu) against fp64
-references of ``x @ w.T (+ bias)`` on the same fp16 / bf16 inputs.
+"""skinny-gemm's compiled Hopper kernel (``TmaConfig``: csrc/skinny_tma*.cu) against fp64
+references of ``x @ w.T (+ bias)`` on the same fp16 / bf16 inputs, and of
+``(x @ w.T) * x_scale * w_scale (+ bias)`` on e4m3fn inputs (``reference_fp8``: the exact FP8
+products summed, then the scales in fp32).
 
 The kernel runs on capability 9.0 GPUs of a CUDA build; everywhere else the tests check the
 configuration, the dispatch and the fallbacks (a TmaConfig on CPU runs the plain-torch path).
@@ -17,7 +19,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from skinny_gemm_testing import assert_fully_written, assert_only_declared_outputs_mutate, opcheck, poison_
-from test_skinny_gemm import DEVICE, _gpu_key, assert_gemm_close, gen, make, reference, sg, table  # noqa: F401
+from test_skinny_gemm import (  # noqa: F401
+    DEVICE,
+    _gpu_key,
+    assert_gemm_close,
+    gen,
+    make,
+    make_fp8,
+    reference,
+    reference_fp8,
+    sg,
+    table,
+)
 
 _config = import_module(sg.__name__ + "._config")
 
@@ -40,20 +53,20 @@ def run_tma(x, w, bias=None, cfg=None, out=None):
 def test_config_forms():
     """A TmaConfig's op / table form is [0, tile_n, boxes_k, stages, split]; six ints are a
     SkinnyConfig; each parses back to its configuration. Split 0 is tma_split's choice: the
-    fewest K slices (1-8) whose blocks cover the SMs."""
+    most K slices (1-8) whose blocks fit one an SM (1 where the row tiles alone are more)."""
     cfg = sg.TmaConfig(128, 1, 4, 2)
     assert cfg.as_list() == [0, 128, 1, 4, 2]
     assert _config.config_from_list(cfg.as_list()) == cfg
     assert _config.config_from_list([16, 64, 128, 4, 4, 4]) == sg.SkinnyConfig(16, 64, 128, 4, 4, 4)
-    assert [sg.tma_split(n, 64, 132) for n in (2304, 6144, 4096, 13312, 64, 1)] == [4, 2, 3, 1, 8, 8]
+    assert [sg.tma_split(n, 64, 132) for n in (2304, 6144, 4096, 13312, 64, 1)] == [3, 1, 2, 1, 8, 8]
 
 
 @pytest.mark.kernels_ci
 @pytest.mark.parametrize(
     "make_it, exc, match",
     [
-        (lambda: sg.TmaConfig(48), ValueError, r"TmaConfig.tile_n: expected one of \[32, 64, 128\], got 48"),
-        (lambda: sg.TmaConfig(64, 3), ValueError, r"TmaConfig.boxes_k: expected one of \[1, 2, 4\], got 3"),
+        (lambda: sg.TmaConfig(48), ValueError, r"TmaConfig.tile_n: expected one of \[16, 32, 64, 128\], got 48"),
+        (lambda: sg.TmaConfig(64, 3), ValueError, r"TmaConfig.boxes_k: expected one of \[1, 2, 4, 8\], got 3"),
         (lambda: sg.TmaConfig(64, 2, 9), ValueError, r"TmaConfig.stages: expected one of \[2, 3, 4, 5, 6, 7, 8\], got 9"),
         (lambda: sg.TmaConfig(64, 2, 6, 9), ValueError, r"TmaConfig.split: expected one of \[0, 1, .*, 8\], got 9"),
         (lambda: sg.TmaConfig(64.0), TypeError, "TmaConfig.tile_n: expected an int, got 64.0"),
@@ -67,13 +80,13 @@ def test_config_errors(make_it, exc, match):
 
 
 @pytest.mark.kernels_ci
-def test_fp8_refuses_a_tma_config():
-    xq = torch.randn(4, 64, generator=gen(1)).to(torch.float8_e4m3fn).to(DEVICE)
-    one = torch.ones(1, device=DEVICE)
-    if DEVICE == "cuda" and torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("no FP8 on this GPU")
-    with pytest.raises(TypeError, match=r"config: the compiled kernel \(TmaConfig\) multiplies fp16 / bf16 only"):
-        sg.gemm_fp8(xq, xq[:32], one, one, config=sg.TmaConfig())
+def test_fp8_off_gpu_a_tma_config_is_the_reference_path():
+    """gemm_fp8 with a TmaConfig off a capable GPU's kernel (CPU here): the same function in torch."""
+    if DEVICE == "cuda":
+        pytest.skip("CPU semantics")
+    x, w, xs, ws = make_fp8(5, 40, 256, torch.float8_e4m3fn, seed=1)
+    got = sg.gemm_fp8(x, w, xs, ws, config=sg.TmaConfig())
+    assert_gemm_close(got, reference_fp8(x, w, xs, ws), "TmaConfig FP8 on CPU")
 
 
 @pytest.mark.kernels_ci
@@ -152,6 +165,118 @@ def test_every_split(split):
             assert_gemm_close(run_tma(x, w, b, cfg), reference(x, w, b), f"{cfg} {M}x{N}x{K}")
 
 
+# FP8: K a multiple of 16 (16-byte rows); 4112 = 32 x 128 + 16: a box reaching past K, boxes
+# past it skipped; 208: two boxes, the second partial.
+FP8_SHAPES = [(2304, 16384), (6144, 4096), (1000, 4112), (96, 208), (17, 16)]
+
+
+@needs_tma
+@pytest.mark.parametrize("N, K", FP8_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 5, 9, 16])
+@pytest.mark.parametrize("scales", ["tensor", "token-channel", "token-tensor"])
+def test_fp8_values(N, K, M, scales):
+    x, w, xs, ws = make_fp8(M, N, K, torch.float8_e4m3fn, seed=M * 11 + N,
+                            per_token=scales != "tensor", per_channel=scales == "token-channel")  # fmt: skip
+    got = sg.gemm_fp8(x, w, xs, ws, config=sg.TmaConfig())
+    assert_gemm_close(got, reference_fp8(x, w, xs, ws), f"FP8 TmaConfig() {M}x{N}x{K} {scales}")
+
+
+@needs_tma
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_fp8_out_and_bias_dtypes(out_dtype, bias_dtype):
+    x, w, xs, ws = make_fp8(7, 1000, 4112, torch.float8_e4m3fn, seed=21)
+    b = None if bias_dtype is None else torch.randn(1000, generator=gen(22)).to(bias_dtype).to(DEVICE)
+    got = sg.gemm_fp8(x, w, xs, ws, b, out_dtype, config=sg.TmaConfig(64, 2, 4, 3))
+    assert got.dtype == out_dtype
+    assert_gemm_close(got, reference_fp8(x, w, xs, ws, b), f"FP8 out {out_dtype} bias {bias_dtype}")
+
+
+@needs_tma
+def test_fp8_every_config_and_split():
+    """Every compiled launch on FP8 at 8 and 16 tokens and splits 1, tma_split's and 8; each split
+    1-8 at 2304 x 16384."""
+    x16, w, xs16, ws = make_fp8(16, 1000, 4112, torch.float8_e4m3fn, seed=23)
+    for c in sg.tma_configs():
+        for split in (1, 0, 8):
+            cfg = sg.TmaConfig(c.tile_n, c.boxes_k, c.stages, split)
+            for M in (8, 16):
+                got = sg.gemm_fp8(x16[:M], w, xs16[:M], ws, config=cfg)
+                assert_gemm_close(got, reference_fp8(x16[:M], w, xs16[:M], ws), f"FP8 {cfg} M={M}")
+    x, w, xs, ws = make_fp8(16, 2304, 16384, torch.float8_e4m3fn, seed=24)
+    for split in range(1, 9):
+        cfg = sg.TmaConfig(64, 2, 4, split)
+        assert_gemm_close(sg.gemm_fp8(x, w, xs, ws, config=cfg), reference_fp8(x, w, xs, ws), f"FP8 {cfg}")
+
+
+@needs_tma
+def test_fp8_bad_input():
+    """FP8 rules of the compiled kernel, each an error naming the argument before anything is
+    written: K a multiple of 16, the binding's scale shapes and dtypes."""
+    x, w, xs, ws = make_fp8(4, 32, 64, torch.float8_e4m3fn, seed=25)
+    with pytest.raises(ValueError, match="x: a TmaConfig needs K a multiple of 16"):
+        sg.gemm_fp8(x[:, :40], w[:, :40], xs, ws, config=sg.TmaConfig())
+    out = poison_(torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
+    op = sg.ops.skinny_tma_fp8
+    cases = [
+        ((out, x, w, xs.reshape(4)[:3], ws.reshape(32), None, 64, 2, 4, 1),
+         r"x_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[4\] \(per token\)"),
+        ((out, x, w, xs.reshape(4), ws.reshape(32).double(), None, 64, 2, 4, 1),
+         r"w_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[32\]"),
+        ((out, x.view(torch.uint8), w, xs.reshape(4), ws.reshape(32), None, 64, 2, 4, 1),
+         "x: expected dtype float8_e4m3fn"),
+        ((out.view(torch.int16), x, w, xs.reshape(4), ws.reshape(32), None, 64, 2, 4, 1),
+         "out: expected dtype bfloat16, float16 or float32"),
+        ((out, x, w, xs.reshape(4), ws.reshape(32), torch.zeros(32, dtype=torch.int32, device=DEVICE), 64, 2, 4, 1),
+         "bias: expected a contiguous .32. tensor of dtype bfloat16, float16 or float32"),
+    ]  # fmt: skip
+    for args, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            op(*args)
+    assert torch.isnan(out.float()).all()
+
+
+@needs_tma
+def test_pdl_chain():
+    """Programmatic dependent launch: each call's W streams in before it waits for the previous
+    kernel, its x, out and scales only after. A chain where each call reads the previous call's
+    output and writes a buffer the call before it read (ping-pong), eager and as a CUDA graph,
+    equals the calls made one by one with a synchronize between them; pdl=False is the same
+    bits."""
+    N = K = 4096
+    ws = [make(1, N, K, torch.bfloat16, seed=40 + i)[1] for i in range(6)]
+    x = make(16, N, K, torch.bfloat16, seed=39)[0]
+    cfg = sg.TmaConfig()
+    expected, y = [], x
+    for w in ws:
+        y = sg.gemm(y, w, config=cfg)
+        torch.cuda.synchronize()
+        expected.append(y.clone())
+    bufs = [torch.empty(16, N, dtype=torch.bfloat16, device=DEVICE) for _ in range(2)]
+
+    def chain(x):
+        y = x
+        for i, w in enumerate(ws):
+            y = sg.gemm(y, w, out=bufs[i % 2], config=cfg)
+        return y
+
+    assert torch.equal(chain(x), expected[-1])
+    static_x = x.clone()
+    chain(static_x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain(static_x)
+    for _ in range(3):
+        poison_(bufs[0]), poison_(bufs[1])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(bufs[(len(ws) - 1) % 2], expected[-1])
+    out_pdl, out_plain = (torch.empty(16, N, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    sg.ops.skinny_tma(out_pdl, x, ws[0], None, 64, 2, 4, 4, True)
+    sg.ops.skinny_tma(out_plain, x, ws[0], None, 64, 2, 4, 4, False)
+    assert torch.equal(out_pdl, out_plain)
+
+
 @needs_tma
 def test_layouts_and_out():
     """x strided or misaligned (copied first), 3-D x, out= given (fully written), M = 0 (nothing
@@ -211,7 +336,8 @@ def test_binding_checks():
         ((out, x, w, None, 64, 2, 6, 0), r"config: split \(K slices, the blocks of a cluster\) must be 1 .. 8, got 0"),
         ((out, x, w, None, 64, 2, 6, 9), r"config: split .* got 9"),
         ((out, x, w.half(), None, 64, 2, 6, 1), r"w: expected a BFloat16 \[N, 64\] tensor"),
-        ((out[:, :16], x, w, None, 64, 2, 6, 1), r"out: expected a BFloat16 \[4, 32\] tensor"),
+        ((out[:, :16], x, w, None, 64, 2, 6, 1), r"out: expected a \[4, 32\] tensor"),
+        ((out.half(), x, w, None, 64, 2, 6, 1), r"out: expected dtype BFloat16 \(x's\), got Half"),
         ((out, x.float(), w, None, 64, 2, 6, 1), "x: expected dtype bfloat16 or float16"),
     ]
     for args, match in cases:
@@ -243,6 +369,13 @@ def test_opcheck():
     poison_(out)
     assert_only_declared_outputs_mutate(sg.ops.skinny_gemm, args)
     assert_gemm_close(out, reference(x, w, b), "after opcheck")
+    xq, wq, xs, ws = make_fp8(5, 200, 512, torch.float8_e4m3fn, seed=10)
+    out = torch.empty(5, 200, dtype=torch.bfloat16, device=DEVICE)
+    args = (out, xq, wq, xs.reshape(5), ws.reshape(200), None, True, sg.TmaConfig().as_list())
+    opcheck(sg.ops.skinny_gemm_fp8, args)
+    poison_(out)
+    assert_only_declared_outputs_mutate(sg.ops.skinny_gemm_fp8, args)
+    assert_gemm_close(out, reference_fp8(xq, wq, xs, ws), "FP8 after opcheck")
 
 
 @needs_tma
@@ -250,8 +383,11 @@ def test_torch_compile_fullgraph(table):
     x, w, b = make(6, 256, 512, torch.float16, seed=11, bias=True)
     table[(_gpu_key(), "float16", 256, 512)] = [(8, [0, 64, 2, 6, 2])]
 
+    xq, wq, xs, ws = make_fp8(6, 256, 512, torch.float8_e4m3fn, seed=11)
+
     def block(x):
-        return [sg.gemm(x, w, b, config=sg.TmaConfig(128, 2, 4)) + 1, sg.linear(x * 2, w)]
+        return [sg.gemm(x, w, b, config=sg.TmaConfig(128, 2, 4)) + 1, sg.linear(x * 2, w),
+                sg.gemm_fp8(xq, wq, xs, ws, config=sg.TmaConfig(64, 2, 4))]  # fmt: skip
 
     with torch.no_grad():
         got = torch.compile(block, fullgraph=True, dynamic=False)(x)

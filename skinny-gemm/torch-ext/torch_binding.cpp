@@ -3,7 +3,10 @@
 // op namespace as torch.library fragments. This file defines that namespace (TORCH_LIBRARY) and,
 // in CUDA builds only, the compiled Hopper kernel's ops:
 //   skinny_tma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int tile_n, int boxes_k,
-//              int stages, int split) -> ()
+//              int stages, int split, bool pdl=True) -> ()
+//   skinny_tma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale,
+//                  Tensor? bias, int tile_n, int boxes_k, int stages, int split,
+//                  bool pdl=True) -> ()
 //   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most K slices),
 //                                       flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
@@ -41,39 +44,54 @@ std::string compiled_list() {
   return s;
 }
 
-}  // namespace
+sg::DType dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16:
+      return sg::DType::kBFloat16;
+    case at::kHalf:
+      return sg::DType::kFloat16;
+    case at::kFloat:
+      return sg::DType::kFloat32;
+    default:
+      return sg::DType::kFloat8E4M3;
+  }
+}
 
-void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                int64_t tile_n, int64_t boxes_k, int64_t stages, int64_t split) {
+// The checks and the launch both ops share: x [M, K] (its dtype checked by the caller), w, bias
+// of one of `bias_dtypes`, out [M, N] of `out_dtype`, the configuration; fills p and launches.
+void run_tma(sg::SkinnyTmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+             const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t tile_n, int64_t boxes_k,
+             int64_t stages, int64_t split, bool pdl) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
-  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-              msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
   TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
+  const bool fp8 = x.scalar_type() == at::kFloat8_e4m3fn;
+  const int64_t unit = fp8 ? 16 : 8;  // 16 bytes of K: the copy engine's row-stride unit
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(M <= sg::kMaxM, msg("x: the TMA kernel takes at most ", sg::kMaxM, " rows (tokens), got ", M));
-  TORCH_CHECK(M == 0 || (K >= 8 && K % 8 == 0),
-              msg("x: K must be a positive multiple of 8 (16-byte rows for the copy engine), got ", K));
-  TORCH_CHECK(x.stride(1) == 1 && (M <= 1 || x.stride(0) % 8 == 0) && aligned16(x),
-              msg("x: expected unit-stride rows, a row stride that is a multiple of 8 and a 16-byte aligned base, got "
-                  "strides [", x.stride(0), ", ", x.stride(1), "]"));
+  TORCH_CHECK(M == 0 || (K >= unit && K % unit == 0),
+              msg("x: K must be a positive multiple of ", unit, " (16-byte rows for the copy engine), got ", K));
+  TORCH_CHECK(x.stride(1) == 1 && (M <= 1 || x.stride(0) % unit == 0) && aligned16(x),
+              msg("x: expected unit-stride rows, a row stride that is a multiple of ", unit,
+                  " and a 16-byte aligned base, got strides [", x.stride(0), ", ", x.stride(1), "]"));
   TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.scalar_type() == x.scalar_type(),
               msg("w: expected a ", x.scalar_type(), " [N, ", K, "] tensor, got ", w.scalar_type(), " ", shape_str(w)));
   check_same_device(w, "w", x);
   const int64_t N = w.size(0);
-  TORCH_CHECK(w.stride(1) == 1 && w.stride(0) % 8 == 0 && aligned16(w),
-              msg("w: expected unit-stride rows, a row stride that is a multiple of 8 and a 16-byte aligned base, got "
-                  "strides [", w.stride(0), ", ", w.stride(1), "]"));
+  TORCH_CHECK(w.stride(1) == 1 && w.stride(0) % unit == 0 && aligned16(w),
+              msg("w: expected unit-stride rows, a row stride that is a multiple of ", unit,
+                  " and a 16-byte aligned base, got strides [", w.stride(0), ", ", w.stride(1), "]"));
   if (bias.has_value()) {
-    TORCH_CHECK((bias->scalar_type() == x.scalar_type() || bias->scalar_type() == at::kFloat) && bias->dim() == 1 &&
-                    bias->size(0) == N && bias->is_contiguous(),
-                msg("bias: expected a contiguous [", N, "] tensor of x's dtype or float32, got ", bias->scalar_type(), " ",
-                    shape_str(*bias)));
+    const auto t = bias->scalar_type();
+    const bool dtype_ok = bias_any_out_dtype ? (t == at::kBFloat16 || t == at::kHalf || t == at::kFloat)
+                                             : (t == x.scalar_type() || t == at::kFloat);
+    TORCH_CHECK(dtype_ok && bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous(),
+                msg("bias: expected a contiguous [", N, "] tensor of ",
+                    bias_any_out_dtype ? "dtype bfloat16, float16 or float32" : "x's dtype or float32", ", got ", t,
+                    " ", shape_str(*bias)));
     check_same_device(*bias, "bias", x);
   }
-  TORCH_CHECK(out.scalar_type() == x.scalar_type() && out.dim() == 2 && out.size(0) == M && out.size(1) == N,
-              msg("out: expected a ", x.scalar_type(), " [", M, ", ", N, "] tensor, got ", out.scalar_type(), " ",
-                  shape_str(out)));
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.size(1) == N,
+              msg("out: expected a [", M, ", ", N, "] tensor, got ", shape_str(out)));
   check_last_dim_contiguous(out, "out");
   check_same_device(out, "out", x);
   TORCH_CHECK(M <= 1 || out.stride(0) >= N, msg("out: expected a row stride >= N = ", N, ", got ", out.stride(0)));
@@ -85,7 +103,6 @@ void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
                   ") is not compiled; compiled: ", compiled_list()));
   TORCH_CHECK(split >= 1 && split <= sg::kMaxSplit,
               msg("config: split (K slices, the blocks of a cluster) must be 1 .. ", sg::kMaxSplit, ", got ", split));
-  sg::SkinnyTmaParams p;
   p.config = {static_cast<int>(tile_n), static_cast<int>(boxes_k), static_cast<int>(stages), static_cast<int>(split)};
   TORCH_CHECK(sg::skinny_tma_config_supported(p.config),
               msg("config: (tile_n, boxes_k, stages) = (", tile_n, ", ", boxes_k, ", ", stages,
@@ -100,17 +117,63 @@ void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
   p.m = M;
   p.n = N;
   p.k = K;
-  p.dtype = x.scalar_type() == at::kBFloat16 ? sg::DType::kBFloat16 : sg::DType::kFloat16;
+  p.dtype = dtype_of(x.scalar_type());
+  p.out_dtype = dtype_of(out.scalar_type());
   p.x = x.data_ptr();
   p.x_row_stride = M == 1 ? K : x.stride(0);  // a single row's stride is never used
   p.w = w.data_ptr();
   p.w_row_stride = w.stride(0);
   p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  p.bias_fp32 = bias.has_value() && bias->scalar_type() == at::kFloat;
+  p.bias_dtype = bias.has_value() ? dtype_of(bias->scalar_type()) : p.out_dtype;
   p.out = out.data_ptr();
   p.out_row_stride = M == 1 ? N : out.stride(0);
+  p.pdl = pdl;
   const cudaError_t err = sg::skinny_tma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
   TORCH_CHECK(err == cudaSuccess, msg("skinny_tma: kernel launch failed: ", cudaGetErrorString(err)));
+}
+
+}  // namespace
+
+void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                int64_t tile_n, int64_t boxes_k, int64_t stages, int64_t split, bool pdl) {
+  using namespace fused_llm::binding;
+  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(),
+              msg("out: expected dtype ", x.scalar_type(), " (x's), got ", out.scalar_type()));
+  sg::SkinnyTmaParams p;
+  run_tma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, tile_n, boxes_k, stages, split, pdl);
+}
+
+void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
+                    const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t tile_n, int64_t boxes_k,
+                    int64_t stages, int64_t split, bool pdl) {
+  using namespace fused_llm::binding;
+  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
+  TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, msg("x: expected dtype float8_e4m3fn, got ", x.scalar_type()));
+  const auto o = out.scalar_type();
+  TORCH_CHECK(o == at::kBFloat16 || o == at::kHalf || o == at::kFloat,
+              msg("out: expected dtype bfloat16, float16 or float32, got ", o));
+  TORCH_CHECK(w.dim() == 2, msg("w: expected a 2-D [N, K] tensor, got ", w.dim(), "-D"));
+  const int64_t M = x.size(0), N = w.size(0);
+  const auto check_scale = [&](const at::Tensor& s, const char* name, int64_t rows, const char* what) {
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && (s.size(0) == 1 || s.size(0) == rows) &&
+                    s.is_contiguous(),
+                msg(name, ": expected a contiguous float32 [1] (per tensor) or [", rows, "] (", what, ") tensor, got ",
+                    s.scalar_type(), " ", shape_str(s)));
+    check_same_device(s, name, x);
+  };
+  check_scale(x_scale, "x_scale", M, "per token");
+  check_scale(w_scale, "w_scale", N, "per output row");
+  sg::SkinnyTmaParams p;
+  p.x_scale = x_scale.data_ptr<float>();
+  p.x_scale_per_token = x_scale.size(0) > 1;  // [1] with one row: the same element either way
+  p.w_scale = w_scale.data_ptr<float>();
+  p.w_scale_per_row = w_scale.size(0) > 1;
+  TORCH_CHECK(!ranges_overlap(out, x_scale) && !ranges_overlap(out, w_scale),
+              msg("out: overlaps x_scale or w_scale in memory (the output must be separate)"));
+  run_tma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, tile_n, boxes_k, stages, split, pdl);
 }
 
 std::vector<int64_t> skinny_tma_configs() {
@@ -131,8 +194,12 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #if defined(CUDA_KERNEL)
   ops.def(
       "skinny_tma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int tile_n, int boxes_k, int stages, "
-      "int split) -> ()");
+      "int split, bool pdl=True) -> ()");
   ops.impl("skinny_tma", c10::kCUDA, &skinny_tma);
+  ops.def(
+      "skinny_tma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
+      "int tile_n, int boxes_k, int stages, int split, bool pdl=True) -> ()");
+  ops.impl("skinny_tma_fp8", c10::kCUDA, &skinny_tma_fp8);
   ops.def("skinny_tma_configs() -> int[]", &skinny_tma_configs);
 #else
   (void)ops;  // CPU / ROCm: the namespace only (see the top of this file)

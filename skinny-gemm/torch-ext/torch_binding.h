@@ -10,9 +10,17 @@
 
 // out [M, N] = x [M, K] @ w [N, K]^T (+ bias) by the Hopper TMA kernel (csrc/skinny_tma.h):
 // 1 <= M <= 16, K a multiple of 8, capability 9.0 GPUs; (tile_n, boxes_k, stages) one of
-// skinny_tma_configs(), split (K slices: the blocks of a thread-block cluster) 1 .. its most.
+// skinny_tma_configs(), split (K slices: the blocks of a thread-block cluster) 1 .. its most;
+// pdl: launched as a programmatic dependent of the stream's previous kernel.
 void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                int64_t tile_n, int64_t boxes_k, int64_t stages, int64_t split);
+                int64_t tile_n, int64_t boxes_k, int64_t stages, int64_t split, bool pdl);
+
+// out [M, N] = (x [M, K] @ w [N, K]^T) * x_scale * w_scale (+ bias) on float8_e4m3fn x and w by
+// the same kernel: x_scale fp32 [1] or [M], w_scale fp32 [1] or [N], K a multiple of 16, out
+// bfloat16, float16 or float32, bias [N] of any of those; the rest as skinny_tma.
+void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
+                    const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t tile_n, int64_t boxes_k,
+                    int64_t stages, int64_t split, bool pdl);
 
 // The compiled (tile_n, boxes_k, stages, most K slices) quadruples, flattened.
 std::vector<int64_t> skinny_tma_configs();

@@ -4,8 +4,8 @@ reading the weight is the whole cost. ``w`` is ``[N, K]`` (nn.Linear's layout).
 One Triton source serves CUDA (sm80, sm90) and ROCm (gfx942): a split-K kernel with the weight
 rows on the MMA's wide side (swap AB), a deterministic split-K reduction (or an atomic one with
 ``deterministic=False``), the FP8 scales, bias and output rounding in an fp32 epilogue. On CUDA
-builds a compiled Hopper kernel (capability 9.0, fp16 / bf16, 1-16 tokens: TMA weight ring,
-K slices summed in a thread-block cluster; ``csrc/skinny_tma.h``) runs where a
+builds a compiled Hopper kernel (capability 9.0, fp16 / bf16 and FP8 e4m3fn, 1-16 tokens: TMA
+weight ring, K slices summed in a thread-block cluster; ``csrc/skinny_tma.h``) runs where a
 :class:`TmaConfig` asks for it (or the tuning table names one). On CPU the ops run a
 plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1``
 is set before the first call, in which case CPU tensors go through the Triton kernel in
@@ -118,10 +118,11 @@ def _tma_capable(index: int) -> bool:
 
 
 def _tma_refusal(x: torch.Tensor, w: torch.Tensor) -> str | None:
-    """Why the compiled kernel cannot take x [M, K] and w [N, K] (16-bit, on one GPU), as an
-    error naming the argument; None where it can. x's own strides and alignment are no reason
+    """Why the compiled kernel cannot take x [M, K] and w [N, K] (16-bit or FP8, on one GPU), as
+    an error naming the argument; None where it can. x's own strides and alignment are no reason
     (_run_tma copies x: <= 16 rows, at most 0.5 MB at K 16384)."""
     M, K = x.shape
+    unit = 16 // x.element_size()  # 16 bytes: the copy engine's row-stride unit
     if not _tma_capable(x.device.index):
         return (
             "config: a TmaConfig runs the compiled Hopper kernel, which needs a CUDA build of skinny-gemm and a GPU of "
@@ -129,31 +130,38 @@ def _tma_refusal(x: torch.Tensor, w: torch.Tensor) -> str | None:
         )
     if not 1 <= M <= TMA_MAX_M:
         return f"x: a TmaConfig takes 1 to {TMA_MAX_M} rows (tokens), got {M}"
-    if K % 8:
-        return f"x: a TmaConfig needs K a multiple of 8 (the copy engine's 16-byte rows), got K = {K}"
-    if w.stride(0) % 8 or w.data_ptr() % 16:
+    if x.dtype == torch.float8_e4m3fnuz:
+        return "x: a TmaConfig multiplies float8_e4m3fn (the CUDA FP8 format), got float8_e4m3fnuz"
+    if K % unit:
+        return f"x: a TmaConfig needs K a multiple of {unit} (the copy engine's 16-byte rows), got K = {K}"
+    if w.stride(0) % unit or w.data_ptr() % 16:
         return (
-            f"w: a TmaConfig needs a row stride that is a multiple of 8 elements and a 16-byte aligned base, got row "
+            f"w: a TmaConfig needs a row stride that is a multiple of {unit} elements and a 16-byte aligned base, got row "
             f"stride {w.stride(0)} at address {w.data_ptr()} (pass w.contiguous(), or a SkinnyConfig)"
         )
     return None
 
 
-def _run_tma(out, x, w, bias, cfg: TmaConfig) -> None:
-    """The compiled Hopper kernel with ``cfg`` (x [M, K] 16-bit on a GPU, K > 0): what it cannot
-    take is an error naming the argument (_tma_refusal), x copied where only its layout is off.
-    Split 0 takes tma_split's choice for this N and GPU."""
+def _run_tma(out, x, w, bias, cfg: TmaConfig, x_scale=None, w_scale=None) -> None:
+    """The compiled Hopper kernel with ``cfg`` (x [M, K] 16-bit, or FP8 with its fp32 scales
+    [1] / [M] and [1] / [N], on a GPU, K > 0): what it cannot take is an error naming the
+    argument (_tma_refusal), x copied where only its layout is off. Split 0 takes tma_split's
+    choice for this N and GPU."""
     refusal = _tma_refusal(x, w)
     if refusal is not None:
         raise ValueError(refusal)
-    if not (x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0):
+    unit = 16 // x.element_size()
+    if not (x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % unit == 0) and x.data_ptr() % 16 == 0):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, rows of K
     compiled = _compiled_tma()
     if not any((tn, bk, st) == (cfg.tile_n, cfg.boxes_k, cfg.stages) for tn, bk, st, _ in compiled):
         compiled = ", ".join(f"({tn}, {bk}, {st})" for tn, bk, st, _ in compiled)
         raise ValueError(f"config: {cfg} is not compiled in this build; compiled (tile_n, boxes_k, stages): {compiled}")
     split = cfg.split or tma_split(w.shape[0], cfg.tile_n, _triton_kernels()._device_sms(x))
-    _tma_op()(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, split)
+    if x_scale is None:
+        _tma_op()(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, split)
+    else:
+        ops.skinny_tma_fp8(out, x, w, x_scale, w_scale, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, split)
 
 
 def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:
@@ -167,7 +175,7 @@ def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None
     else:
         cfg = config_from_list(config) if len(config) else None
     if isinstance(cfg, TmaConfig) and x.is_cuda and x.shape[1] > 0:
-        _run_tma(out, x, w, bias, cfg)  # a 16-bit call (gemm_fp8 refuses a TmaConfig)
+        _run_tma(out, x, w, bias, cfg, x_scale, w_scale)
         return
     if x.shape[1] == 0 or not triton_enabled_for(x) or isinstance(cfg, TmaConfig):
         # K = 0 (out is the bias or zeros), CPU; a TmaConfig off the GPU: the same semantics in torch
@@ -250,13 +258,11 @@ def _check_bias(bias, x: torch.Tensor, N: int, dtypes) -> None:
         raise ValueError(f"bias: expected shape ({N},), got {tuple(bias.shape)}")
 
 
-def _check_flags(deterministic, config, tma: bool = True) -> list[int]:
+def _check_flags(deterministic, config) -> list[int]:
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     if config is None:
         return []
-    if isinstance(config, TmaConfig) and not tma:
-        raise TypeError("config: the compiled kernel (TmaConfig) multiplies fp16 / bf16 only; expected a SkinnyConfig or None")
     if not isinstance(config, (SkinnyConfig, TmaConfig)):
         raise TypeError(f"config: expected a SkinnyConfig, a TmaConfig or None, got {type(config).__name__}")
     return config.as_list()
@@ -305,7 +311,7 @@ def gemm(
     out: torch.Tensor | None = None,
     *,
     deterministic: bool = True,
-    config: SkinnyConfig | None = None,
+    config: SkinnyConfig | TmaConfig | None = None,
 ) -> torch.Tensor:
     """``x @ w.T + bias`` with the skinny split-K kernel, fp32 accumulation, one rounding.
 
@@ -411,7 +417,7 @@ def gemm_fp8(
     out_dtype: torch.dtype = torch.bfloat16,
     *,
     deterministic: bool = True,
-    config: SkinnyConfig | None = None,
+    config: SkinnyConfig | TmaConfig | None = None,
 ) -> torch.Tensor:
     """``(x @ w.T) * x_scale * w_scale + bias`` on FP8 operands with the skinny kernel: products
     and sums in fp32, then the scales and the bias in fp32, one rounding to ``out_dtype``.
@@ -420,9 +426,10 @@ def gemm_fp8(
     e4m3fnuz on gfx942; either on CPU), w K-contiguous; ``x_scale`` fp32 ``[1]`` (per tensor) or
     ``[M, 1]`` (per token; ``[..., 1]`` also works); ``w_scale`` fp32 ``[1]`` or ``[N, 1]`` (per
     output channel); bias ``[N]`` bf16 / fp16 / fp32 or None; ``out_dtype`` bfloat16, float16 or
-    float32. ``deterministic`` and ``config`` as in :func:`gemm`. Returns ``[..., N]``."""
+    float32. ``deterministic`` and ``config`` as in :func:`gemm` (a :class:`TmaConfig` takes
+    e4m3fn with K a multiple of 16). Returns ``[..., N]``."""
     x2, M, N, xs, ws = _check_fp8_args(x, w, x_scale, w_scale, bias, out_dtype)
-    cfg = _check_flags(deterministic, config, tma=False)
+    cfg = _check_flags(deterministic, config)
     _check_no_grad(x, w, bias)
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
@@ -439,32 +446,40 @@ def gemm_fp8(
 # ---------------------------------------------------------------------------------------------
 
 
-def _table_rows(device: torch.device, dtype: torch.dtype, N: int, K: int):
+def _table_rows(device: torch.device, dtype: torch.dtype, N: int, K: int, per_tensor: bool = False):
     """The tuning table's ``[(m_max, config list or None), ...]`` for this GPU (``"cpu"`` for CPU
-    tensors, which only tests use), dtype and (N, K), or None."""
+    tensors, which only tests use), dtype and (N, K), or None. FP8 with both scales per tensor
+    has keys of its own (``"float8_e4m3fn/tensor"``): cuBLAS's per-tensor FP8 GEMM, the one such
+    calls fall back to, is 2.2x faster than its rowwise one at 2304 x 16384 on an H100
+    (18.6 vs 40.8 us, 2026-11-28), so the two are measured against different bars."""
     table = _tuning.TABLE
     if not table:  # nothing measured yet: no device query (and nothing for torch.compile to trace)
         return None
-    return table.get((device_name(device), str(dtype).removeprefix("torch."), N, K))
+    name = str(dtype).removeprefix("torch.") + ("/tensor" if per_tensor else "")
+    return table.get((device_name(device), name, N, K))
 
 
-def dispatch_buckets(w: torch.Tensor, dtype: torch.dtype | None = None) -> list[tuple[int, SkinnyConfig | TmaConfig | None]]:
+def dispatch_buckets(
+    w: torch.Tensor, dtype: torch.dtype | None = None, per_tensor: bool = False
+) -> list[tuple[int, SkinnyConfig | TmaConfig | None]]:
     """The M buckets ``linear`` / ``linear_fp8`` dispatch by for weight ``w`` ``[N, K]`` on its
-    device and x in ``dtype`` (default: w's): ``[(m_max, config or None), ...]`` in increasing
-    ``m_max``, as :func:`dispatch_config` reads them (None: cuBLAS; M above the last ``m_max``:
-    cuBLAS). Empty where the table lists nothing for them: every M runs cuBLAS."""
+    device and x in ``dtype`` (default: w's; ``per_tensor``: FP8 with both scales per tensor):
+    ``[(m_max, config or None), ...]`` in increasing ``m_max``, as :func:`dispatch_config` reads
+    them (None: cuBLAS; M above the last ``m_max``: cuBLAS). Empty where the table lists nothing
+    for them: every M runs cuBLAS."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
         raise ValueError(f"w: expected a 2-D torch.Tensor [N, K], got {getattr(w, 'shape', type(w).__name__)}")
-    rows = _table_rows(w.device, w.dtype if dtype is None else dtype, w.shape[0], w.shape[1])
+    rows = _table_rows(w.device, w.dtype if dtype is None else dtype, w.shape[0], w.shape[1], per_tensor)
     return [(m_max, config_from_list(cfg) if cfg is not None else None) for m_max, cfg in rows or ()]
 
 
-def dispatch_config(x: torch.Tensor, w: torch.Tensor) -> SkinnyConfig | TmaConfig | None:
+def dispatch_config(x: torch.Tensor, w: torch.Tensor, per_tensor: bool = False) -> SkinnyConfig | TmaConfig | None:
     """The configuration ``linear`` / ``linear_fp8`` run the skinny kernel with for x ``[..., K]``
     and w ``[N, K]``, or None where they run cuBLAS: the tuning table's entry for this GPU
     (``torch.cuda.get_device_name``; ``"cpu"`` for CPU tensors, which only tests use), x's
-    dtype, (N, K) and the first M bucket holding M. None when the table has no entry."""
-    rows = _table_rows(x.device, x.dtype, w.shape[0], w.shape[1])
+    dtype (``per_tensor``: FP8 with both scales per tensor, its own entries), (N, K) and the
+    first M bucket holding M. None when the table has no entry."""
+    rows = _table_rows(x.device, x.dtype, w.shape[0], w.shape[1], per_tensor)
     if rows is None:
         return None
     M = x.numel() // max(1, x.shape[-1]) if x.shape[-1] else 0
@@ -540,10 +555,17 @@ def linear_fp8(
     out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """:func:`gemm_fp8`'s result, run by the skinny kernel where the tuning table says it beats
-    cuBLAS (:func:`dispatch_config`), by ``torch._scaled_mm`` where that takes the inputs, and by
+    cuBLAS (:func:`dispatch_config`; calls with both scales per tensor by their own entries,
+    measured against cuBLAS's per-tensor GEMM), by ``torch._scaled_mm`` where that takes the
+    inputs, and by
     :func:`gemm_fp8` otherwise (CPU, shapes or scale layouts _scaled_mm refuses). Arguments as
     :func:`gemm_fp8` (checked by it first)."""
-    cfg = dispatch_config(x, w) if isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and w.dim() == 2 else None
+    tensors = all(isinstance(t, torch.Tensor) for t in (x, w, x_scale, w_scale))
+    per_tensor = tensors and x_scale.numel() == 1 and w_scale.numel() == 1
+    cfg = dispatch_config(x, w, per_tensor) if tensors and w.dim() == 2 else None
+    if (isinstance(cfg, TmaConfig) and x.is_cuda and w.dtype == x.dtype and x.dim() >= 1
+            and not torch.compiler.is_compiling() and _tma_refusal(_rows(x), w) is not None):  # fmt: skip
+        cfg = None  # as in linear: a compiled-kernel entry this build, GPU or w cannot run goes to cuBLAS
     if cfg is not None or not (isinstance(x, torch.Tensor) and x.is_cuda):
         return gemm_fp8(x, w, x_scale, w_scale, bias, out_dtype, config=cfg)
     # Validated exactly as gemm_fp8 validates before the inputs go to cuBLAS.

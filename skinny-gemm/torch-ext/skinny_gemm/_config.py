@@ -55,38 +55,40 @@ class SkinnyConfig:
 
 
 # The compiled Hopper kernel's choices (csrc/skinny_tma.h): rows of W a block covers (16 a
-# consumer warp), 64-column TMA boxes a stage, stages of the ring, K slices of a row tile (the
+# consumer warp), 128-byte TMA boxes of K a stage (64 16-bit or 128 FP8 columns), stages of the ring, K slices of a row tile (the
 # blocks of a thread-block cluster; 0: tma_split's choice). Which (tile_n, boxes_k, stages)
 # combinations a build has code for is the binding's list (``skinny_tma_configs``), checked
 # when a call reaches a GPU.
-TMA_TILE_N = (32, 64, 128)
-TMA_BOXES_K = (1, 2, 4)
+TMA_TILE_N = (16, 32, 64, 128)
+TMA_BOXES_K = (1, 2, 4, 8)
 TMA_STAGES = range(2, 9)
 TMA_SPLIT = range(0, 9)
 TMA_MAX_M = 16
 
 
 def tma_split(N: int, tile_n: int, sms: int) -> int:
-    """The K slices a TmaConfig with split 0 takes: the fewest (1-8) whose blocks, ceil(N /
-    tile_n) row tiles x split, number at least the GPU's multiprocessors (the blocks then share
-    the memory's bandwidth; fewer than one an SM leaves SMs idle). 2304 rows of 64 on 132 SMs:
-    36 tiles, 4 slices, 144 blocks."""
+    """The K slices a TmaConfig with split 0 takes: the most (1-8) whose blocks, ceil(N / tile_n)
+    row tiles x split, fit in one block per multiprocessor (1 where the tiles alone are more).
+    One block an SM at most, because the blocks stream their slices at the same rate: on an H100
+    (132 SMs, 2026-11-28) 2304 x 16384 bf16 read in 27.2 us as 36 tiles x 3 slices (108 blocks)
+    and in 30.0-31.8 us as 36 x 4 (144: twelve SMs ran two blocks, and the grid waited for
+    them); a ring of TMA copies alone read the same bytes in 26.8-26.9 us from 108 or 132 blocks."""
     tiles = -(-N // tile_n)
-    return max(1, min(8, -(-sms // tiles)))
+    return max(1, min(8, sms // tiles))
 
 
 @dataclass(frozen=True)
 class TmaConfig:
     """One launch of the compiled Hopper kernel (``csrc/skinny_tma.h``: capability 9.0, fp16 /
-    bf16, 1-16 tokens): the weight stream through a ring of ``stages`` shared-memory stages of
-    ``tile_n`` rows x ``64 * boxes_k`` columns filled by TMA, mma.sync consumers, each row tile
+    bf16 / e4m3fn, 1-16 tokens): the weight stream through a ring of ``stages`` shared-memory
+    stages of ``tile_n`` rows x ``128 * boxes_k`` bytes of K filled by TMA, mma.sync consumers, each row tile
     cut into ``split`` K slices whose blocks form a thread-block cluster and sum their partials
     in a fixed order through distributed shared memory (always deterministic; 0: the split of
     :func:`tma_split`). Its table / op form is ``[0, tile_n, boxes_k, stages, split]`` (the 0
     where a :class:`SkinnyConfig` has BLOCK_M, which is never 0)."""
 
     tile_n: int = 64
-    boxes_k: int = 2
+    boxes_k: int = 4
     stages: int = 4
     split: int = 0
 
