@@ -18,7 +18,7 @@ for the skinny kernel, or None where cuBLAS won. ``gpu_name`` is
 
 from __future__ import annotations
 
-MADE_BY = 'python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1 --dtypes bfloat16  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 1,4,16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16,fp8,fp8-tensor --tokens 1,4,16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down  # NVIDIA H100 80GB HBM3, 2026-11-28 (this header line added by hand: the run stopped at its 330 s limit after 41 of 45 points, before writing the table) (41 points, written from its log)'
+MADE_BY = 'python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1 --dtypes bfloat16  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 1,4,16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16,fp8,fp8-tensor --tokens 1,4,16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down  # NVIDIA H100 80GB HBM3, 2026-11-28 (this header line added by hand: the run stopped at its 330 s limit after 41 of 45 points, before writing the table) (41 points, written from its log); python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8-tensor --tokens 1,4,16 --shapes 8B-o,8B-down  # NVIDIA H100 80GB HBM3'
 
 TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 3]),
                                                       (4, [0, 64, 2, 8, 3]),
@@ -75,7 +75,10 @@ TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('
  ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn/tensor', 2304, 16384): [(1, [0, 64, 2, 8, 3]),
                                                                   (4, [0, 64, 2, 8, 3]),
                                                                   (16, [0, 64, 2, 8, 3])],
- ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn/tensor', 4096, 4096): [(1, None), (4, None)],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn/tensor', 4096, 4096): [(1, None), (4, None), (16, None)],
+ ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn/tensor', 4096, 14336): [(1, [0, 64, 2, 8, 2]),
+                                                                  (4, [0, 64, 2, 8, 2]),
+                                                                  (16, [0, 64, 2, 8, 2])],
  ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn/tensor', 6144, 4096): [(1, [0, 64, 2, 8, 1]),
                                                                  (4, [0, 64, 2, 8, 1]),
                                                                  (16, [0, 64, 2, 8, 1])],
