@@ -1,30 +1,34 @@
 """Measure the skinny kernel against cuBLAS on a GPU and write the dispatch table of
 ``linear`` / ``linear_fp8`` (``torch-ext/skinny_gemm/_tuning.py``). GPU only:
 
-    python skinny-gemm/benchmarks/tune.py [--dtypes bfloat16,fp8] [--shapes 405B-tp8-qkv,8B-qkv]
+    python skinny-gemm/benchmarks/tune.py [--dtypes bfloat16,fp8,fp8-tensor] [--shapes 405B-tp8-qkv,8B-qkv]
                                           [--tokens 1,2,4] [--quick] [--no-write] [--dry-run] [--margin 0.98]
+    python skinny-gemm/benchmarks/tune.py --from-log LOG     # the entries a run cut short printed
 
 The defaults are every shape of ``benchmark.SHAPES`` (the issue's Llama-405B TP8, Llama-3 8B
-and 70B TP1 projections) at every M bucket of the table (1, 2, 4, 8, 16, 32, 64), both dtypes;
+and 70B TP1 projections) at every M bucket of the table (1, 2, 4, 8, 16, 32, 64), all three dtypes;
 a run can take a subset, and its entries are merged into the GPU's existing ones bucket by
 bucket (a bucket a run did not tune keeps its entry; a bucket no run tuned is absent, and a call
 with M tokens takes the first bucket >= M that is present). For every (dtype, shape, M bucket)
-it times cuBLAS (``F.linear`` / ``torch._scaled_mm``,
-rowwise scales) and a sweep of skinny configurations in CUDA-graph replay with L2 rotation
-(the harness's ``time_us``), after checking each configuration's result against cuBLAS. An
+it times cuBLAS (``F.linear``; ``torch._scaled_mm`` with rowwise scales for ``fp8``, per-tensor
+ones for ``fp8-tensor``, whose entries go under their own key ``"<fp8 dtype>/tensor"``) and a
+sweep of skinny configurations in CUDA-graph replay with L2 rotation (the harness's ``time_us``), after checking each configuration's result against cuBLAS. An
 entry gets the fastest configuration when it took at most ``margin`` (default 0.98) of
 cuBLAS's time, else None (cuBLAS): the 2% margin keeps a noisy win from becoming a dispatched
 loss, since the issue's bar is "never more than 2% slower than cuBLAS". The GPU's previous
 buckets of the tuned keys are replaced; other GPUs' entries are kept. The command line goes
 into the table's ``MADE_BY``. ``--dry-run`` lists the sweep without a GPU (``--sms`` sets the SM
 count it plans for); ``--no-write`` measures and prints the table instead of writing it. On an
-H100 a ``--quick`` run took 35 s for 20 points (2026-11-24): every shape and bucket of both
-dtypes (154 points) is about 4.5 minutes.
+H100 a ``--quick`` run took 35 s for 20 points of the Triton kernel alone (2026-11-24); with the
+compiled kernel's launches at M <= 16, 41 points in ~330 s (2026-11-28). A run prints its
+command first; ``--from-log`` writes the entries of the points such a log holds (a run that a
+time limit stopped before it wrote the table).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import itertools
 import pprint
 import re
@@ -243,7 +247,7 @@ def from_log(path: str) -> int:
         m = LOG_LINE.match(line)
         if m:
             N, K = ref.SHAPES[m["shape"]]
-            pick = eval(m["best"]) if m["pick"] == "skinny" else None  # noqa: S307 - a list of ints or None
+            pick = ast.literal_eval(m["best"]) if m["pick"] == "skinny" else None
             by_key.setdefault((m["gpu"], m["name"], N, K), {})[int(m["m"])] = pick
     for key, chosen in by_key.items():
         table[key] = merge(table.get(key, []), chosen)
