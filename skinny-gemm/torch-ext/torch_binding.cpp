@@ -58,7 +58,8 @@ sg::DType dtype_of(at::ScalarType t) {
 }
 
 // The checks and the launch both ops share: x [M, K] (its dtype checked by the caller), w, bias
-// of one of `bias_dtypes`, out [M, N] of `out_dtype`, the configuration; fills p and launches.
+// (x's dtype or float32; any of bfloat16 / float16 / float32 with bias_any_out_dtype), out [M, N]
+// (its dtype checked by the caller), the configuration; fills p and launches.
 void run_tma(sg::SkinnyTmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
              const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t tile_n, int64_t boxes_k,
              int64_t stages, int64_t split, bool pdl) {
