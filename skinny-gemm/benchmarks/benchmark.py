@@ -43,16 +43,28 @@ def fp8_dtype(device) -> torch.dtype:
     return torch.float8_e4m3fn
 
 
-def make_fp8(tokens: int, N: int, K: int, device, seed: int = 0):
+def make_fp8(tokens: int, N: int, K: int, device, seed: int = 0, per_tensor: bool = False):
     """Per-token x and per-channel w FP8 quantization of unit-variance inputs (amax / fp8 max):
-    (xq [M, K], wq [N, K], x_scale [M, 1], w_scale [N, 1])."""
+    (xq [M, K], wq [N, K], x_scale [M, 1], w_scale [N, 1]); ``per_tensor``: the same FP8 values
+    with one scale each, the first row's (x_scale [1], w_scale [1])."""
     fp8 = fp8_dtype(device)
     fmax = torch.finfo(fp8).max
     x = make_x(tokens, K, device, seed, torch.float32)
     w = make_weight(N, K, device, seed, torch.float32)
     xs = x.abs().amax(1, keepdim=True).clamp(min=1e-6) / fmax
     ws = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / fmax
-    return (x / xs).to(fp8), (w / ws).to(fp8), xs, ws
+    xq, wq = (x / xs).to(fp8), (w / ws).to(fp8)
+    if per_tensor:
+        return xq, wq, xs[:1, 0].contiguous(), ws[:1, 0].contiguous()
+    return xq, wq, xs, ws
+
+
+def scaled_mm_scales(x_scale: torch.Tensor, w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """make_fp8's scales in the forms ``torch._scaled_mm`` takes: scalars (per tensor), or
+    [M, 1] and [1, N] (rowwise)."""
+    if x_scale.numel() == 1 and w_scale.numel() == 1 and x_scale.dim() == 1:
+        return x_scale.reshape(()), w_scale.reshape(())
+    return x_scale, w_scale.reshape(1, -1).contiguous()
 
 
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -97,11 +97,15 @@ def _tma_unavailable() -> str | None:
     return None if _ours().tma_configs() else "this build of skinny-gemm has no compiled kernel (not a CUDA build)"
 
 
+def _check_tma_tokens(M: int) -> None:
+    if M > 16:
+        raise ValueError(f"the compiled kernel takes 1-16 tokens, not {M}: not timed")
+
+
 def make_tma(case: Case, seed: int) -> Fn:
     kernel = _ours()
     x, w = _inputs(case, seed)
-    if x.shape[0] > 16:
-        raise ValueError(f"the compiled kernel takes 1-16 tokens, not {x.shape[0]}: not timed")
+    _check_tma_tokens(x.shape[0])
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device="cuda")
     cfg = kernel.TmaConfig()
     return lambda: kernel.gemm(x, w, out=out, config=cfg)
@@ -150,13 +154,8 @@ def _make_floor(elem: int):
 
 
 def _fp8_inputs(case: Case, seed: int, per_tensor: bool = False):
-    """Per-token x and per-channel w (rowwise), or (per_tensor) the same FP8 values with one
-    scale each: the first row's."""
     M, N, K = _shape(case)
-    xq, wq, xs, ws = ref.make_fp8(M, N, K, "cuda", seed)
-    if per_tensor:
-        xs, ws = xs[:1, 0].contiguous(), ws[:1, 0].contiguous()
-    return xq, wq, xs, ws
+    return ref.make_fp8(M, N, K, "cuda", seed, per_tensor=per_tensor)
 
 
 def _make_ours_fp8(which: str, per_tensor: bool = False):
@@ -166,8 +165,7 @@ def _make_ours_fp8(which: str, per_tensor: bool = False):
         if which == "linear":
             return lambda: kernel.linear_fp8(xq, wq, xs, ws)
         if which == "ours_tma":
-            if xq.shape[0] > 16:
-                raise ValueError(f"the compiled kernel takes 1-16 tokens, not {xq.shape[0]}: not timed")
+            _check_tma_tokens(xq.shape[0])
             cfg = kernel.TmaConfig()
             return lambda: kernel.gemm_fp8(xq, wq, xs, ws, config=cfg)
         det = which == "ours"
@@ -176,34 +174,20 @@ def _make_ours_fp8(which: str, per_tensor: bool = False):
     return make
 
 
-def make_scaled_mm(case: Case, seed: int) -> Fn:
-    xq, wq, xs, ws = _fp8_inputs(case, seed)
-    wsT = ws.reshape(1, -1).contiguous()
-    return lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=wsT, out_dtype=torch.bfloat16)
+def _scaled(xq, wq, sa, sb):
+    return torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
 
-def make_scaled_mm_tensor(case: Case, seed: int) -> Fn:
-    xq, wq, xs, ws = _fp8_inputs(case, seed, per_tensor=True)
-    sa, sb = xs.reshape(()), ws.reshape(())
-    return lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+def _make_scaled_mm(per_tensor: bool, compiled: bool = False):
+    """cuBLAS's FP8 GEMM (rowwise or per-tensor scales), or torch.compile max-autotune of it."""
 
+    def make(case: Case, seed: int) -> Fn:
+        fn = _max_autotune(_scaled) if compiled else _scaled
+        xq, wq, xs, ws = _fp8_inputs(case, seed, per_tensor)
+        sa, sb = ref.scaled_mm_scales(xs, ws)
+        return lambda: fn(xq, wq, sa, sb)
 
-def _scaled(xq, wq, xs, wsT):
-    return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=wsT, out_dtype=torch.bfloat16)
-
-
-def make_compile_fp8(case: Case, seed: int) -> Fn:
-    fn = _max_autotune(_scaled)
-    xq, wq, xs, ws = _fp8_inputs(case, seed)
-    wsT = ws.reshape(1, -1).contiguous()
-    return lambda: fn(xq, wq, xs, wsT)
-
-
-def make_compile_fp8_tensor(case: Case, seed: int) -> Fn:
-    fn = _max_autotune(_scaled)
-    xq, wq, xs, ws = _fp8_inputs(case, seed, per_tensor=True)
-    sa, sb = xs.reshape(()), ws.reshape(())
-    return lambda: fn(xq, wq, sa, sb)
+    return make
 
 
 def _no_check(out, expected) -> None:
@@ -212,6 +196,41 @@ def _no_check(out, expected) -> None:
 
 def _cases(shapes, tokens) -> list[Case]:
     return [Case.of(shape=SHAPE_IDS[s], tokens=t) for s in shapes for t in tokens]
+
+
+def _fp8_suite(per_tensor: bool, shape_note: str, floor: str, common: dict) -> Suite:
+    """``skinny-gemm-fp8`` (per-token x, per-channel w, against cuBLAS's rowwise FP8 GEMM) or
+    ``skinny-gemm-fp8-tensor`` (one scale each, against its per-tensor GEMM, 2.2x faster than
+    the rowwise one)."""
+    scales = "per-tensor" if per_tensor else "rowwise"
+    providers = [Provider("ours", _make_ours_fp8("ours", per_tensor), unavailable=_ours_unavailable,
+                          note="gemm_fp8, ordered reduction")]  # fmt: skip
+    if not per_tensor:
+        providers.append(Provider("ours_atomic", _make_ours_fp8("ours_atomic"), unavailable=_ours_unavailable,
+                                  note="gemm_fp8(deterministic=False)"))  # fmt: skip
+    providers += [
+        Provider("ours_tma", _make_ours_fp8("ours_tma", per_tensor), unavailable=_tma_unavailable,
+                 note="gemm_fp8(config=TmaConfig()): the compiled Hopper kernel, <= 16 tokens"),
+        Provider("linear", _make_ours_fp8("linear", per_tensor), unavailable=_ours_unavailable,
+                 note=f"linear_fp8: the table's {scales} choice"),
+        Provider("cublas", _make_scaled_mm(per_tensor), note=f"torch._scaled_mm, {scales} scales"),
+        Provider("torch_compile", _make_scaled_mm(per_tensor, compiled=True), unavailable=_fp8_autotune_unavailable,
+                 note="torch.compile(_scaled_mm, mode='max-autotune-no-cudagraphs')"),
+        Provider("read_floor", _make_floor(1), bytes_moved=lambda c: _shape(c)[1] * _shape(c)[2], check=_no_check,
+                 note=floor),
+    ]
+    what = ("e4m3, one scale each (cuBLAS's per-tensor FP8 GEMM, 2.2x faster than its rowwise one)" if per_tensor
+            else "e4m3 per token / per channel")  # fmt: skip
+    return Suite(
+        name="skinny-gemm-fp8-tensor" if per_tensor else "skinny-gemm-fp8",
+        description=f"(xq @ wq^T) * x_scale * w_scale, {what}, bf16 out; shape index: {shape_note}",
+        cases=_cases(ref.SHAPES, ref.TOKENS),
+        quick_cases=_cases(QUICK_SHAPES, QUICK_TOKENS),
+        providers=providers,
+        bytes_moved=_bytes(1),
+        check=within_scale("skinny-gemm fp8 per tensor" if per_tensor else "skinny-gemm fp8", 2e-2),
+        **common,
+    )
 
 
 def build_suites() -> list[Suite]:
@@ -242,48 +261,6 @@ def build_suites() -> list[Suite]:
             check=within_scale("skinny-gemm", 1e-2),
             **common,
         ),
-        Suite(
-            name="skinny-gemm-fp8",
-            description=f"(xq @ wq^T) * x_scale * w_scale, e4m3 per token / per channel, bf16 out; shape index: {shape_note}",
-            cases=_cases(ref.SHAPES, ref.TOKENS),
-            quick_cases=_cases(QUICK_SHAPES, QUICK_TOKENS),
-            providers=[
-                Provider("ours", _make_ours_fp8("ours"), unavailable=_ours_unavailable, note="gemm_fp8, ordered reduction"),
-                Provider("ours_atomic", _make_ours_fp8("ours_atomic"), unavailable=_ours_unavailable,
-                         note="gemm_fp8(deterministic=False)"),
-                Provider("ours_tma", _make_ours_fp8("ours_tma"), unavailable=_tma_unavailable,
-                         note="gemm_fp8(config=TmaConfig()): the compiled Hopper kernel, <= 16 tokens"),
-                Provider("linear", _make_ours_fp8("linear"), unavailable=_ours_unavailable, note="linear_fp8: the table's choice"),
-                Provider("cublas", make_scaled_mm, note="torch._scaled_mm, rowwise scales"),
-                Provider("torch_compile", make_compile_fp8, unavailable=_fp8_autotune_unavailable,
-                         note="torch.compile(_scaled_mm, mode='max-autotune-no-cudagraphs')"),
-                Provider("read_floor", _make_floor(1), bytes_moved=lambda c: _shape(c)[1] * _shape(c)[2], check=_no_check,
-                         note=floor),
-            ],
-            bytes_moved=_bytes(1),
-            check=within_scale("skinny-gemm fp8", 2e-2),
-            **common,
-        ),
-        Suite(
-            name="skinny-gemm-fp8-tensor",
-            description=f"(xq @ wq^T) * x_scale * w_scale, e4m3, one scale each (cuBLAS's per-tensor FP8 GEMM, 2.2x "
-                        f"faster than its rowwise one), bf16 out; shape index: {shape_note}",
-            cases=_cases(ref.SHAPES, ref.TOKENS),
-            quick_cases=_cases(QUICK_SHAPES, QUICK_TOKENS),
-            providers=[
-                Provider("ours", _make_ours_fp8("ours", True), unavailable=_ours_unavailable, note="gemm_fp8, ordered reduction"),
-                Provider("ours_tma", _make_ours_fp8("ours_tma", True), unavailable=_tma_unavailable,
-                         note="gemm_fp8(config=TmaConfig()): the compiled Hopper kernel, <= 16 tokens"),
-                Provider("linear", _make_ours_fp8("linear", True), unavailable=_ours_unavailable,
-                         note="linear_fp8: the table's per-tensor choice"),
-                Provider("cublas", make_scaled_mm_tensor, note="torch._scaled_mm, per-tensor scales"),
-                Provider("torch_compile", make_compile_fp8_tensor, unavailable=_fp8_autotune_unavailable,
-                         note="torch.compile(_scaled_mm, mode='max-autotune-no-cudagraphs')"),
-                Provider("read_floor", _make_floor(1), bytes_moved=lambda c: _shape(c)[1] * _shape(c)[2], check=_no_check,
-                         note=floor),
-            ],
-            bytes_moved=_bytes(1),
-            check=within_scale("skinny-gemm fp8 per tensor", 2e-2),
-            **common,
-        ),
+        _fp8_suite(per_tensor=False, shape_note=shape_note, floor=floor, common=common),
+        _fp8_suite(per_tensor=True, shape_note=shape_note, floor=floor, common=common),
     ]

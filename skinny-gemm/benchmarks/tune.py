@@ -118,20 +118,16 @@ def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, marg
     fp8 = dtype != "bfloat16"
     if fp8:
         def inputs(seed):
-            xq, wq, xs, ws = ref.make_fp8(M, N, K, "cuda", seed)
-            if dtype == "fp8-tensor":
-                xs, ws = xs[:1, 0].contiguous(), ws[:1, 0].contiguous()
-                return xq, wq, xs, ws, ws.reshape(())
-            return xq, wq, xs, ws, ws.reshape(1, -1).contiguous()
+            return ref.make_fp8(M, N, K, "cuda", seed, per_tensor=dtype == "fp8-tensor")
 
         def cublas(seed):
-            xq, wq, xs, _, wsT = inputs(seed)
-            sa = xs.reshape(()) if dtype == "fp8-tensor" else xs
-            return lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=wsT, out_dtype=torch.bfloat16)
+            xq, wq, xs, ws = inputs(seed)
+            sa, sb = ref.scaled_mm_scales(xs, ws)
+            return lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
         def ours(cfg):
             def make(seed):
-                xq, wq, xs, ws, _ = inputs(seed)
+                xq, wq, xs, ws = inputs(seed)
                 return lambda: kernel.gemm_fp8(xq, wq, xs, ws, config=cfg)
 
             return make

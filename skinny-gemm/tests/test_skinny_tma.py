@@ -101,24 +101,32 @@ def test_off_gpu_a_tma_config_is_the_reference_path():
 
 @pytest.mark.kernels_ci
 def test_table_entry_dispatch(table):
-    """A table entry of the compiled kernel: dispatch_config and dispatch_buckets give the
-    TmaConfig, linear runs gemm with it where the kernel can run (its value on CPU), and cuBLAS
-    where it cannot (a build or GPU without it, a misaligned w)."""
+    """A table entry of the compiled kernel: dispatch_buckets gives the TmaConfig; dispatch_config
+    gives it where the kernel can run (and on CPU, whose path computes the same function), and
+    linear runs gemm with it; where it cannot (a build or GPU without it, a misaligned w)
+    dispatch_config gives None and linear / linear_fp8 run cuBLAS."""
     N, K = 48, 256
     x, w, b = make(5, N, K, torch.bfloat16, seed=3, bias=True)
     entry = [0, 64, 2, 6, 2]
     table[(_gpu_key(), "bfloat16", N, K)] = [(8, entry)]
-    assert sg.dispatch_config(x, w) == sg.TmaConfig(64, 2, 6, 2)
+    runs = DEVICE == "cpu" or TMA
+    assert sg.dispatch_config(x, w) == (sg.TmaConfig(64, 2, 6, 2) if runs else None)
     assert sg.dispatch_buckets(w) == [(8, sg.TmaConfig(64, 2, 6, 2))]
     got = sg.linear(x, w, b)
-    if DEVICE == "cpu" or TMA:
+    if runs:
         assert torch.equal(got, sg.gemm(x, w, b, config=sg.TmaConfig(64, 2, 6, 2)))
     else:
         assert torch.equal(got, F.linear(x, w, b)), "a GPU without the kernel: cuBLAS"
     if DEVICE == "cuda":
         wide = torch.empty(N, K + 1, dtype=w.dtype, device=DEVICE)[:, 1:]  # rows 2 bytes off 16-byte alignment
         wide.copy_(w)
+        assert sg.dispatch_config(x, wide) is None
         assert torch.equal(sg.linear(x, wide, b), F.linear(x, wide, b)), "a w the copy engine cannot read: cuBLAS"
+        if torch.cuda.get_device_capability() >= (8, 9):  # FP8: K 40 is no multiple of 16 bytes
+            xq, wq, xs, ws = make_fp8(5, N, 40, torch.float8_e4m3fn, seed=4)
+            table[(_gpu_key(), "float8_e4m3fn", N, 40)] = [(8, entry)]
+            assert sg.dispatch_config(xq, wq) is None
+            assert torch.equal(sg.linear_fp8(xq, wq, xs, ws), sg.gemm_fp8(xq, wq, xs, ws)), "FP8 K the copy engine cannot read"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -478,14 +478,21 @@ def dispatch_config(x: torch.Tensor, w: torch.Tensor, per_tensor: bool = False) 
     and w ``[N, K]``, or None where they run cuBLAS: the tuning table's entry for this GPU
     (``torch.cuda.get_device_name``; ``"cpu"`` for CPU tensors, which only tests use), x's
     dtype (``per_tensor``: FP8 with both scales per tensor, its own entries), (N, K) and the
-    first M bucket holding M. None when the table has no entry."""
+    first M bucket holding M. None when the table has no entry, and for an entry of the compiled
+    kernel that this build, GPU or w's layout cannot run (cuBLAS, as for shapes without one;
+    under torch.compile the addresses are not known when tracing: such a w is the op's error
+    naming w when it runs)."""
     rows = _table_rows(x.device, x.dtype, w.shape[0], w.shape[1], per_tensor)
     if rows is None:
         return None
     M = x.numel() // max(1, x.shape[-1]) if x.shape[-1] else 0
-    for m_max, cfg in rows:
+    for m_max, fields in rows:
         if M <= m_max:
-            return _table_config(cfg) if cfg is not None else None
+            cfg = _table_config(fields) if fields is not None else None
+            if (isinstance(cfg, TmaConfig) and x.is_cuda and w.dtype == x.dtype and not torch.compiler.is_compiling()
+                    and _tma_refusal(_rows(x), w) is not None):  # fmt: skip
+                return None
+            return cfg
     return None
 
 
@@ -525,12 +532,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     cfg = dispatch_config(x, w)
     if cfg is None:
         return F.linear(x, w, bias)
-    if (isinstance(cfg, TmaConfig) and x.is_cuda and w.dtype == x.dtype and not torch.compiler.is_compiling()
-            and _tma_refusal(_rows(x), w) is not None):  # fmt: skip
-        # A table entry for the compiled kernel where this build, GPU or w's layout cannot run it:
-        # cuBLAS, as for shapes without an entry. (Under torch.compile the addresses are not known
-        # when tracing: such a w is the op's error naming w when it runs.)
-        return F.linear(x, w, bias)
     return gemm(x, w, bias, config=cfg)
 
 
@@ -563,9 +564,6 @@ def linear_fp8(
     tensors = all(isinstance(t, torch.Tensor) for t in (x, w, x_scale, w_scale))
     per_tensor = tensors and x_scale.numel() == 1 and w_scale.numel() == 1
     cfg = dispatch_config(x, w, per_tensor) if tensors and w.dim() == 2 else None
-    if (isinstance(cfg, TmaConfig) and x.is_cuda and w.dtype == x.dtype and x.dim() >= 1
-            and not torch.compiler.is_compiling() and _tma_refusal(_rows(x), w) is not None):  # fmt: skip
-        cfg = None  # as in linear: a compiled-kernel entry this build, GPU or w cannot run goes to cuBLAS
     if cfg is not None or not (isinstance(x, torch.Tensor) and x.is_cuda):
         return gemm_fp8(x, w, x_scale, w_scale, bias, out_dtype, config=cfg)
     # Validated exactly as gemm_fp8 validates before the inputs go to cuBLAS.
