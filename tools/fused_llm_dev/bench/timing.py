@@ -19,6 +19,7 @@ from .suite import Fn
 
 METHOD = (
     "Per provider and case: N independent input sets with N * bytes_per_call > 4 x L2 "
+    f"and N >= {Method.min_calls} where {Method.min_calls} sets fit in {Method.max_set_bytes >> 30} GiB "
     "(N >= 1), one warm-up call per set on a side stream (torch.compile compiles, Triton "
     "autotunes there), then all N calls captured into one CUDA graph; the graph is replayed "
     "`repeats` x `replays` times (replays lowered for long graphs to keep about `budget_s` "
@@ -56,6 +57,13 @@ def l2_bytes(device: torch.device | None = None) -> int:
 def calls_to_flush_l2(bytes_per_call: int, l2: int, factor: int = 4, max_calls: int = 16384) -> int:
     """Independent input sets needed so that the sets together exceed ``factor`` x L2."""
     return max(1, min(max_calls, factor * l2 // max(bytes_per_call, 1) + 1))
+
+
+def calls_per_graph(bytes_per_call: int, l2: int, method: Method) -> int:
+    """Input sets (calls a graph) for one op: enough to exceed ``method.l2_factor`` x L2, and at
+    least ``method.min_calls`` where those sets fit in ``method.max_set_bytes``."""
+    floor = min(method.min_calls, method.max_set_bytes // max(bytes_per_call, 1))
+    return max(calls_to_flush_l2(bytes_per_call, l2, method.l2_factor), floor)
 
 
 def _capture(graph: torch.cuda.CUDAGraph, fns: Sequence[Fn]) -> list:
@@ -157,7 +165,7 @@ def time_alternated(
         for name, make in makers.items():
             graph = torch.cuda.CUDAGraph()
             try:
-                fns = [make(seed) for seed in range(calls_to_flush_l2(bytes_per_call[name], l2, method.l2_factor))]
+                fns = [make(seed) for seed in range(calls_per_graph(bytes_per_call[name], l2, method))]
                 graphs[name] = (graph, fns, _capture(graph, fns))
             except Exception as exc:  # noqa: BLE001 - an op that cannot be captured is reported, not timed
                 failed[name] = f"{type(exc).__name__}: {exc}"
@@ -195,7 +203,7 @@ def time_alternated(
 
 def time_us(make: Callable[[int], Fn], bytes_per_call: int, method: Method = Method()) -> Timing:
     """Time one op: ``make(seed)`` builds one independent input set and returns its call."""
-    n = calls_to_flush_l2(bytes_per_call, l2_bytes(), method.l2_factor)
+    n = calls_per_graph(bytes_per_call, l2_bytes(), method)
     fns = [make(seed) for seed in range(n)]
     try:
         return time_calls(fns, method)
