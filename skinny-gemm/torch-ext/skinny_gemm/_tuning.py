@@ -5,8 +5,10 @@ Written by ``benchmarks/tune.py`` on a GPU (the command that made it goes into `
 nothing else edits it but its docstring. Measured on an H100 (2026-11-24) for the Llama-405B
 TP8 QKV / down and Llama-3-8B QKV / O / down shapes at M buckets 1, 4, 16, 64, then (the GEMV
 among the candidates) for all eleven shapes of the issue at M = 1 (bf16 last, with 1-3
-stages among them); every other GPU, shape and dtype runs cuBLAS, and so does an M past a
-shape's last bucket.
+stages among them); the five shapes' buckets 1, 4, 16 again on 2026-11-28 with the compiled
+Hopper kernel (bf16, FP8 rowwise and per tensor). On an H200 (2026-11-28): bf16 at 405B-TP8
+QKV and 8B QKV / O / down, FP8 at 405B-TP8 QKV, buckets 1, 4, 16. Every other GPU, shape and
+dtype runs cuBLAS, and so does an M past a shape's last bucket.
 
 ``TABLE[(gpu_name, dtype, N, K)]`` is a list of ``(m_max, config)`` M buckets in increasing
 order (M <= 1, 2, 4, 8, 16, 32, 64): a call with M tokens takes the first bucket with
@@ -18,7 +20,7 @@ for the skinny kernel, or None where cuBLAS won. ``gpu_name`` is
 
 from __future__ import annotations
 
-MADE_BY = 'python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1 --dtypes bfloat16  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 1,4,16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16,fp8,fp8-tensor --tokens 1,4,16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down  # NVIDIA H100 80GB HBM3, 2026-11-28 (this header line added by hand: the run stopped at its 330 s limit after 41 of 45 points, before writing the table) (41 points, written from its log); python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8-tensor --tokens 1,4,16 --shapes 8B-o,8B-down  # NVIDIA H100 80GB HBM3'
+MADE_BY = 'python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1 --dtypes bfloat16  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 1,4,16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16,fp8,fp8-tensor --tokens 1,4,16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down  # NVIDIA H100 80GB HBM3, 2026-11-28 (this header line added by hand: the run stopped at its 330 s limit after 41 of 45 points, before writing the table) (41 points, written from its log); python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8-tensor --tokens 1,4,16 --shapes 8B-o,8B-down  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 1,4,16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8,fp8-tensor --tokens 1,4,16 --shapes 405B-tp8-qkv  # NVIDIA H200'
 
 TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 3]),
                                                       (4, [0, 64, 2, 8, 3]),
@@ -85,13 +87,21 @@ TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('
  ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn/tensor', 16384, 6656): [(1, [0, 128, 2, 4, 1]),
                                                                   (4, [0, 128, 2, 4, 1]),
                                                                   (16, None)],
- ('NVIDIA H200', 'bfloat16', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 3]),
-                                            (4, [0, 64, 2, 4, 4]),
-                                            (16, [0, 64, 2, 4, 4])],
- ('NVIDIA H200', 'bfloat16', 4096, 4096): [(1, [1, 4, 4096, 1, 8, 2]),
-                                           (4, [0, 32, 4, 6, 1]),
-                                           (16, [0, 32, 4, 6, 1])],
- ('NVIDIA H200', 'bfloat16', 4096, 14336): [(1, [0, 32, 4, 6, 1]),
-                                            (4, [0, 32, 4, 6, 1]),
-                                            (16, [0, 32, 4, 6, 1])],
- ('NVIDIA H200', 'bfloat16', 6144, 4096): [(1, [0, 32, 4, 4, 1]), (4, [0, 64, 4, 4, 1]), (16, None)]}
+ ('NVIDIA H200', 'bfloat16', 2304, 16384): [(1, [0, 64, 4, 4, 3]),
+                                            (4, [0, 64, 4, 4, 3]),
+                                            (16, [0, 64, 4, 4, 3])],
+ ('NVIDIA H200', 'bfloat16', 4096, 4096): [(1, [0, 64, 4, 4, 2]),
+                                           (4, [0, 64, 4, 4, 2]),
+                                           (16, [0, 64, 4, 4, 2])],
+ ('NVIDIA H200', 'bfloat16', 4096, 14336): [(1, [0, 64, 4, 4, 2]),
+                                            (4, [0, 64, 4, 4, 2]),
+                                            (16, [0, 64, 4, 4, 2])],
+ ('NVIDIA H200', 'bfloat16', 6144, 4096): [(1, [0, 64, 2, 8, 1]),
+                                           (4, [0, 64, 2, 8, 1]),
+                                           (16, [0, 64, 4, 4, 1])],
+ ('NVIDIA H200', 'float8_e4m3fn', 2304, 16384): [(1, [0, 64, 4, 4, 3]),
+                                                 (4, [0, 64, 4, 4, 3]),
+                                                 (16, [0, 64, 4, 4, 3])],
+ ('NVIDIA H200', 'float8_e4m3fn/tensor', 2304, 16384): [(1, [0, 64, 4, 4, 3]),
+                                                        (4, [0, 64, 4, 4, 3]),
+                                                        (16, [0, 64, 4, 4, 3])]}
