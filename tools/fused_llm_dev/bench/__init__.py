@@ -6,8 +6,9 @@ every package is timed the same way as the peers in ``shared/reference/baseline-
 
 * each provider runs on enough independent input sets that the working set exceeds 4x the L2
   (one call alone often fits in the 50-60 MB L2, and re-reading a cached buffer measures the
-  cache, not HBM), and on at least 16 where they fit in 2 GiB (the graph's own launch falls on
-  its first call: spread over three 75 MB GEMMs it added ~1.4 us to each);
+  cache, not HBM), and on at least 16 where they fit in 2 GiB (the graph's start falls on its
+  first call: spread over three 75 MB GEMMs it added 0.7 us to cuBLAS's calls, 1.4 us to a
+  kernel that overlaps its predecessor);
 * all calls are captured into ONE CUDA graph after a warm-up (torch.compile compilation, Triton
   autotuning and handle creation happen there, never in the numbers), and the graph is
   replayed: this removes the host launch gaps that otherwise dominate decode-size calls;

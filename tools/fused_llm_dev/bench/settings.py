@@ -17,11 +17,12 @@ class Method:
     repeats: int = 5
     budget_s: float = 1.0  # rough cap on timed seconds per point; >= 3 replays per repeat
     l2_factor: int = 4  # input sets together exceed this many L2s
-    # At least this many calls a graph where the sets fit in `max_set_bytes`: the graph's own
-    # launch on the GPU (~5 us on an H100) falls on its first call, so a graph of three 75 MB
-    # GEMMs read 2304 x 16384 bf16 at 29.0 us a call where 17 calls read 27.6 (cuBLAS 32.1 vs
-    # 31.4; results/harness_graph_calls_*.log of skinny-gemm). A decode step is one graph of
-    # hundreds of kernels: the long graph is the measurement of a kernel's time there.
+    # At least this many calls a graph where the sets fit in `max_set_bytes`: the graph's start
+    # falls on its first call, and that call has no predecessor to overlap (programmatic
+    # dependent launch), so a graph of three 75 MB GEMMs read skinny-gemm's 2304 x 16384 bf16
+    # at 29.0 us a call where 17 calls read 27.6, and cuBLAS at 32.1 against 31.4 (H100;
+    # skinny-gemm's results/harness_graph_calls_*.log). A decode step is one graph of hundreds
+    # of kernels, each with a predecessor: the long graph measures a kernel's time there.
     min_calls: int = 16
     max_set_bytes: int = 2 << 30  # bytes of one op's input sets that min_calls may take
 
