@@ -12,13 +12,14 @@ bucket (a bucket a run did not tune keeps its entry; a bucket no run tuned is ab
 with M tokens takes the first bucket >= M that is present). For every (dtype, shape, M bucket)
 it times cuBLAS (``F.linear``; ``torch._scaled_mm`` with rowwise scales for ``fp8``, per-tensor
 ones for ``fp8-tensor``, whose entries go under their own key ``"<fp8 dtype>/tensor"``) and a
-sweep of skinny configurations in CUDA-graph replay with L2 rotation (the harness's ``time_us``), after checking each configuration's result against cuBLAS. An
-entry gets the fastest configuration when it took at most ``margin`` (default 0.98) of
-cuBLAS's time, else None (cuBLAS): the 2% margin keeps a noisy win from becoming a dispatched
-loss, since the issue's bar is "never more than 2% slower than cuBLAS". The GPU's previous
-buckets of the tuned keys are replaced; other GPUs' entries are kept. The command line goes
-into the table's ``MADE_BY``. ``--dry-run`` lists the sweep without a GPU (``--sms`` sets the SM
-count it plans for); ``--no-write`` measures and prints the table instead of writing it. On an
+sweep of skinny configurations in CUDA-graph replay with L2 rotation (the harness's
+``time_us``), after checking each configuration's result against cuBLAS. An entry gets the
+fastest configuration when it took at most ``margin`` (default 0.98) of cuBLAS's time, else
+None (cuBLAS): the 2% margin keeps a noisy win from becoming a dispatched loss, since the
+issue's bar is "never more than 2% slower than cuBLAS". The GPU's previous buckets of the
+tuned keys are replaced; other GPUs' entries are kept. The command line goes into the table's
+``MADE_BY``. ``--dry-run`` lists the sweep without a GPU (``--sms`` sets the SM count it plans
+for); ``--no-write`` measures and prints the table instead of writing it. On an
 H100 a ``--quick`` run took 35 s for 20 points of the Triton kernel alone (2026-11-24); with the
 compiled kernel's launches at M <= 16, 41 points in ~330 s (2026-11-28). A run prints its
 command first; ``--from-log`` writes the entries of the points such a log holds (a run that a
@@ -232,8 +233,8 @@ def from_log(path: str) -> int:
     that run would have merged them, with the run's command from the log's first line."""
     from importlib import import_module
 
-    kernel = get_kernel("skinny-gemm")
-    table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
+    tuning = import_module(get_kernel("skinny-gemm").__name__ + "._tuning")
+    table = dict(tuning.TABLE)
     lines = Path(path).read_text().splitlines()
     command = lines[0].removeprefix("# ") if lines and lines[0].startswith("# ") else None
     if command is None:
@@ -248,7 +249,6 @@ def from_log(path: str) -> int:
     for key, chosen in by_key.items():
         table[key] = merge(table.get(key, []), chosen)
     points = sum(map(len, by_key.values()))
-    tuning = import_module(kernel.__name__ + "._tuning")
     made_by = f"{command} ({points} points, written from its log)"
     write_table(table, f"{tuning.MADE_BY}; {made_by}" if tuning.MADE_BY else made_by)
     print(f"wrote {TABLE_PATH}: {points} points of {path}")
@@ -271,10 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     if gpu is None:
         raise SystemExit("tune.py measures on a GPU; none is visible (--dry-run lists the sweep without one)")
     fp8_name = str(ref.fp8_dtype(0)).removeprefix("torch.")
-    print("# python skinny-gemm/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}", flush=True)
+    command = "python skinny-gemm/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}"
+    print(f"# {command}", flush=True)  # from_log reads it back
     from importlib import import_module
 
-    table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
+    tuning = import_module(kernel.__name__ + "._tuning")
+    table = dict(tuning.TABLE)
     tuned: set = set()
     t0 = time.time()
     for dtype in args.dtypes:
@@ -293,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_write:
         pprint.pprint(table, width=110)
         return 0
-    made_by = "python skinny-gemm/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}"
-    tuning = import_module(kernel.__name__ + "._tuning")
+    made_by = command
     kept = tuning.TABLE.keys() - tuned or any(dict(tuning.TABLE.get(k, [])).keys() - set(args.tokens) for k in tuned)
     if tuning.MADE_BY and kept:  # entries of earlier runs are kept: so are their commands
         made_by = f"{tuning.MADE_BY}; {made_by}"

@@ -159,7 +159,7 @@ def _run_tma(out, x, w, bias, cfg: TmaConfig, x_scale=None, w_scale=None) -> Non
         raise ValueError(f"config: {cfg} is not compiled in this build; compiled (tile_n, boxes_k, stages): {compiled}")
     split = cfg.split or tma_split(w.shape[0], cfg.tile_n, _triton_kernels()._device_sms(x))
     if x_scale is None:
-        _tma_op()(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, split)
+        ops.skinny_tma(out, x, w, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, split)
     else:
         ops.skinny_tma_fp8(out, x, w, x_scale, w_scale, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, split)
 
@@ -558,9 +558,8 @@ def linear_fp8(
     """:func:`gemm_fp8`'s result, run by the skinny kernel where the tuning table says it beats
     cuBLAS (:func:`dispatch_config`; calls with both scales per tensor by their own entries,
     measured against cuBLAS's per-tensor GEMM), by ``torch._scaled_mm`` where that takes the
-    inputs, and by
-    :func:`gemm_fp8` otherwise (CPU, shapes or scale layouts _scaled_mm refuses). Arguments as
-    :func:`gemm_fp8` (checked by it first)."""
+    inputs, and by :func:`gemm_fp8` otherwise (CPU, shapes or scale layouts _scaled_mm refuses).
+    Arguments as :func:`gemm_fp8` (checked by it first)."""
     tensors = all(isinstance(t, torch.Tensor) for t in (x, w, x_scale, w_scale))
     per_tensor = tensors and x_scale.numel() == 1 and w_scale.numel() == 1
     cfg = dispatch_config(x, w, per_tensor) if tensors and w.dim() == 2 else None

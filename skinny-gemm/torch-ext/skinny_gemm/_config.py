@@ -55,10 +55,10 @@ class SkinnyConfig:
 
 
 # The compiled Hopper kernel's choices (csrc/skinny_tma.h): rows of W a block covers (16 a
-# consumer warp), 128-byte TMA boxes of K a stage (64 16-bit or 128 FP8 columns), stages of the ring, K slices of a row tile (the
-# blocks of a thread-block cluster; 0: tma_split's choice). Which (tile_n, boxes_k, stages)
-# combinations a build has code for is the binding's list (``skinny_tma_configs``), checked
-# when a call reaches a GPU.
+# consumer warp), 128-byte TMA boxes of K a stage (64 16-bit or 128 FP8 columns), stages of the
+# ring, K slices of a row tile (the blocks of a thread-block cluster; 0: tma_split's choice).
+# Which (tile_n, boxes_k, stages) combinations a build has code for is the binding's list
+# (``skinny_tma_configs``), checked when a call reaches a GPU.
 TMA_TILE_N = (16, 32, 64, 128)
 TMA_BOXES_K = (1, 2, 4, 8)
 TMA_STAGES = range(2, 9)
@@ -81,10 +81,10 @@ def tma_split(N: int, tile_n: int, sms: int) -> int:
 class TmaConfig:
     """One launch of the compiled Hopper kernel (``csrc/skinny_tma.h``: capability 9.0, fp16 /
     bf16 / e4m3fn, 1-16 tokens): the weight stream through a ring of ``stages`` shared-memory
-    stages of ``tile_n`` rows x ``128 * boxes_k`` bytes of K filled by TMA, mma.sync consumers, each row tile
-    cut into ``split`` K slices whose blocks form a thread-block cluster and sum their partials
-    in a fixed order through distributed shared memory (always deterministic; 0: the split of
-    :func:`tma_split`). Its table / op form is ``[0, tile_n, boxes_k, stages, split]`` (the 0
+    stages of ``tile_n`` rows x ``128 * boxes_k`` bytes of K filled by TMA, mma.sync consumers,
+    each row tile cut into ``split`` K slices whose blocks form a thread-block cluster and sum
+    their partials in a fixed order through distributed shared memory (always deterministic; 0:
+    the split of :func:`tma_split`). Its table / op form is ``[0, tile_n, boxes_k, stages, split]`` (the 0
     where a :class:`SkinnyConfig` has BLOCK_M, which is never 0)."""
 
     tile_n: int = 64
