@@ -47,6 +47,7 @@ def test_help(capsys):
     assert _exit_code(["bench", "e2e", "--skinny", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: fused-llm bench e2e --skinny") and "--tiny" in out and "--no-eager" in out
+    assert "--rounds" in out
     assert _exit_code(["bench", "e2e", "--help"]) == 0
     assert "--skinny" in capsys.readouterr().out
     with pytest.raises(SystemExit):
@@ -94,3 +95,26 @@ def test_tiny_quick_run(tmp_path):
     assert set(agree) == {f"{e2e_skinny.KERNELIZED} vs {e2e_skinny.WITHOUT}", f"{e2e_skinny.WITHOUT} vs eager",
                           f"{e2e_skinny.KERNELIZED} vs eager"}  # fmt: skip
     assert agree[f"{e2e_skinny.KERNELIZED} vs {e2e_skinny.WITHOUT}"]["agreement"] > 0.9
+
+
+def test_ratios_with_gpu_time():
+    """Static-cache rows that carry each model's GPU time per step give the GPU-time ratio next to
+    the wall-time one; rows without it (dynamic cache, a CPU run) give only the wall ratio."""
+    def row(setting, model, ms, gpu_ms=None):
+        return dict(stage="decode", setting=setting, model=model, batch=1, tokens=1, ms=ms, gpu_ms=gpu_ms)
+
+    static, dynamic = "static-cache generate", "dynamic-cache generate"
+    result = dict(rows=[row(static, e2e_skinny.WITHOUT, 2.6, 1.10), row(static, e2e_skinny.KERNELIZED, 2.5, 1.00),
+                        row(dynamic, e2e_skinny.WITHOUT, 4.0), row(dynamic, e2e_skinny.KERNELIZED, 4.2)])  # fmt: skip
+    by = {r["setting"]: r for r in e2e_skinny.ratios(result)}
+    assert by[static]["skinny/no skinny"] == round(2.6 / 2.5, 3) and by[static]["skinny/no skinny GPU"] == 1.1
+    assert by[static][f"{e2e_skinny.KERNELIZED} GPU ms"] == 1.0 and by[static]["target met"] is False
+    assert "skinny/no skinny GPU" not in by[dynamic] and "target" not in by[dynamic]
+
+
+def test_busy_time_counts_overlap_once():
+    """A dependent kernel that starts inside its predecessor (programmatic dependent launch) adds
+    only what reaches past it; gaps add nothing; order of the spans does not matter."""
+    assert e2e.busy_us([]) == 0
+    assert e2e.busy_us([(0, 10), (5, 12), (20, 25)]) == 17
+    assert e2e.busy_us([(20, 25), (0, 10), (2, 4), (5, 12)]) == 17

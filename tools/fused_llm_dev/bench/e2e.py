@@ -207,22 +207,25 @@ def decode_gpu_ms(model, prompt, n1: int, n2: int, cache=None, top: int = 12) ->
     ``generate`` of n2 tokens minus one of n1, / (n2 - n1), as ``ms``, and the ``top`` kernels'
     share of it (``kernels``: name -> ms per step). Next to the wall time per step it splits a
     step into device work and the host's share (launches, dynamo's guards, generate's Python
-    and its synchronization per token), which the GPU waits on."""
+    and its synchronization per token), which the GPU waits on. ``busy_ms``: the same difference
+    of the time any kernel runs (busy_us), which overlapping kernels do not count twice."""
     from collections import Counter
 
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    def kernel_us(new_tokens: int) -> Counter:
+    def kernel_us(new_tokens: int) -> tuple[Counter, float]:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             _generate_ms(model, prompt, new_tokens, cache)
         per_name: Counter = Counter()
+        spans = []
         for e in prof.events():
             if e.device_type == DeviceType.CUDA:
                 per_name[e.name] += e.time_range.elapsed_us()
-        return per_name
+                spans.append((e.time_range.start, e.time_range.end))
+        return per_name, busy_us(spans)
 
-    short, long = kernel_us(n1), kernel_us(n2)
+    (short, short_busy), (long, long_busy) = kernel_us(n1), kernel_us(n2)
     steps = n2 - n1
     per_step = {name: (long[name] - short.get(name, 0)) / steps / 1e3 for name in long}
     ranked = sorted(per_step.items(), key=lambda kv: -kv[1])[:top]
@@ -232,7 +235,20 @@ def decode_gpu_ms(model, prompt, n1: int, n2: int, cache=None, top: int = 12) ->
         while key in kernels:  # two names alike in both ends: keep both, never overwrite
             key += "'"
         kernels[key] = round(ms, 4)
-    return dict(ms=(sum(long.values()) - sum(short.values())) / steps / 1e3, kernels=kernels)
+    return dict(ms=(sum(long.values()) - sum(short.values())) / steps / 1e3, kernels=kernels,
+                busy_ms=(long_busy - short_busy) / steps / 1e3)
+
+
+def busy_us(spans) -> float:
+    """The time at least one of the ``(start, end)`` spans covers: a step's GPU time where
+    kernels overlap. A kernel launched as a programmatic dependent starts while its predecessor
+    runs and waits inside, so the sum of durations counts that stretch twice."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def short_kernel_name(name: str, width: int = 120) -> str:

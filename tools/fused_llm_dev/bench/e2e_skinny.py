@@ -19,8 +19,14 @@ median over rounds:
   compiles the forward on a GPU, CUDA graphs included: the issue's setting, its target the
   kernelized model >= 1.05x the one without skinny at batch 1) and with the dynamic cache
   (eager forwards: ``linear``'s dispatch cost per call shows there);
-* the speed ratios kernelized / kernelized without skinny and kernelized / eager (> 1: the
-  kernelized model is faster);
+* with the static cache, each model's GPU time per step (the time any kernel runs: the
+  compiled kernel starts early as a programmatic dependent, so its duration overlaps its
+  predecessor's) and its costliest kernels (``e2e.decode_gpu_ms``: torch.profiler over the same
+  graphs). A step's wall time also holds
+  ``generate``'s own host work, ~1.6 ms a step that the GPU waits on (docs/e2e.md), which no
+  kernel shortens: the GPU-time ratio is what the projections' kernels changed;
+* the speed ratios kernelized / kernelized without skinny (wall and, static cache, GPU time) and
+  kernelized / eager (> 1: the kernelized model is faster);
 * host time per call of ``F.linear`` and ``skinny_gemm.linear`` at each routed projection's
   shape and each batch, and which kernel the table picks there;
 * top-1 agreement of each kernelized model with eager on random tokens.
@@ -99,6 +105,7 @@ def run(args) -> dict:
     else:
         prompt_len, (n1, n2) = args.prompt, ((8, 24) if args.quick else (16, 64))
         rounds, agree_b, agree_t = 3 if args.quick else 5, e2e.AGREEMENT_BATCH, 512
+    rounds = args.rounds or rounds
     stages = {"decode": ["decode-static", "decode-dynamic"]}.get(args.only, [args.only]) if args.only \
         else ["decode-static", "decode-dynamic"]  # fmt: skip
     # Three models x the batches of static-cache decode: past dynamo's default of 8 graphs.
@@ -110,11 +117,14 @@ def run(args) -> dict:
         for batch in args.batches:
             console.print(f"{stage} batch {batch}")
             prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(device)
-            for name, v in e2e.decode_times(models, prompt, n1, n2, rounds, static=static, clock=clock).items():
-                ms = statistics.median(v)
+            gpu: dict[str, dict] | None = {} if static else None
+            for name, v in e2e.decode_times(models, prompt, n1, n2, rounds, static=static, clock=clock, gpu=gpu).items():
+                ms, split = statistics.median(v), (gpu or {}).get(name, {})
                 rows.append(dict(stage="decode", setting="static-cache generate" if static else "dynamic-cache generate",
                                  model=name, batch=batch, tokens=1, ms=ms, ms_min=min(v), ms_max=max(v),
-                                 tokens_per_s=batch / ms * 1e3))  # fmt: skip
+                                 rounds_ms=[round(t, 4) for t in v], gpu_ms=split.get("busy_ms"),
+                                 gpu_kernel_sum_ms=split.get("ms"),
+                                 gpu_kernels=split.get("kernels"), tokens_per_s=batch / ms * 1e3))  # fmt: skip
         if static:
             e2e.release_compiled(models.values())
     ids = torch.randint(0, cfg.vocab_size, (agree_b, agree_t), generator=gen).to(device)
@@ -138,15 +148,26 @@ def run(args) -> dict:
 def ratios(result: dict) -> list[dict]:
     """Per (stage, setting, batch, tokens): each model's ms, ``skinny/no skinny`` (kernelized
     without skinny / kernelized) and ``vs eager`` (eager / kernelized); > 1: the kernelized model
-    is faster. Static-cache batch 1 also carries the issue's target and whether it is met."""
+    is faster. Where the GPU time per step was measured (static cache), each model's GPU ms and
+    ``skinny/no skinny GPU``, the same ratio of GPU times. Static-cache batch 1 also carries the
+    issue's target and whether the wall-time ratio meets it."""
     by: dict[tuple, dict] = {}
+    gpu: dict[tuple, dict] = {}
     for r in result["rows"]:
-        by.setdefault((r["stage"], r["setting"], r["batch"], r["tokens"]), {})[r["model"]] = r["ms"]
+        key = (r["stage"], r["setting"], r["batch"], r["tokens"])
+        by.setdefault(key, {})[r["model"]] = r["ms"]
+        if r.get("gpu_ms") is not None:
+            gpu.setdefault(key, {})[r["model"]] = r["gpu_ms"]
     out = []
-    for (stage, setting, batch, tokens), ms in by.items():
+    for key, ms in by.items():
+        stage, setting, batch, tokens = key
         row = dict(stage=stage, setting=setting, batch=batch, tokens=tokens)
         row.update({f"{name} ms": round(v, 3) for name, v in ms.items()})
         row["skinny/no skinny"] = round(ms[WITHOUT] / ms[KERNELIZED], 3)
+        g = gpu.get(key, {})
+        if WITHOUT in g and KERNELIZED in g and g[KERNELIZED] > 0:
+            row.update({f"{name} GPU ms": round(v, 3) for name, v in g.items()})
+            row["skinny/no skinny GPU"] = round(g[WITHOUT] / g[KERNELIZED], 3)
         if EAGER in ms:
             row["vs eager"] = round(ms[EAGER] / ms[KERNELIZED], 3)
         if setting == "static-cache generate" and batch == 1:
@@ -188,6 +209,9 @@ def print_summary(result: dict) -> None:
     console.print("skinny/no skinny: kernelized without skinny ms / kernelized ms (> 1: skinny-gemm made it faster)")
     console.print(table)
     for r in ratios(result):
+        if "skinny/no skinny GPU" in r:
+            console.print(f"{r['setting']}, batch {r['batch']}: GPU time per step {r[f'{KERNELIZED} GPU ms']:.3f} ms "
+                          f"kernelized, {r[f'{WITHOUT} GPU ms']:.3f} without skinny: {r['skinny/no skinny GPU']:.3f}x")  # fmt: skip
         if "target" in r:
             console.print(f"static-cache decode, batch 1: {r['skinny/no skinny']:.3f}x (target >= {r['target']}x: "
                           f"{'met' if r['target met'] else 'not met'})")  # fmt: skip
@@ -200,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="fewer decode steps and rounds")
     parser.add_argument("--only", choices=["decode", "decode-static", "decode-dynamic"],
                         help="one cache setting (split a full run over several 10-minute GPU calls)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per model (default 3 with --quick, "
+                        "else 5): more rounds, a steadier median")  # fmt: skip
     parser.add_argument("--no-eager", action="store_true", help="leave out the model that is not kernelized "
                         "(one static-cache compile less per batch)")  # fmt: skip
     e2e.add_variant_tail(parser, DECODE_BATCHES)

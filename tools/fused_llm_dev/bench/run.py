@@ -15,7 +15,7 @@ from types import ModuleType
 import torch
 
 from .report import Result, Run, collect_metadata, render_table, write_outputs
-from .settings import Method, add_arguments
+from .settings import IN_LAYER_BYTES, Method, add_arguments
 from .suite import Case, Provider, Suite
 from .timing import measure_copy_ceiling, measure_launch_floor, release_memory, time_us
 
@@ -246,7 +246,10 @@ def bench(package: str, args: argparse.Namespace, argv: list[str] | None = None)
     except (FileNotFoundError, ImportError, AttributeError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}")
         return 2
-    method = Method(replays=args.replays, repeats=args.repeats, budget_s=args.budget)
+    method = Method(replays=args.replays, repeats=args.repeats, budget_s=args.budget,
+                    predecessor_bytes=IN_LAYER_BYTES if args.in_layer else 0)  # fmt: skip
+    if args.in_layer:
+        plans = [(suite, providers, cases, suffix + "_in-layer") for suite, providers, cases, suffix in plans]
 
     if args.list:
         for suite, providers, cases, _ in plans:

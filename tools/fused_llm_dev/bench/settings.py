@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+IN_LAYER_BYTES = 1 << 20  # --in-layer's predecessor: a 1 MiB in-place op, ~2 us in a graph
+
+
 @dataclass(frozen=True)
 class Method:
     """How each point is timed (recorded in the JSON)."""
@@ -25,6 +28,14 @@ class Method:
     # of kernels, each with a predecessor: the long graph measures a kernel's time there.
     min_calls: int = 16
     max_set_bytes: int = 2 << 30  # bytes of one op's input sets that min_calls may take
+    # > 0: each timed call follows another kernel (an in-place elementwise op over a scratch
+    # buffer of this many bytes), as a projection in a decoder layer follows a norm, attention or
+    # activation kernel, not another call of itself; that kernel's time, measured alone the same
+    # way, is subtracted. Back to back, a kernel launched as a programmatic dependent overlaps its
+    # start with the previous call of itself, which a layer never gives it: skinny-gemm's kernel
+    # read 1.05x cuBLAS at 8B QKV back to back and 0.95x after another kernel (H200, 2026-11-28,
+    # skinny-gemm's results/in_layer_probe_*.log).
+    predecessor_bytes: int = 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,3 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replays", type=int, default=Method.replays, help="timed replays per repeat (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=Method.repeats, help="timed repeats per point (default: %(default)s)")
     parser.add_argument("--budget", type=float, default=Method.budget_s, help="about this many timed seconds per point (default: %(default)s)")
+    parser.add_argument("--in-layer", action="store_true",
+                        help="time each call after another kernel (an elementwise op on a 1 MiB buffer), as in a "
+                        "decoder layer, and subtract that kernel's own time (files get '_in-layer')")  # fmt: skip

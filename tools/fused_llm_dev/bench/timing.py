@@ -25,7 +25,9 @@ METHOD = (
     "`repeats` x `replays` times (replays lowered for long graphs to keep about `budget_s` "
     "per point, never under 3 per repeat), each replay timed with CUDA events; us per call = "
     "replay time / N; "
-    "median and p20/p80 over replays. GB/s counts the provider's own minimum bytes "
+    "median and p20/p80 over replays. With `predecessor_bytes` (--in-layer), each call is captured "
+    "after an in-place elementwise op over a scratch buffer of that size (a layer's previous kernel), "
+    "and that op's own time per call, timed alone the same way, is subtracted. GB/s counts the provider's own minimum bytes "
     "(each input read once, each output written once). Copy ceiling: torch.mul(a, 1.0, out=b) "
     "on 2 GiB bf16 measured the same way, counting read + write bytes."
 )
@@ -88,6 +90,32 @@ def _capture(graph: torch.cuda.CUDAGraph, fns: Sequence[Fn]) -> list:
     graph.replay()  # the first replay uploads the graph; keep it out of the samples
     torch.cuda.synchronize()
     return outputs
+
+
+def _predecessor(method: Method) -> Fn | None:
+    """The kernel each timed call follows under ``method.predecessor_bytes`` (None without): an
+    in-place no-op (``| 0``) over its own scratch buffer, so it reads and writes memory as a
+    layer's norm or activation kernel does and changes no input of the timed op."""
+    if method.predecessor_bytes <= 0:
+        return None
+    scratch = torch.zeros(method.predecessor_bytes, dtype=torch.uint8, device="cuda")
+    return lambda: scratch.bitwise_or_(0)
+
+
+def _after(pre: Fn | None, fn: Fn) -> Fn:
+    if pre is None:
+        return fn
+
+    def call():
+        pre()
+        return fn()
+
+    return call
+
+
+def _minus(t: Timing, us: float) -> Timing:
+    """``t`` less ``us`` per call (the predecessor's own time)."""
+    return Timing(t.median_us - us, t.p20_us - us, t.p80_us - us, t.calls_per_graph, t.samples)
 
 
 def _replay_s(graph: torch.cuda.CUDAGraph) -> float:
@@ -155,6 +183,12 @@ def time_alternated(
     replay's events bracket GPU work only (a replay started on an idle GPU would count the host's
     graph launch, divided by a different number of calls per op). Returns ({name: Timing},
     {name: why it was not timed}) for the ops whose input sets, warm-up or capture raised."""
+    pre = _predecessor(method)
+    if pre is not None:
+        pre_name = "\0predecessor"
+        makers = {name: (lambda seed, make=make: _after(pre, make(seed))) for name, make in makers.items()}
+        makers[pre_name] = lambda seed: pre
+        bytes_per_call = {**bytes_per_call, pre_name: min(bytes_per_call.values())}
     stream = torch.cuda.current_stream()
     # name -> (graph, its calls, their outputs): the calls hold what the graph reads (a peer's
     # per-set weights), the outputs what it writes; both live as long as the graph.
@@ -191,6 +225,11 @@ def time_alternated(
         for name, pairs in events.items():
             calls = len(graphs[name][1])
             timings[name] = _timing([start.elapsed_time(end) * 1e3 / calls for start, end in pairs], calls)
+        if pre is not None:
+            if pre_name not in timings:
+                raise RuntimeError(f"the predecessor kernel could not be timed: {failed.get(pre_name)}")
+            pre_us = timings.pop(pre_name).median_us
+            timings = {name: _minus(t, pre_us) for name, t in timings.items()}
         return timings, failed
     finally:
         torch.cuda.set_stream(stream)
@@ -204,9 +243,11 @@ def time_alternated(
 def time_us(make: Callable[[int], Fn], bytes_per_call: int, method: Method = Method()) -> Timing:
     """Time one op: ``make(seed)`` builds one independent input set and returns its call."""
     n = calls_per_graph(bytes_per_call, l2_bytes(), method)
-    fns = [make(seed) for seed in range(n)]
+    pre = _predecessor(method)
+    fns = [_after(pre, make(seed)) for seed in range(n)]
     try:
-        return time_calls(fns, method)
+        t = time_calls(fns, method)
+        return t if pre is None else _minus(t, time_calls([pre] * n, method).median_us)
     finally:
         del fns
         release_memory()
