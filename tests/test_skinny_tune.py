@@ -152,3 +152,23 @@ def test_suite_cases_and_the_autotune_peer():
         assert {"ours", "cublas", "torch_compile", "read_floor"} <= set(providers)
         if not torch.cuda.is_available():
             assert providers["torch_compile"].unavailable() == autotune_unavailable() == "torch.compile max-autotune: no GPU visible"
+
+
+def test_a_run_reads_the_table_file_not_the_imported_copy(tmp_path, monkeypatch):
+    """tune.py merges into the table file on disk (fused_llm_dev.bench.tuning.read_table): a
+    second run before a rebuild, whose imported module still held the old table, dropped the
+    first run's entries (H200, 2026-11-28)."""
+    from fused_llm_dev.bench.tuning import read_table
+
+    target = tmp_path / "_tuning.py"
+    target.write_text(tune.TABLE_PATH.read_text())
+    monkeypatch.setattr(tune, "TABLE_PATH", target)
+    tune.write_table({("GPU Y", "bfloat16", 8, 16): [(1, None)]}, "first run")
+    assert read_table(target) == ("first run", {("GPU Y", "bfloat16", 8, 16): [(1, None)]})
+    log = tmp_path / "run.log"
+    log.write_text("# python skinny-gemm/benchmarks/tune.py --tokens 4  # GPU Y\n"
+                   "GPU Y bfloat16 8B-o M=4: cuBLAS 2.0 us, best skinny 1.0 us (2.000x) [0, 64, 4, 4, 2] -> skinny\n")  # fmt: skip
+    tune.from_log(str(log))
+    made_by, table = read_table(target)
+    assert table == {("GPU Y", "bfloat16", 8, 16): [(1, None)], ("GPU Y", "bfloat16", 4096, 4096): [(4, [0, 64, 4, 4, 2])]}
+    assert made_by.startswith("first run; python skinny-gemm/benchmarks/tune.py --tokens 4")

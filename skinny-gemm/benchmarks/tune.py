@@ -13,7 +13,8 @@ with M tokens takes the first bucket >= M that is present). For every (dtype, sh
 it times cuBLAS (``F.linear``; ``torch._scaled_mm`` with rowwise scales for ``fp8``, per-tensor
 ones for ``fp8-tensor``, whose entries go under their own key ``"<fp8 dtype>/tensor"``) and a
 sweep of skinny configurations in CUDA-graph replay with L2 rotation (the harness's
-``time_us``), after checking each configuration's result against cuBLAS. An entry gets the
+``time_us``), each call after another kernel as in a decoder layer (``--back-to-back``: without
+it), after checking each configuration's result against cuBLAS. An entry gets the
 fastest configuration when it took at most ``margin`` (default 0.98) of cuBLAS's time, else
 None (cuBLAS): the 2% margin keeps a noisy win from becoming a dispatched loss, since the
 issue's bar is "never more than 2% slower than cuBLAS". The GPU's previous buckets of the
@@ -36,22 +37,30 @@ import re
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from fused_llm.packages import get_kernel
-from fused_llm_dev.bench.settings import Method
+from fused_llm_dev.bench.settings import IN_LAYER_BYTES, Method
 from fused_llm_dev.bench.suite import load_sibling
 from fused_llm_dev.bench.timing import time_us
+from fused_llm_dev.bench.tuning import read_table
 
 HERE = Path(__file__).resolve().parent
 ref = load_sibling(__file__)  # benchmark.py: the shapes and inputs (the suite's module too)
 
 TABLE_PATH = HERE.parent / "torch-ext" / "skinny_gemm" / "_tuning.py"
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-METHOD = Method(replays=10, repeats=3, budget_s=0.3)
+# In a layer, as the model runs the projections: each timed call after another kernel
+# (Method.predecessor_bytes), whose own time is subtracted. Back to back, the compiled kernel's
+# start overlaps the previous call of itself (programmatic dependent launch), which a decoder
+# layer never gives it: at 8B QKV (H200) that read 1.05x cuBLAS where the layer gives 0.95x
+# (results/in_layer_probe_*.log), so a back-to-back table routed the model onto losing entries.
+METHOD = Method(replays=10, repeats=3, budget_s=0.3, predecessor_bytes=IN_LAYER_BYTES)
+BACK_TO_BACK = replace(METHOD, predecessor_bytes=0)
 # The compiled kernel's launch shapes a --quick sweep tries: the ones that run one block an SM at
 # the split tma_split chooses (the fastest on an H100, 2026-11-28: docs/skinny-gemm-tma-kernel.md)
 # and a few with room for two.
@@ -111,10 +120,12 @@ def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
     return out
 
 
-def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, margin: float, log, tma: list | None = None):
+def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, margin: float, log, tma: list | None = None,
+             method: Method = METHOD):
     """(cuBLAS us, best skinny us, the entry: the best config or None, the best config). dtype
     ``fp8``: per-token x and per-channel w scales against cuBLAS's rowwise GEMM; ``fp8-tensor``:
-    both scales per tensor against its per-tensor GEMM."""
+    both scales per tensor against its per-tensor GEMM. Timed with ``method`` (default: in a
+    layer)."""
     N, K = ref.SHAPES[shape]
     fp8 = dtype != "bfloat16"
     if fp8:
@@ -147,7 +158,7 @@ def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, marg
             return make
         nbytes = 2 * N * K + 2 * M * K + 2 * M * N
     expected = cublas(0)().float()
-    t_cublas = time_us(cublas, nbytes, METHOD).median_us
+    t_cublas = time_us(cublas, nbytes, method).median_us
     best, best_cfg = float("inf"), None
     for cfg in candidates(kernel, M, N, K, 1 if fp8 else 2, sms, quick, tma):
         try:
@@ -156,7 +167,7 @@ def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, marg
             if not err <= 2e-2 * expected.abs().max().item():
                 log(f"  {cfg.as_list()}: wrong result (max |error| {err:.3g}), skipped")
                 continue
-            t = time_us(ours(cfg), nbytes, METHOD).median_us
+            t = time_us(ours(cfg), nbytes, method).median_us
         except Exception as exc:  # noqa: BLE001 - a configuration that does not launch (resources) is skipped
             log(f"  {cfg.as_list()}: {type(exc).__name__}: {str(exc)[:120]}")
             continue
@@ -187,6 +198,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", default=",".join(map(str, BUCKETS)), help="M buckets to tune (default: all)")
     parser.add_argument("--quick", action="store_true", help="a small sweep around the default configuration")
     parser.add_argument("--margin", type=float, default=0.98, help="ours must take at most this fraction of cuBLAS's time")
+    parser.add_argument("--back-to-back", action="store_true",
+                        help="time the calls back to back, not each after another kernel as in a layer (the default)")
     parser.add_argument("--sms", type=int, default=None, help="SM count for --dry-run without a GPU (default: the GPU's, else 132)")
     parser.add_argument("--no-write", action="store_true", help="measure and print the table, do not write _tuning.py")
     parser.add_argument("--dry-run", action="store_true", help="list the sweep; measure nothing (no GPU needed)")
@@ -231,10 +244,7 @@ LOG_LINE = re.compile(r"^(?P<gpu>.+) (?P<name>\S+) (?P<shape>\S+) M=(?P<m>\d+): 
 def from_log(path: str) -> int:
     """Writes the entries of the points a tune run printed (LOG_LINE), merged into the table as
     that run would have merged them, with the run's command from the log's first line."""
-    from importlib import import_module
-
-    tuning = import_module(get_kernel("skinny-gemm").__name__ + "._tuning")
-    table = dict(tuning.TABLE)
+    made_by_before, table = read_table(TABLE_PATH)
     lines = Path(path).read_text().splitlines()
     command = lines[0].removeprefix("# ") if lines and lines[0].startswith("# ") else None
     if command is None:
@@ -250,7 +260,7 @@ def from_log(path: str) -> int:
         table[key] = merge(table.get(key, []), chosen)
     points = sum(map(len, by_key.values()))
     made_by = f"{command} ({points} points, written from its log)"
-    write_table(table, f"{tuning.MADE_BY}; {made_by}" if tuning.MADE_BY else made_by)
+    write_table(table, f"{made_by_before}; {made_by}" if made_by_before else made_by)
     print(f"wrote {TABLE_PATH}: {points} points of {path}")
     return 0
 
@@ -273,10 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     fp8_name = str(ref.fp8_dtype(0)).removeprefix("torch.")
     command = "python skinny-gemm/benchmarks/tune.py " + shlex.join(argv) + f"  # {gpu}"
     print(f"# {command}", flush=True)  # from_log reads it back
-    from importlib import import_module
-
-    tuning = import_module(kernel.__name__ + "._tuning")
-    table = dict(tuning.TABLE)
+    made_by_before, before = read_table(TABLE_PATH)
+    table = dict(before)
     tuned: set = set()
     t0 = time.time()
     for dtype in args.dtypes:
@@ -285,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             N, K = ref.SHAPES[shape]
             chosen_by_m = {}
             for M in args.tokens:
-                t_cublas, t_best, chosen, best = tune_one(kernel, dtype, shape, M, sms, args.quick, args.margin, print, tma)
+                t_cublas, t_best, chosen, best = tune_one(kernel, dtype, shape, M, sms, args.quick, args.margin, print, tma,
+                                                          BACK_TO_BACK if args.back_to_back else METHOD)
                 chosen_by_m[M] = chosen
                 print(f"{gpu} {name} {shape} M={M}: cuBLAS {t_cublas:.1f} us, best skinny {t_best:.1f} us "
                       f"({t_cublas / t_best:.3f}x) {best} -> {'skinny' if chosen else 'cuBLAS'}", flush=True)  # fmt: skip
@@ -296,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         pprint.pprint(table, width=110)
         return 0
     made_by = command
-    kept = tuning.TABLE.keys() - tuned or any(dict(tuning.TABLE.get(k, [])).keys() - set(args.tokens) for k in tuned)
-    if tuning.MADE_BY and kept:  # entries of earlier runs are kept: so are their commands
-        made_by = f"{tuning.MADE_BY}; {made_by}"
+    kept = before.keys() - tuned or any(dict(before.get(k, [])).keys() - set(args.tokens) for k in tuned)
+    if made_by_before and kept:  # entries of earlier runs are kept: so are their commands
+        made_by = f"{made_by_before}; {made_by}"
     write_table(table, made_by)
     print(f"wrote {TABLE_PATH}")
     return 0
