@@ -94,7 +94,7 @@ def test_info(capsys):
 def test_bench_help_shows_the_harness_options(capsys):
     assert _exit_code(["bench", "--help"]) == 0
     out = capsys.readouterr().out
-    for option in ("PKG", "--quick", "--suite", "--out", "--providers", "--list", "--only", "--replays", "--repeats", "--budget"):
+    for option in ("PKG", "--quick", "--suite", "--out", "--providers", "--list", "--only", "--replays", "--repeats", "--budget", "--in-layer"):
         assert option in out
     assert "rest" not in out and "bench e2e --help" in out
 

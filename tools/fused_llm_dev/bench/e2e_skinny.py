@@ -22,9 +22,9 @@ median over rounds:
 * with the static cache, each model's GPU time per step (the time any kernel runs: the
   compiled kernel starts early as a programmatic dependent, so its duration overlaps its
   predecessor's) and its costliest kernels (``e2e.decode_gpu_ms``: torch.profiler over the same
-  graphs). A step's wall time also holds
-  ``generate``'s own host work, ~1.6 ms a step that the GPU waits on (docs/e2e.md), which no
-  kernel shortens: the GPU-time ratio is what the projections' kernels changed;
+  graphs). A step's wall time also holds ``generate``'s own host work, which the GPU waits on
+  and no kernel shortens (docs/e2e.md; ~0.7 ms a step on the H200 host, 2026-11-28): the
+  GPU-time ratio is what the projections' kernels changed;
 * the speed ratios kernelized / kernelized without skinny (wall and, static cache, GPU time) and
   kernelized / eager (> 1: the kernelized model is faster);
 * host time per call of ``F.linear`` and ``skinny_gemm.linear`` at each routed projection's

@@ -182,10 +182,13 @@ def time_alternated(
     such drifts fall on every op alike. All rounds are enqueued before one synchronize, so each
     replay's events bracket GPU work only (a replay started on an idle GPU would count the host's
     graph launch, divided by a different number of calls per op). Returns ({name: Timing},
-    {name: why it was not timed}) for the ops whose input sets, warm-up or capture raised."""
+    {name: why it was not timed}) for the ops whose input sets, warm-up or capture raised. With
+    ``method.predecessor_bytes`` every op's calls follow the predecessor kernel, which is timed
+    alone in the same rounds and subtracted (as :func:`time_us` does; this path has not yet run
+    on a GPU, 2026-11-28)."""
     pre = _predecessor(method)
     if pre is not None:
-        pre_name = "\0predecessor"
+        pre_name = "(the predecessor kernel alone)"
         makers = {name: (lambda seed, make=make: _after(pre, make(seed))) for name, make in makers.items()}
         makers[pre_name] = lambda seed: pre
         bytes_per_call = {**bytes_per_call, pre_name: min(bytes_per_call.values())}
