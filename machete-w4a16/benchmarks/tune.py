@@ -432,12 +432,10 @@ def made_by_after(command: str) -> str:
     """The table's MADE_BY once this run is written: the commands in the table file now (the
     buckets this run did not measure keep their entries, so the commands behind them stay), an
     identical earlier command dropped, this one last."""
-    import ast
+    from fused_llm_dev.bench.tuning import read_table
 
-    tree = ast.parse(TABLE_PATH.read_text())
-    previous = next((ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-                     and getattr(node.targets[0], "id", None) == "MADE_BY"), None)  # fmt: skip
-    commands = [c for c in (previous or "").split(", then ") if c and c != command]
+    previous, _ = read_table(TABLE_PATH)
+    commands = [c for c in previous.split(", then ") if c and c != command]
     return ", then ".join([*commands, command])
 
 
@@ -483,7 +481,11 @@ def main(argv: list[str] | None = None) -> int:
     ref = _ref()
     mma = kern._mma_op() is not None and torch.cuda.get_device_capability(0)[0] >= 8
     wgmma = kern._wgmma_op() is not None and torch.cuda.get_device_capability(0) == (9, 0)
-    table = dict(import_module(kernel.__name__ + "._tuning").TABLE)
+    # The table file as it stands, not the package's imported copy: a build copies the Python
+    # files, so after an earlier run wrote the table that copy is stale until the next build.
+    from fused_llm_dev.bench.tuning import read_table
+
+    table = dict(read_table(TABLE_PATH)[1])
     t0 = time.time()
     points = len(args.shapes) * len(args.tokens)
     for dtype_name in args.dtypes:

@@ -10,7 +10,7 @@ import gc
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -115,7 +115,7 @@ def _after(pre: Fn | None, fn: Fn) -> Fn:
 
 def _minus(t: Timing, us: float) -> Timing:
     """``t`` less ``us`` per call (the predecessor's own time)."""
-    return Timing(t.median_us - us, t.p20_us - us, t.p80_us - us, t.calls_per_graph, t.samples)
+    return replace(t, median_us=t.median_us - us, p20_us=t.p20_us - us, p80_us=t.p80_us - us)
 
 
 def _replay_s(graph: torch.cuda.CUDAGraph) -> float:
