@@ -13,6 +13,8 @@ GPTQ checkpoints hold). ``ours`` is w4a16_gemm as users call it (the kernel pick
 * ``torch_compile``: ``torch.compile(dynamic=False, fullgraph=True)`` of the plain-torch
   unpack, dequantize and ``F.linear`` (``benchmark.dequant_linear``): what Inductor makes of the
   code a user would write without a kernel.
+* ``read_floor``: a read-only kernel over a buffer of the int4 weight's bytes (codes and scales;
+  ``fused_llm_dev.bench.read_floor``): the measured read-bandwidth floor, not an implementation.
 Bytes: ours / tinygemm / gemlite read N K / 2 bytes of codes plus the scales; cuBLAS 2 N K.
 """
 
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 
 from fused_llm_dev.bench.suite import (Case, Fn, Provider, Suite, compile_static, importable, load_sibling, package_loader,
                                        within_scale)  # fmt: skip
+from fused_llm_dev.bench.read_floor import make_read_floor, no_check
 
 ref = load_sibling(__file__)
 TOKENS = (1, 4, 16, 32, 64, 128, 256, 1024, 4096)
@@ -42,6 +45,11 @@ def _shape(case: Case) -> tuple[int, int, int]:
 def _int4_bytes(case: Case) -> int:
     M, N, K = _shape(case)
     return N * K // 2 + 2 * N * (K // GROUP) + 2 * M * K + 2 * M * N
+
+
+def _weight_bytes(case: Case) -> int:
+    _, N, K = _shape(case)
+    return N * K // 2 + 2 * N * (K // GROUP)
 
 
 def _bf16_bytes(case: Case) -> int:
@@ -167,6 +175,8 @@ def build_suite() -> Suite:
             Provider("gemlite", make_gemlite, unavailable=_gemlite_unavailable, note="GemLiteLinearTriton, " + int4_note),
             Provider("torch_compile", make_compile, unavailable=_ours_unavailable,
                      note="torch.compile(dynamic=False) of unpack + (q - 8) s + F.linear, " + int4_note),  # fmt: skip
+            Provider("read_floor", make_read_floor(_weight_bytes), bytes_moved=_weight_bytes, check=no_check,
+                     note="a read-only kernel over the int4 weight's bytes: the read-bandwidth floor (not an implementation)"),
         ],
         bytes_moved=_int4_bytes,
         flops=_flops,

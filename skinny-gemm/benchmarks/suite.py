@@ -14,8 +14,9 @@ per-channel scales and bf16 out (suite ``skinny-gemm-fp8``), and with one scale 
   ratios to it);
 * ``torch_compile``: ``torch.compile(mode="max-autotune-no-cudagraphs")`` of the same
   expression (Inductor's Triton templates against cuBLAS, picked per shape);
-* ``read_floor``: a read-only reduction (``torch.amax``) over a buffer of the weight's bytes:
-  the measured read-bandwidth floor of the shape, not an implementation.
+* ``read_floor``: a read-only Triton kernel over a buffer of the weight's bytes, the fastest of
+  a few launches (``fused_llm_dev.bench.read_floor``): the measured read-bandwidth floor of the
+  shape, not an implementation.
 
 Bytes: the weight plus x and the output (the weight dominates: 75 MB at 2304 x 16384 bf16
 against 1 MB of x at 32 tokens).
@@ -38,6 +39,7 @@ from fused_llm_dev.bench.suite import (
     package_loader,
     within_scale,
 )
+from fused_llm_dev.bench.read_floor import make_read_floor, no_check
 
 ref = load_sibling(__file__)
 SHAPE_IDS = {name: i for i, name in enumerate(ref.SHAPES)}  # cases carry ints: shape by index
@@ -140,12 +142,7 @@ def make_compile(case: Case, seed: int) -> Fn:
 
 
 def _make_floor(elem: int):
-    def make(case: Case, seed: int) -> Fn:
-        _, N, K = _shape(case)
-        buf = torch.full((N * K * elem // 2,), float(seed % 7 + 1), dtype=torch.bfloat16, device="cuda")
-        return lambda: torch.amax(buf)
-
-    return make
+    return make_read_floor(lambda case: elem * _shape(case)[1] * _shape(case)[2])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,10 +187,6 @@ def _make_scaled_mm(per_tensor: bool, compiled: bool = False):
     return make
 
 
-def _no_check(out, expected) -> None:
-    """read_floor: not an implementation (its output is not the GEMM's)."""
-
-
 def _cases(shapes, tokens) -> list[Case]:
     return [Case.of(shape=SHAPE_IDS[s], tokens=t) for s in shapes for t in tokens]
 
@@ -216,7 +209,7 @@ def _fp8_suite(per_tensor: bool, shape_note: str, floor: str, common: dict) -> S
         Provider("cublas", _make_scaled_mm(per_tensor), note=f"torch._scaled_mm, {scales} scales"),
         Provider("torch_compile", _make_scaled_mm(per_tensor, compiled=True), unavailable=_fp8_autotune_unavailable,
                  note="torch.compile(_scaled_mm, mode='max-autotune-no-cudagraphs')"),
-        Provider("read_floor", _make_floor(1), bytes_moved=lambda c: _shape(c)[1] * _shape(c)[2], check=_no_check,
+        Provider("read_floor", _make_floor(1), bytes_moved=lambda c: _shape(c)[1] * _shape(c)[2], check=no_check,
                  note=floor),
     ]
     what = ("e4m3, one scale each (cuBLAS's per-tensor FP8 GEMM, 2.2x faster than its rowwise one)" if per_tensor
@@ -237,7 +230,7 @@ def build_suites() -> list[Suite]:
     shape_note = ", ".join(f"{i} = {n} {ref.SHAPES[n]}" for n, i in SHAPE_IDS.items())
     common = dict(flops=_flops, verify_case=Case.of(shape=SHAPE_IDS["8B-qkv"], tokens=13), reference="cublas", ours="ours",
                   x_param="tokens", group_param="shape")  # fmt: skip
-    floor = "torch.amax over the weight's bytes: the read-bandwidth floor (not an implementation)"
+    floor = "a read-only kernel over the weight's bytes: the read-bandwidth floor (not an implementation)"
     return [
         Suite(
             name="skinny-gemm",
@@ -253,7 +246,7 @@ def build_suites() -> list[Suite]:
                 Provider("cublas", make_cublas, note="F.linear"),
                 Provider("torch_compile", make_compile, unavailable=autotune_unavailable,
                          note="torch.compile(F.linear, mode='max-autotune-no-cudagraphs')"),
-                Provider("read_floor", _make_floor(2), bytes_moved=lambda c: 2 * _shape(c)[1] * _shape(c)[2], check=_no_check,
+                Provider("read_floor", _make_floor(2), bytes_moved=lambda c: 2 * _shape(c)[1] * _shape(c)[2], check=no_check,
                          note=floor),
             ],
             bytes_moved=_bytes(2),
