@@ -6,7 +6,8 @@
 
 For every (dtype, shape, M bucket), weights of group 128 (``--group-size``) without zero point
 (uint4b8, what GPTQ checkpoints hold), it times in CUDA-graph replay with L2 rotation, the
-peers and each phase's launches replayed in turns (the harness's ``time_alternated``):
+peers and each phase's launches replayed in turns (the harness's ``time_alternated``), each call
+after another kernel as in a decoder layer (``--back-to-back``: without it):
 
 * cuBLAS bf16 / fp16: ``F.linear`` on the dequantized weight (the reference of the issue's
   targets, >= 3.3x at M <= 16 and >= 0.95x at M >= 256);
@@ -214,6 +215,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the default's time (default: %(default)s)")  # fmt: skip
     parser.add_argument("--sms", type=int, default=None, help="SM count for --dry-run without a GPU (default: the GPU's, else 132)")
     parser.add_argument("--no-write", action="store_true", help="measure and print, do not write _tuning.py")
+    parser.add_argument("--back-to-back", action="store_true", help="time each launch's calls back to back, "
+                        "not each after another kernel as in a layer (the default)")  # fmt: skip
     parser.add_argument("--dry-run", action="store_true", help="print the sweep and its estimated time; measure "
                         "nothing (no GPU needed)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -338,17 +341,22 @@ def _ours(point: Point, kern, cfg_mod, entry: list):
 
 
 def tune_point(point: Point, kern, cfg_mod, sms: int, quick: bool, margin: float, log, phase2=lambda: True,
-               mma: bool = False, wgmma: bool = False) -> dict:  # fmt: skip
+               mma: bool = False, wgmma: bool = False, in_layer: bool = True) -> dict:  # fmt: skip
     """Time the peers, the default and the sweep at one point (phase 2 unless ``quick`` or
     ``phase2()`` says no: the time budget); the row of the results file. Each phase's launches
     are timed in turns with the peers (``time_alternated``); phase 2 times the default and phase
     1's best again with its candidates, so the choice compares times of the same rounds."""
     import torch
 
-    from fused_llm_dev.bench.settings import Method
+    from fused_llm_dev.bench.settings import IN_LAYER_BYTES, Method
     from fused_llm_dev.bench.timing import release_memory, time_alternated
 
-    method = Method(replays=10, repeats=3, budget_s=0.2)
+    # In a layer (the default): each call after an in-place op over 1 MiB, whose own time is
+    # subtracted, as a projection follows a norm, attention or activation kernel. The small-M
+    # kernels launch as programmatic dependents; back to back each call overlaps its start with
+    # the previous call of itself, which a layer never gives it (skinny-gemm's compiled kernel:
+    # 1.05x cuBLAS at 8B QKV back to back, 0.95x after another kernel; H200, 2026-11-28).
+    method = Method(replays=10, repeats=3, budget_s=0.2, predecessor_bytes=IN_LAYER_BYTES if in_layer else 0)
     expected = _cublas(point)(0)().float()
     scale = expected.abs().max().item()
     row = dict(N=point.N, K=point.K, M=point.M, group=point.G)
@@ -512,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
                     return within_budget()
 
                 row = tune_point(Point(kernel, dtype, N, K, M, args.group_size), kern, cfg_mod, sms, args.quick,
-                                 args.margin, print, phase2, mma, wgmma)  # fmt: skip
+                                 args.margin, print, phase2, mma, wgmma, not args.back_to_back)  # fmt: skip
                 rows.append(dict(shape=shape, dtype=dtype_name, **row))
                 if row["best_us"] == float("inf"):  # no launch gave a right result: the bucket keeps its entry
                     print(f"{gpu} {dtype_name} {shape} M={M}: no launch timed; the table keeps {buckets.get(M)}", flush=True)
