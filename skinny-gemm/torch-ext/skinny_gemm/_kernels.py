@@ -12,7 +12,9 @@ x 2 = 1 MB of activations):
   ``W_tile x_tile^T`` ([BLOCK_N, BLOCK_M]): W's rows sit on the MMA's wide side (64 on
   wgmma's M), the few tokens on its narrow side (16 / 32 / 64, x padded by wrapping its row
   index, never stored). At BLOCK_M = 1 there is no MMA: a [BLOCK_N, BLOCK_K] fp32 FMA
-  accumulator, reduced once after the K loop (a GEMV).
+  accumulator, reduced once after the K loop (a GEMV). At BLOCK_M = 2 / 4 / 8 the same GEMV
+  for a few tokens: a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator (each weight element converted
+  once and multiplied by every token's x), reduced once after the loop.
 * **Split K.** The grid is (N tiles, K slices, M tiles): with few tiles over N, slicing K keeps
   every SM streaming weights. K slices are multiples of BLOCK_K.
 * **Reduction.** ``REDUCE`` 0: one slice, the program writes its tile. 1 (deterministic): each
@@ -97,28 +99,45 @@ def _skinny_gemm_kernel(
     # Wrapped indices, never stored: no load masks on M or N.
     w_rows = w_ptr + (cols % N).to(tl.int64)[:, None] * s_wn
     x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm
+    GEMV: tl.constexpr = BLOCK_M < 16  # FMA on the CUDA cores (1, 2, 4 or 8 tokens), else tl.dot
     # The GEMV streams W past L2 (read once) and keeps x there (every program reads it):
     # Inductor's M = 1 reduction does the same.
-    w_evict: tl.constexpr = "evict_first" if BLOCK_M == 1 else ""
-    x_evict: tl.constexpr = "evict_last" if BLOCK_M == 1 else ""
+    w_evict: tl.constexpr = "evict_first" if GEMV else ""
+    x_evict: tl.constexpr = "evict_last" if GEMV else ""
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    if BLOCK_M > 1:
+    if not GEMV:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # (x W^T)^T
-    else:
+    elif BLOCK_M == 1:
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if GEMV and BLOCK_M > 1:
+        # W as [1, BLOCK_N, BLOCK_K] and x as [BLOCK_M, 1, BLOCK_K]: loaded in the accumulator's
+        # own 3-D layout. Loaded 2-D and then broadcast, each step's W went through a layout
+        # conversion (Triton 3.9's sm90 TTGIR: a shared-memory round trip of the whole tile).
+        w_rows = w_ptr + (cols % N).to(tl.int64)[None, :, None] * s_wn
+        x_rows = x_ptr + (rows % M).to(tl.int64)[:, None, None] * s_xm
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + ks
-        w_ptrs = w_rows + kk[None, :]
-        x_ptrs = x_rows + kk.to(tl.int64)[None, :] * s_xk  # s_xk == 1 is specialized away
+        if GEMV and BLOCK_M > 1:
+            w_ptrs = w_rows + kk[None, None, :]
+            x_ptrs = x_rows + kk.to(tl.int64)[None, None, :] * s_xk
+        else:
+            w_ptrs = w_rows + kk[None, :]
+            x_ptrs = x_rows + kk.to(tl.int64)[None, :] * s_xk  # s_xk == 1 is specialized away
         if EVEN_K:
             w = tl.load(w_ptrs, eviction_policy=w_evict)
             x = tl.load(x_ptrs, eviction_policy=x_evict)
         else:
             kmask = kk < k_hi
-            w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0, eviction_policy=w_evict)
-            x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0, eviction_policy=x_evict)
-        if BLOCK_M > 1:
+            if GEMV and BLOCK_M > 1:
+                w = tl.load(w_ptrs, mask=kmask[None, None, :], other=0.0, eviction_policy=w_evict)
+                x = tl.load(x_ptrs, mask=kmask[None, None, :], other=0.0, eviction_policy=x_evict)
+            else:
+                w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0, eviction_policy=w_evict)
+                x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0, eviction_policy=x_evict)
+        if not GEMV:
             if COMPILED and SCALED:
                 # FP8: promote the tensor core's partial sums to the fp32 accumulator after every
                 # 32 products (one wgmma). Triton's sm90 default (2^30: never) accumulates the
@@ -129,12 +148,16 @@ def _skinny_gemm_kernel(
                 acc = tl.dot(w, tl.trans(x), acc)
             else:
                 acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc)
-        else:  # BLOCK_M == 1: x is [1, BLOCK_K]
+        elif BLOCK_M == 1:  # x is [1, BLOCK_K]
             acc2 += w.to(tl.float32) * x.to(tl.float32)
-    if BLOCK_M > 1:
+        else:  # every token's x times the same converted weights
+            acc3 += w.to(tl.float32) * x.to(tl.float32)  # [1, N, K] x [M, 1, K]
+    if not GEMV:
         res = acc  # [BLOCK_N, BLOCK_M]
-    else:
+    elif BLOCK_M == 1:
         res = tl.reshape(tl.sum(acc2, axis=1), (BLOCK_N, 1))
+    else:
+        res = tl.trans(tl.sum(acc3, axis=2))  # [BLOCK_N, BLOCK_M]
 
     if REDUCE == 0:
         _epilogue(res, rows, cols, M, N, xs_ptr, ws_ptr, s_xs, s_ws, b_ptr, out_ptr, s_om, HAS_BIAS, SCALED)
