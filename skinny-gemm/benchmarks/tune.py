@@ -68,8 +68,8 @@ QUICK_TMA = {(64, 4, 4), (64, 2, 8), (64, 4, 3), (64, 2, 4), (32, 4, 6), (128, 2
 
 
 def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool, tma: list | None = None) -> list:
-    """The sweep: BLOCK_M the smallest dot tile holding M (at M = 1 also the GEMV, at 2-8 the
-    few-token GEMV of ``few_token_gemv_candidates``), BLOCK_N 32 /
+    """The sweep: BLOCK_M the smallest dot tile holding M (at M = 1 also the GEMV, at 2 the
+    two-token GEMV of ``few_token_gemv_candidates``), BLOCK_N 32 /
     64 / 128 weight rows, 128 / 256 / 512 bytes of each row per K step, K slices for ~1 / 2 / 4
     / 8 programs per SM, 3 / 4 / 6 stages (quick: the default plus 12 neighbours); with 16-bit
     at M <= 16, also every launch shape of the compiled Hopper kernel in ``tma`` (the build's
@@ -91,7 +91,7 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
         out.add(kernel.SkinnyConfig(bm, bn, bk, split, 8 if bn == 128 else 4, st))
     if M == 1:
         out |= set(gemv_candidates(kernel, K, elem, quick))
-    elif M <= 8:
+    elif M == 2:
         out |= set(few_token_gemv_candidates(kernel, M, K, quick))
     if tma and M <= 16 and (K * elem) % 16 == 0:
         for c in tma:
@@ -124,21 +124,25 @@ def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
 
 
 def few_token_gemv_candidates(kernel, M: int, K: int, quick: bool) -> list:
-    """The GEMV for 2-8 tokens (BLOCK_M the power of two holding M): 8 or 16 consecutive columns a
-    thread (one or two 16-byte loads of 16-bit W), so a K step is 32 x warps x that many columns
-    and every warp lies along K: W, x and the [tokens, rows, K step] fp32 accumulator then share
-    one layout (with warps across rows or tokens, Triton 3.9 converted W's layout through shared
-    memory every step). Rows a program: as many as keep the accumulator at 64 registers a thread,
-    and half that; no K split, or 2 (quick: 8 warps, no split)."""
-    bm = 1 << max(0, M - 1).bit_length()
+    """The GEMV at 2 tokens (BLOCK_M 2): 8 or 16 consecutive columns a thread (one or two 16-byte
+    loads of 16-bit W), so a K step is 32 x warps x that many columns and every warp lies along K:
+    W, x and the [tokens, rows, K step] fp32 accumulator then share one layout (with warps across
+    rows or tokens, Triton 3.9 converted W's layout through shared memory every step). Rows a
+    program: as many as keep the accumulator at 64 registers a thread, and half that; 4 or 8
+    warps; no K split, or 2 (not in quick). At 4 tokens the same kernel read 2304 x 16384 in
+    33.5-67.5 us against cuBLAS's 24.1, at 2 in 24.1 against 23.0 and 8B O in 11.75 against 13.4
+    (H200, in a layer, 2026-11-28, results/few_token_gemv_probe_*.log): 4-8 tokens are left to
+    the tensor cores."""
+    if M != 2:
+        return []
     out = []
-    for warps, per_thread, split in itertools.product((8,) if quick else (4, 8), (8, 16), (1,) if quick else (1, 2)):
+    for warps, per_thread, split in itertools.product((4, 8), (8, 16), (1,) if quick else (1, 2)):
         bk = 32 * warps * per_thread
         if bk > K:
             continue
-        rows = 64 // (bm * per_thread)
+        rows = 64 // (2 * per_thread)
         for bn in {max(1, rows), max(1, rows // 2)}:
-            out.append(kernel.SkinnyConfig(bm, bn, bk, split, warps, 1))
+            out.append(kernel.SkinnyConfig(2, bn, bk, split, warps, 1))
     return out
 
 

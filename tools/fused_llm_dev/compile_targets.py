@@ -471,7 +471,7 @@ def _machete_w4a16_scenarios(module, dev: Device) -> list[Scenario]:
 def _skinny_gemm_scenarios(module, dev: Device) -> list[Scenario]:
     """skinny-gemm: ``gemm`` / ``gemm_fp8`` through ``launch_skinny`` with ``skinny_config``'s
     choice for the target's SM count (and gfx942's K steps): the issue's Llama-405B TP8 QKV
-    (2304 x 16384) at 1 token (dot tile, and the FMA GEMV), 2 / 4 / 8 (the few-token GEMV), 8 (atomic reduction) and 16 (dot
+    (2304 x 16384) at 1 token (dot tile, and the FMA GEMV), 2 (the two-token GEMV), 8 (atomic reduction) and 16 (dot
     tile, ordered reduction), Llama-3-8B QKV with a bias at 4, 8B down in fp16 at 64, 70B gate/up at 64 (no
     split: one slice) and at 128 (two M tiles); FP8 (the target's format) per token / per
     channel at 1 token, per tensor with an fp32 bias at 16, atomic with fp16 out at 64. No FP8
@@ -507,10 +507,10 @@ def _skinny_gemm_scenarios(module, dev: Device) -> list[Scenario]:
         case(f"Llama-3 8B O, bfloat16, FMA GEMV on 4 rows, {'ordered' if det else 'atomic'} split K, 1 token", 1, 4096,
              _HIDDEN, deterministic=det, cfg=(1, 4, 1024, 2, 8, 2))  # fmt: skip
     case("Llama-3 8B QKV, bfloat16, bias, 4 tokens", 4, 6144, _HIDDEN, bias=True)
-    # The few-token GEMV (BLOCK_M 2 / 4 / 8: a [tokens, rows, K step] FMA accumulator), as the
-    # tuning table may pick it at 2-8 tokens, with and without a K split.
-    for M, cfg in ((2, (2, 4, 2048, 1, 8, 1)), (4, (4, 2, 2048, 1, 8, 1)), (8, (8, 1, 2048, 2, 8, 1)), (4, (4, 1, 4096, 1, 8, 1))):
-        case(f"Llama-405B TP8 QKV, bfloat16, FMA GEMV on {cfg[1]} rows, {_tokens(M)}", M, 2304, 16384, cfg=cfg)
+    # The two-token GEMV (BLOCK_M 2: a [tokens, rows, K step] FMA accumulator), as the tuning
+    # table may pick it at 2 tokens, with and without a K split.
+    for cfg in ((2, 4, 1024, 1, 4, 1), (2, 2, 4096, 2, 8, 1)):
+        case(f"Llama-405B TP8 QKV, bfloat16, FMA GEMV on {cfg[1]} rows, 2 tokens", 2, 2304, 16384, cfg=cfg)
     case("Llama-3 8B down, float16, 64 tokens", 64, _HIDDEN, _MLP, "float16")
     case("Llama-3 70B gate/up, bfloat16, 64 tokens (one K slice)", 64, 2 * _MLP_70B, _HIDDEN_70B)
     case("Llama-3 70B O, bfloat16, 128 tokens (two M tiles)", 128, _HIDDEN_70B, _HIDDEN_70B)

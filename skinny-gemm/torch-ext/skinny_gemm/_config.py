@@ -23,8 +23,8 @@ def _pow2_floor(n: int) -> int:
 
 @dataclass(frozen=True)
 class SkinnyConfig:
-    """One launch of ``_skinny_gemm_kernel``: BLOCK_M tokens (1, 2, 4, 8: the FMA GEMV; else >= 16,
-    the tl.dot tile's narrow side), BLOCK_N weight rows (>= 16 for a dot tile, its wide side; the
+    """One launch of ``_skinny_gemm_kernel``: BLOCK_M tokens (1, 2: the FMA GEMV; else >= 16, the
+    tl.dot tile's narrow side), BLOCK_N weight rows (>= 16 for a dot tile, its wide side; the
     GEMV takes any power of two: few rows with long K steps read each row in long runs),
     BLOCK_K columns per step, SPLIT_K slices (an upper bound: the launcher rounds the slice to
     whole steps and drops empty slices), num_warps, num_stages."""
@@ -39,6 +39,10 @@ class SkinnyConfig:
     def __post_init__(self):
         check_config(self, powers_of_two={"BLOCK_M": 1, "BLOCK_N": 1, "BLOCK_K": 32, "num_warps": 1},
                      at_least={"SPLIT_K": 1, "num_stages": 1})  # fmt: skip
+        if self.BLOCK_M not in (1, 2) and self.BLOCK_M < 16:
+            # 4 and 8 tokens ran the GEMV 1.4-2.8x slower than cuBLAS (2304 x 16384, H200, 2026-11-28:
+            # benchmarks/results/few_token_gemv_probe_*.log); the tensor cores take them.
+            raise ValueError(f"SkinnyConfig.BLOCK_M: expected 1 or 2 (GEMV) or a power of two >= 16 (tl.dot), got {self.BLOCK_M}")
         if self.BLOCK_M >= 16 and self.BLOCK_N < 16:
             raise ValueError(f"SkinnyConfig.BLOCK_N: expected a power of two >= 16 with a tl.dot tile (BLOCK_M {self.BLOCK_M}), "
                              f"got {self.BLOCK_N}")  # fmt: skip

@@ -12,9 +12,9 @@ x 2 = 1 MB of activations):
   ``W_tile x_tile^T`` ([BLOCK_N, BLOCK_M]): W's rows sit on the MMA's wide side (64 on
   wgmma's M), the few tokens on its narrow side (16 / 32 / 64, x padded by wrapping its row
   index, never stored). At BLOCK_M = 1 there is no MMA: a [BLOCK_N, BLOCK_K] fp32 FMA
-  accumulator, reduced once after the K loop (a GEMV). At BLOCK_M = 2 / 4 / 8 the same GEMV
-  for a few tokens: a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator (each weight element converted
-  once and multiplied by every token's x), reduced once after the loop.
+  accumulator, reduced once after the K loop (a GEMV). At BLOCK_M = 2 the same GEMV for two
+  tokens: a [2, BLOCK_N, BLOCK_K] accumulator (each weight element converted once and
+  multiplied by both tokens' x), reduced once after the loop.
 * **Split K.** The grid is (N tiles, K slices, M tiles): with few tiles over N, slicing K keeps
   every SM streaming weights. K slices are multiples of BLOCK_K.
 * **Reduction.** ``REDUCE`` 0: one slice, the program writes its tile. 1 (deterministic): each
@@ -99,7 +99,7 @@ def _skinny_gemm_kernel(
     # Wrapped indices, never stored: no load masks on M or N.
     w_rows = w_ptr + (cols % N).to(tl.int64)[:, None] * s_wn
     x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm
-    GEMV: tl.constexpr = BLOCK_M < 16  # FMA on the CUDA cores (1, 2, 4 or 8 tokens), else tl.dot
+    GEMV: tl.constexpr = BLOCK_M < 16  # FMA on the CUDA cores (1 or 2 tokens), else tl.dot
     # The GEMV streams W past L2 (read once) and keeps x there (every program reads it):
     # Inductor's M = 1 reduction does the same.
     w_evict: tl.constexpr = "evict_first" if GEMV else ""
