@@ -17,12 +17,12 @@ import torch
 from .report import Result, Run, collect_metadata, render_table, write_outputs
 from .settings import IN_LAYER_BYTES, Method, add_arguments
 from .suite import Case, Provider, Suite
-from .timing import measure_copy_ceiling, measure_launch_floor, release_memory, time_us
+from .timing import measure_copy_ceiling, measure_launch_floor, release_memory, time_alternated, time_us
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException | str) -> str:
     # Multi-line messages (assert_close, CUDA errors) collapse into one line for tables/JSON.
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    text = " ".join((exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}").split())
     return text if len(text) <= 400 else text[:397] + "..."
 
 
@@ -91,6 +91,51 @@ def add_speedups(results: list[Result], ours: str) -> None:
             r.ours_speedup = r.median_us / base
 
 
+def _point(suite: Suite, case: Case, p: Provider) -> Result:
+    return Result(case.name, dict(case.params), p.name, bytes=(p.bytes_moved or suite.bytes_moved)(case),
+                  flops=suite.flops(case) if suite.flops else None)  # fmt: skip
+
+
+def _timed(result: Result, t, ceiling_gbps: float) -> None:
+    result.median_us, result.p20_us, result.p80_us = t.median_us, t.p20_us, t.p80_us
+    result.calls_per_graph, result.samples = t.calls_per_graph, t.samples
+    derive(result, ceiling_gbps)
+
+
+def time_case(suite: Suite, case: Case, providers: list[Provider], ceiling_gbps: float, method: Method,
+              log: Callable[[str], None]) -> list[Result]:  # fmt: skip
+    """One case's results, a provider at a time (``time_us``) or, with ``method.alternate``, all
+    of them in turns (``time_alternated``). A provider that fails is reported and gets an error
+    row; a broken CUDA context stops the run."""
+    results = [_point(suite, case, p) for p in providers]
+    if method.alternate:
+        makers = {p.name: functools.partial(p.make, case) for p in providers}
+        try:
+            timed, failed = time_alternated(makers, {r.provider: r.bytes for r in results}, method)
+        except Exception as exc:  # noqa: BLE001 - report, skip this case, keep going
+            timed, failed = {}, dict.fromkeys(makers, _one_line(exc))
+            release_memory()
+        for result in results:
+            if result.provider in timed:
+                _timed(result, timed[result.provider], ceiling_gbps)
+            else:
+                result.error = _one_line(failed.get(result.provider, "not timed"))
+                log(f"[red]{case.name} {result.provider}[/]: {result.error}")
+        if failed and not _device_ok():
+            raise RuntimeError(f"CUDA context broken during {case.name}: {failed}")
+        return results
+    for p, result in zip(providers, results):
+        try:
+            _timed(result, time_us(functools.partial(p.make, case), result.bytes, method), ceiling_gbps)
+        except Exception as exc:  # noqa: BLE001 - report, skip this point, keep going
+            result.error = _one_line(exc)
+            log(f"[red]{case.name} {p.name}[/]: {result.error}")
+            release_memory()
+            if not _device_ok():
+                raise RuntimeError(f"CUDA context broken during {case.name} {p.name}") from exc
+    return results
+
+
 def run_suite(
     suite: Suite,
     cases: list[Case],
@@ -125,29 +170,9 @@ def run_suite(
         results: list[Result] = []
         task = progress.add_task(suite.name, total=len(cases) * len(active))
         for case in cases:
-            for p in active:
-                progress.update(task, description=f"{suite.name} {case.name} {p.name}")
-                nbytes = (p.bytes_moved or suite.bytes_moved)(case)
-                result = Result(
-                    case.name,
-                    dict(case.params),
-                    p.name,
-                    bytes=nbytes,
-                    flops=suite.flops(case) if suite.flops else None,
-                )
-                try:
-                    t = time_us(functools.partial(p.make, case), nbytes, method)
-                    result.median_us, result.p20_us, result.p80_us = t.median_us, t.p20_us, t.p80_us
-                    result.calls_per_graph, result.samples = t.calls_per_graph, t.samples
-                    derive(result, ceiling_gbps)
-                except Exception as exc:  # noqa: BLE001 - report, skip this point, keep going
-                    result.error = _one_line(exc)
-                    log(f"[red]{case.name} {p.name}[/]: {result.error}")
-                    release_memory()
-                    if not _device_ok():
-                        raise RuntimeError(f"CUDA context broken during {case.name} {p.name}") from exc
-                results.append(result)
-                progress.advance(task)
+            progress.update(task, description=f"{suite.name} {case.name}")
+            results += time_case(suite, case, active, ceiling_gbps, method, log)
+            progress.advance(task, len(active))
     add_speedups(results, suite.ours)
     return Run(suite, [p.name for p in active], results, skipped)
 
@@ -247,9 +272,9 @@ def bench(package: str, args: argparse.Namespace, argv: list[str] | None = None)
         err.print(f"[red]error:[/] {exc}")
         return 2
     method = Method(replays=args.replays, repeats=args.repeats, budget_s=args.budget,
-                    predecessor_bytes=IN_LAYER_BYTES if args.in_layer else 0)  # fmt: skip
-    if args.in_layer:
-        plans = [(suite, providers, cases, suffix + "_in-layer") for suite, providers, cases, suffix in plans]
+                    predecessor_bytes=IN_LAYER_BYTES if args.in_layer else 0, alternate=args.alternate)  # fmt: skip
+    tail = ("_in-layer" if args.in_layer else "") + ("_alternated" if args.alternate else "")
+    plans = [(suite, providers, cases, suffix + tail) for suite, providers, cases, suffix in plans]
 
     if args.list:
         for suite, providers, cases, _ in plans:

@@ -36,6 +36,12 @@ class Method:
     # read 1.05x cuBLAS at 8B QKV back to back and 0.95x after another kernel (H200, 2026-11-28,
     # skinny-gemm's results/in_layer_probe_*.log).
     predecessor_bytes: int = 0
+    # True (--alternate): a case's providers are timed in turns (timing.time_alternated: one graph
+    # each, replayed one after the other, the order reversed every round), so drift over a run
+    # falls on each alike. Timed one after the other, two timings of the same cuBLAS call read
+    # 0.91-1.09x each other at Llama-3-70B gate/up (57344 x 8192, H200, 2026-11-28), where
+    # skinny-gemm's ``linear`` is ``F.linear``: more than the 2% its dispatch promises to keep.
+    alternate: bool = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replays", type=int, default=Method.replays, help="timed replays per repeat (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=Method.repeats, help="timed repeats per point (default: %(default)s)")
     parser.add_argument("--budget", type=float, default=Method.budget_s, help="about this many timed seconds per point (default: %(default)s)")
+    parser.add_argument("--alternate", action="store_true",
+                        help="time each case's providers in turns (one graph each, replayed alternately), so that "
+                        "drift over the run falls on all alike; for ratios within 2%% (files get '_alternated')")  # fmt: skip
     parser.add_argument("--in-layer", action="store_true",
                         help="time each call after another kernel (an elementwise op on a 1 MiB buffer), as in a "
                         "decoder layer, and subtract that kernel's own time (files get '_in-layer')")  # fmt: skip
