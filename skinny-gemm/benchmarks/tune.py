@@ -69,7 +69,7 @@ QUICK_TMA = {(64, 4, 4), (64, 2, 8), (64, 4, 3), (64, 2, 4), (32, 4, 6), (128, 2
 
 def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool, tma: list | None = None) -> list:
     """The sweep: BLOCK_M the smallest dot tile holding M (at M = 1 also the GEMV, at 2 the
-    two-token GEMV of ``few_token_gemv_candidates``), BLOCK_N 32 /
+    GEMV of ``two_token_gemv_candidates``), BLOCK_N 32 /
     64 / 128 weight rows, 128 / 256 / 512 bytes of each row per K step, K slices for ~1 / 2 / 4
     / 8 programs per SM, 3 / 4 / 6 stages (quick: the default plus 12 neighbours); with 16-bit
     at M <= 16, also every launch shape of the compiled Hopper kernel in ``tma`` (the build's
@@ -92,7 +92,7 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
     if M == 1:
         out |= set(gemv_candidates(kernel, K, elem, quick))
     elif M == 2:
-        out |= set(few_token_gemv_candidates(kernel, M, K, quick))
+        out |= set(two_token_gemv_candidates(kernel, K, quick))
     if tma and M <= 16 and (K * elem) % 16 == 0:
         for c in tma:
             if quick and (c.tile_n, c.boxes_k, c.stages) not in QUICK_TMA:
@@ -123,7 +123,7 @@ def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
     return out
 
 
-def few_token_gemv_candidates(kernel, M: int, K: int, quick: bool) -> list:
+def two_token_gemv_candidates(kernel, K: int, quick: bool) -> list:
     """The GEMV at 2 tokens (BLOCK_M 2): 8 or 16 consecutive columns a thread (one or two 16-byte
     loads of 16-bit W), so a K step is 32 x warps x that many columns and every warp lies along K:
     W, x and the [tokens, rows, K step] fp32 accumulator then share one layout (with warps across
@@ -133,8 +133,6 @@ def few_token_gemv_candidates(kernel, M: int, K: int, quick: bool) -> list:
     33.5-67.5 us against cuBLAS's 24.1, at 2 in 24.1 against 23.0 and 8B O in 11.75 against 13.4
     (H200, in a layer, 2026-11-28, results/few_token_gemv_probe_*.log): 4-8 tokens are left to
     the tensor cores."""
-    if M != 2:
-        return []
     out = []
     for warps, per_thread, split in itertools.product((4, 8), (8, 16), (1,) if quick else (1, 2)):
         bk = 32 * warps * per_thread

@@ -96,9 +96,6 @@ def _skinny_gemm_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     ks = tl.arange(0, BLOCK_K)
-    # Wrapped indices, never stored: no load masks on M or N.
-    w_rows = w_ptr + (cols % N).to(tl.int64)[:, None] * s_wn
-    x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm
     GEMV: tl.constexpr = BLOCK_M < 16  # FMA on the CUDA cores (1 or 2 tokens), else tl.dot
     # The GEMV streams W past L2 (read once) and keeps x there (every program reads it):
     # Inductor's M = 1 reduction does the same.
@@ -112,31 +109,31 @@ def _skinny_gemm_kernel(
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     else:
         acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    # Wrapped indices, never stored: no load masks on M or N.
     if GEMV and BLOCK_M > 1:
         # W as [1, BLOCK_N, BLOCK_K] and x as [BLOCK_M, 1, BLOCK_K]: loaded in the accumulator's
         # own 3-D layout. Loaded 2-D and then broadcast, each step's W went through a layout
         # conversion (Triton 3.9's sm90 TTGIR: a shared-memory round trip of the whole tile).
         w_rows = w_ptr + (cols % N).to(tl.int64)[None, :, None] * s_wn
         x_rows = x_ptr + (rows % M).to(tl.int64)[:, None, None] * s_xm
+    else:
+        w_rows = w_ptr + (cols % N).to(tl.int64)[:, None] * s_wn
+        x_rows = x_ptr + (rows % M).to(tl.int64)[:, None] * s_xm
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + ks
         if GEMV and BLOCK_M > 1:
-            w_ptrs = w_rows + kk[None, None, :]
-            x_ptrs = x_rows + kk.to(tl.int64)[None, None, :] * s_xk
+            kcol = kk[None, None, :]  # K along the last axis of the pointer tensors
         else:
-            w_ptrs = w_rows + kk[None, :]
-            x_ptrs = x_rows + kk.to(tl.int64)[None, :] * s_xk  # s_xk == 1 is specialized away
+            kcol = kk[None, :]
+        w_ptrs = w_rows + kcol
+        x_ptrs = x_rows + kcol.to(tl.int64) * s_xk  # s_xk == 1 is specialized away
         if EVEN_K:
             w = tl.load(w_ptrs, eviction_policy=w_evict)
             x = tl.load(x_ptrs, eviction_policy=x_evict)
         else:
-            kmask = kk < k_hi
-            if GEMV and BLOCK_M > 1:
-                w = tl.load(w_ptrs, mask=kmask[None, None, :], other=0.0, eviction_policy=w_evict)
-                x = tl.load(x_ptrs, mask=kmask[None, None, :], other=0.0, eviction_policy=x_evict)
-            else:
-                w = tl.load(w_ptrs, mask=kmask[None, :], other=0.0, eviction_policy=w_evict)
-                x = tl.load(x_ptrs, mask=kmask[None, :], other=0.0, eviction_policy=x_evict)
+            kmask = kcol < k_hi
+            w = tl.load(w_ptrs, mask=kmask, other=0.0, eviction_policy=w_evict)
+            x = tl.load(x_ptrs, mask=kmask, other=0.0, eviction_policy=x_evict)
         if not GEMV:
             if COMPILED and SCALED:
                 # FP8: promote the tensor core's partial sums to the fp32 accumulator after every

@@ -184,8 +184,8 @@ def time_alternated(
     graph launch, divided by a different number of calls per op). Returns ({name: Timing},
     {name: why it was not timed}) for the ops whose input sets, warm-up or capture raised. With
     ``method.predecessor_bytes`` every op's calls follow the predecessor kernel, which is timed
-    alone in the same rounds and subtracted (as :func:`time_us` does; this path has not yet run
-    on a GPU, 2026-11-28)."""
+    alone in the same rounds and subtracted (as :func:`time_us` does; first run on a GPU by
+    machete-w4a16's tune.py on an H200, 2026-11-28)."""
     pre = _predecessor(method)
     if pre is not None:
         pre_name = "(the predecessor kernel alone)"
