@@ -39,8 +39,22 @@
 // distributed shared memory. At the 128- / 64-token tiles the slices' fp32 tiles go to global memory and the last
 // block of the tile to arrive (an acq_rel-fenced counter) sums them; clusters measured slower
 // there (the two blocks an SM those tiles run may put a cluster's blocks on one SM).
-// Stream-K (persistent blocks, equal runs of all tiles' steps) and a rotated K order per block
-// were tried and not kept (benchmarks/results/wgmma_split_*).
+// Stream-K (split_k 0, its own instantiation): one persistent block per block slot of the SMs,
+// each an equal run of all tiles' steps in tile order, done last tile first; a tile's blocks
+// other than the one holding its last step store fp32 partials (in the accumulators' own
+// thread order, coalesced), which that block adds in block order (deterministic), fetched by the
+// copy engine into its free stages. It wins where whole tiles leave SMs idle and a block's run
+// is long (70B QKV at M = 256: 80 tiles, 65.5 us against 84.8 unsplit, H200); with short runs
+// the partials cost more than the balance gains (8B O at M = 256: 25.5 against 22.9 for the
+// 3-block cluster). A first version (H100, benchmarks/results/wgmma_split_*) read the partials
+// without loads in flight and lost everywhere. A rotated K order per block was tried and not kept.
+//
+// What bounds the 256-token tile (H200, in a layer, benchmarks/results/tune_streamk_*): a step
+// takes ~0.5 us with 32-96 blocks running and ~0.72 with every SM busy (8B O: split 1 / 2 / 3 at
+// 64 / 32 / 21 steps: 44.0 / 28.0 / 22.9 us; M = 4096: 248 steps an SM in 184.7 us), and each
+// step copies 36 KB into each SM (x's 256 x 64 box is 32 KB of it): 132 SMs at 0.72 us a step
+// read ~6.6 TB/s from L2. That the step slows as more SMs run points at L2's bandwidth (not
+// profiled); multicasting x's box over a cluster of row tiles would halve those reads. Not done.
 //
 // Measured (H100, graph-replayed against cuBLAS bf16, benchmarks/results/tune_*): 0.83-1.32x at
 // M = 256, 0.80-0.96x at 1024, 0.90-0.97x at 4096 (the quick benchmark). Filling the stages with
@@ -168,6 +182,20 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// A load with acquire semantics at GPU scope: stream-K's wait for the partials a counter counts.
+__device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// A contiguous run of global memory into shared memory by the copy engine (a 1-D bulk copy),
+// completing on `bar`; 16-byte aligned, a multiple of 16 bytes, under 2^20.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
 // v += p, lane by lane: a slice's partial into the running sum of the split-K epilogues.
 __device__ __forceinline__ void add_to(float4& v, const float4& p) {
   v.x += p.x;
@@ -207,8 +235,10 @@ struct KernelArgs {
   void* out;
   int64_t out_row_stride;
   int tiles_m, tiles_n;
-  int split_k;       // blocks a tile (gridDim.y): 1 .. kWgmmaMaxSplit, each an even share of the steps
-  float* partials;   // the 64- / 128-token tiles' split: fp32 [split_k][tiles][TOK][kRows]
+  int split_k;       // blocks a tile (gridDim.y): 1 .. kWgmmaMaxSplit, each an even share of the steps;
+                     // 0: stream-K over gridDim.x blocks
+  float* partials;   // the 64- / 128-token tiles' split: fp32 [split_k][tiles][TOK][kRows];
+                     // stream-K: [blocks][TOK * kRows], each a block's partial in its threads' order
   int32_t* counters;  // and the arrival counter of each tile
 };
 
@@ -238,7 +268,7 @@ struct Layout {
   static_assert(kStages * (kX + kW + kS + kZ) >= TOK * kRows * 4, "the epilogue's fp32 tile fits in the stages");
 };
 
-template <class T, bool ZEROS, int TOK, int kStages, int MIN_BLOCKS>
+template <class T, bool ZEROS, int TOK, int kStages, int MIN_BLOCKS, bool STREAM_K>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
     w4a16_wgmma_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ TensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a code only; other targets get an empty kernel (never launched)
@@ -253,23 +283,22 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
   uint8_t* ss = ws + kStages * L::kW;
   uint8_t* zs = ss + kStages * L::kS;
 
-  // Grouped raster: kGroupM row tiles of x sweep W's tiles together.
-  const int pid = blockIdx.x;
-  const int group = kGroupM * a.tiles_n;
-  const int first_m = (pid / group) * kGroupM;
-  const int gm = min(a.tiles_m - first_m, kGroupM);
-  const int tile_m = first_m + (pid % group) % gm;
-  const int tile_n = (pid % group) / gm;
-  const int n0 = tile_n * kRows, m0 = tile_m * TOK;
   const int steps = a.k / kWgmmaStepK;
-  const int slice = static_cast<int>(blockIdx.y);  // its rank in the cluster
-  const int s_begin = slice * steps / a.split_k;
-  const int nsteps = (slice + 1) * steps / a.split_k - s_begin;  // >= 1: steps >= split_k
-
   const int tid = threadIdx.x;
   const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int row = 64 * wg + 16 * warp + g;  // this lane's W rows in the block: row and row + 8
+
+  // The tile a run works on: its first token and W row. Grouped raster: kGroupM row tiles of x
+  // sweep W's tiles together (tile ids in launch order: blockIdx.x, or stream-K's tile order).
+  int m0 = 0, n0 = 0;
+  auto set_tile = [&](int tile) {
+    const int group = kGroupM * a.tiles_n;
+    const int first_m = (tile / group) * kGroupM;
+    const int gm = min(a.tiles_m - first_m, kGroupM);
+    m0 = (first_m + (tile % group) % gm) * TOK;
+    n0 = ((tile % group) / gm) * kRows;
+  };
 
   // One stage, issued by thread 0: x's box, W's box, the group rows of scales (and zeros).
   const int group_rows = a.two_groups ? 2 : 1;
@@ -283,70 +312,85 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
     tma_load_2d(ss + st * L::kS, &maps.s, &full[st], n0, grp);
     if constexpr (ZEROS) tma_load_2d(zs + st * L::kZ, &maps.z, &full[st], n0, grp);
   };
+  __shared__ uint64_t part_full[2];  // stream-K: the halves of a partial landing in shared memory
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) mbar_init(&full[s]);
+    if constexpr (STREAM_K) {
+      mbar_init(&part_full[0]);
+      mbar_init(&part_full[1]);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
   float acc[TOK / 2];
-#pragma unroll
-  for (int i = 0; i < TOK / 2; ++i) acc[i] = 0.0f;
   const T2 zz_sym = zero_pair<T>(8);
   // One A register set per k16 slice of a step: ptxas keeps the wgmmas asynchronous only when
   // each slice has registers of its own (two alternating sets, waiting for all but one group,
   // made it serialize every wgmma: ptxas's C7513).
   uint32_t frag[kSlices][4];
+  const uint32_t xs_addr = smem_u32(xs);
 
-  if (tid == 0) {
+  // A run: K steps [s_begin, s_begin + nsteps) of the tile at (m0, n0), summed into acc from
+  // zero. The stages and their barriers' phases continue from `it`, the steps this block ran
+  // before (stream-K blocks run several). A run's first kStages - 2 stages are requested by
+  // `prologue` (thread 0), which the run issues itself unless the caller did (stream-K requests
+  // the next run's stages before it stores a partial).
+  int it = 0;
+  auto prologue = [&](int s_begin, int nsteps) {
 #pragma unroll
     for (int s = 0; s < kStages - 2; ++s) {
-      if (s < nsteps) load_stage(s, s_begin + s);
+      if (s < nsteps) load_stage((it + s) % kStages, s_begin + s);
     }
-  }
-  const uint32_t xs_addr = smem_u32(xs);
-  for (int i = 0; i < nsteps; ++i) {
-    const int st = i % kStages;
-    mbar_wait(&full[st], (i / kStages) % 2);  // step i's boxes have landed
-    __syncthreads();  // every wgmma of step i - 2 retired (see the top)
-    const uint8_t* wst = ws + st * L::kW;
-    const T* sst = reinterpret_cast<const T*>(ss + st * L::kS);
-    const uint8_t* zst = zs + st * L::kZ;
-    T2 s_lo, s_hi, z_lo, z_hi;  // the slice's group: scale, base + zero for rows g and g + 8
+  };
+  auto run = [&](int s_begin, int nsteps, bool requested) {
 #pragma unroll
-    for (int kk = 0; kk < kSlices; ++kk) {
-      // A step spans one group, or two at G = 32. No branch here: control flow between a wgmma and
-      // its wait makes ptxas serialize the wgmmas (C7513); the second half reloads row 0 or 1.
-      if (kk == 0 || kk == kSlices / 2) {
-        const int gi = kk == 0 ? 0 : (a.two_groups ? 1 : 0);
-        s_lo = splat<T>(sst[gi * kRows + row]);
-        s_hi = splat<T>(sst[gi * kRows + row + 8]);
-        z_lo = z_hi = zz_sym;
-        if constexpr (ZEROS) {
-          z_lo = zero_pair<T>(zst[gi * kRows + row]);
-          z_hi = zero_pair<T>(zst[gi * kRows + row + 8]);
+    for (int i = 0; i < TOK / 2; ++i) acc[i] = 0.0f;
+    if (tid == 0 && !requested) prologue(s_begin, nsteps);
+    for (int i = 0; i < nsteps; ++i) {
+      const int st = (it + i) % kStages;
+      mbar_wait(&full[st], ((it + i) / kStages) % 2);  // step i's boxes have landed
+      __syncthreads();  // every wgmma of step i - 2 retired (see the top)
+      const uint8_t* wst = ws + st * L::kW;
+      const T* sst = reinterpret_cast<const T*>(ss + st * L::kS);
+      const uint8_t* zst = zs + st * L::kZ;
+      T2 s_lo, s_hi, z_lo, z_hi;  // the slice's group: scale, base + zero for rows g and g + 8
+#pragma unroll
+      for (int kk = 0; kk < kSlices; ++kk) {
+        // A step spans one group, or two at G = 32. No branch here: control flow between a wgmma
+        // and its wait makes ptxas serialize the wgmmas (C7513); the second half reloads row 0 or 1.
+        if (kk == 0 || kk == kSlices / 2) {
+          const int gi = kk == 0 ? 0 : (a.two_groups ? 1 : 0);
+          s_lo = splat<T>(sst[gi * kRows + row]);
+          s_hi = splat<T>(sst[gi * kRows + row + 8]);
+          z_lo = z_hi = zz_sym;
+          if constexpr (ZEROS) {
+            z_lo = zero_pair<T>(zst[gi * kRows + row]);
+            z_hi = zero_pair<T>(zst[gi * kRows + row + 8]);
+          }
         }
+        const uint2 lo = *reinterpret_cast<const uint2*>(wst + row * 32 + kk * 8);        // row g: words 2kk, 2kk + 1
+        const uint2 hi = *reinterpret_cast<const uint2*>(wst + (row + 8) * 32 + kk * 8);  // row g + 8
+        frag[kk][0] = dequant_pair<T>(lo.x, t, z_lo, s_lo);  // row g, columns 2t, 2t + 1
+        frag[kk][1] = dequant_pair<T>(hi.x, t, z_hi, s_hi);  // row g + 8
+        frag[kk][2] = dequant_pair<T>(lo.y, t, z_lo, s_lo);  // row g, columns 2t + 8, 2t + 9
+        frag[kk][3] = dequant_pair<T>(hi.y, t, z_hi, s_hi);  // row g + 8
+        wgmma_fence();  // the A registers just written, before the wgmma reads them
+        Wgmma<T, TOK>::mma(acc, frag[kk], b_descriptor(xs_addr + st * L::kX + kk * 32), 1);
+        wgmma_commit();
+        if (kk == 0 && tid == 0 && i + kStages - 2 < nsteps) {  // the refill, behind this step's first slice
+          fence_proxy_async();
+          load_stage((it + i + kStages - 2) % kStages, s_begin + i + kStages - 2);
+        }
+        wgmma_wait<kSlices - 1>();  // slice kk + 1 of the previous step retired: its registers are free
+        fence_regs(frag[(kk + 1) % kSlices]);
       }
-      const uint2 lo = *reinterpret_cast<const uint2*>(wst + row * 32 + kk * 8);        // row g: words 2kk, 2kk + 1
-      const uint2 hi = *reinterpret_cast<const uint2*>(wst + (row + 8) * 32 + kk * 8);  // row g + 8
-      frag[kk][0] = dequant_pair<T>(lo.x, t, z_lo, s_lo);  // row g, columns 2t, 2t + 1
-      frag[kk][1] = dequant_pair<T>(hi.x, t, z_hi, s_hi);  // row g + 8
-      frag[kk][2] = dequant_pair<T>(lo.y, t, z_lo, s_lo);  // row g, columns 2t + 8, 2t + 9
-      frag[kk][3] = dequant_pair<T>(hi.y, t, z_hi, s_hi);  // row g + 8
-      wgmma_fence();  // the A registers just written, before the wgmma reads them
-      Wgmma<T, TOK>::mma(acc, frag[kk], b_descriptor(xs_addr + st * L::kX + kk * 32), 1);
-      wgmma_commit();
-      if (kk == 0 && tid == 0 && i + kStages - 2 < nsteps) {  // the refill, behind this step's first slice
-        fence_proxy_async();
-        load_stage((i + kStages - 2) % kStages, s_begin + i + kStages - 2);
-      }
-      wgmma_wait<kSlices - 1>();  // slice kk + 1 of the previous step retired: its registers are free
-      fence_regs(frag[(kk + 1) % kSlices]);
     }
-  }
-  wgmma_wait<0>();
-  fence_regs(acc);
+    wgmma_wait<0>();
+    fence_regs(acc);
+    it += nsteps;
+  };
 
   // Accumulator value i: W row `row` + 8 ((i / 2) % 2), token 8 (i / 4) + 2t + i % 2.
   T* out = static_cast<T*>(a.out);
@@ -354,9 +398,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
     if (a.bias == nullptr) return 0.0f;
     return a.bias_fp32 ? static_cast<const float*>(a.bias)[n] : Elem<T>::to_float(static_cast<const T*>(a.bias)[n]);
   };
-  if (a.split_k == 1) {
-    // Through shared memory (the stages are free: every wgmma retired, every copy landed), so
-    // that each output row leaves in 16-byte stores: [TOK tokens][kRows rows] of T.
+  // The whole tile's sum (acc) to out, with the bias, rounded once. Through shared memory (the
+  // stages are free once every block's wgmma retired and every copy landed), so that each output
+  // row leaves in 16-byte stores: [TOK tokens][kRows rows] of T.
+  auto store_tile = [&]() {
     __syncthreads();
     T* tile = reinterpret_cast<T*>(smem);
 #pragma unroll
@@ -382,6 +427,116 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
             *reinterpret_cast<const uint4*>(tile + tok * kRows + (((c % kChunks) * 8) ^ (16 * ((tok / 2) % 4))));
       }
     }
+  };
+
+  if constexpr (STREAM_K) {  // a.split_k == 0: its own instantiation, so the split launches keep their code
+    // Stream-K: this block's equal run [begin, end) of all tiles' steps (tile-major), cut at the
+    // tile boundaries into runs, done last run first. A tile's steps lie in consecutive blocks;
+    // the block holding its last step sums it. So a block's last run, when it ends inside a tile,
+    // is a partial: done first, stored early to the block's slot (in the accumulators' own
+    // layout: each thread writes and reads back its own float4s, coalesced, no shared memory),
+    // counted in the tile's counter. Every other run ends a tile: the block waits there for the
+    // tile's earlier blocks' partials (their first work, long done), adds them in block order,
+    // and stores the tile. The waits are only on lower blocks, launched no later.
+    const int blocks = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
+    const int64_t total = int64_t{a.tiles_m} * a.tiles_n * steps;
+    const int64_t begin = b * total / blocks, end = (b + 1) * total / blocks;
+    constexpr int kSlotQuads = TOK * kRows / 4;  // float4s of a slot: TOK / 8 a thread
+    bool requested = false;
+    for (int64_t e = end; e > begin;) {
+      const int tile = static_cast<int>((e - 1) / steps);
+      const int64_t tile_begin = int64_t{tile} * steps;
+      const int64_t s0 = max(begin, tile_begin);
+      set_tile(tile);
+      run(static_cast<int>(s0 - tile_begin), static_cast<int>(e - s0), requested);
+      requested = false;
+      if (e != tile_begin + steps) {
+        // A partial (the block's last run, ending inside the tile). The next run's first stages
+        // go out before it is stored: its stages are free (the run's final barrier retired every
+        // wgmma up to two steps back, and the stores read only registers).
+        if (s0 > begin) {
+          const int prev = tile - 1;
+          const int64_t prev_begin = max(begin, int64_t{prev} * steps);
+          set_tile(prev);
+          __syncthreads();  // both warpgroups' last wgmmas retired before their stages refill
+          if (tid == 0) prologue(static_cast<int>(prev_begin - int64_t{prev} * steps), static_cast<int>(s0 - prev_begin));
+          requested = true;
+        }
+        float4* slot = reinterpret_cast<float4*>(a.partials) + int64_t{b} * kSlotQuads;
+#pragma unroll
+        for (int j = 0; j < TOK / 8; ++j) {
+          __stcg(slot + j * kThreads + tid, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+        }
+        __threadfence();  // this block's partial visible device-wide before its arrival is counted
+        __syncthreads();
+        if (tid == 0) atomicAdd(a.counters + tile, 1);
+      } else {
+        if (s0 != tile_begin) {
+          // The tile's last step, not its first: blocks first .. b - 1 hold the rest, each a partial.
+          const int first = static_cast<int>(((tile_begin + 1) * blocks + total - 1) / total - 1);
+          if (tid == 0) {
+            while (ld_acquire_gpu(a.counters + tile) < b - first) {
+            }
+            a.counters[tile] = 0;  // ready for the next call: every arrival is in
+          }
+          // The partials come in halves through the copy engine into the free stages (two
+          // buffers of TOK x 64 floats), a half's copy in flight while the other is added: read
+          // from registers, 8 float4s in flight a thread (32 KB a block), the reads took most of
+          // a 4-block tile's time (8B O at M = 256: 26.7 us, against 22.9 for the 3-way split).
+          constexpr uint32_t kHalf = TOK * kRows * 2;  // bytes: half a slot
+          float* half_buf[2] = {reinterpret_cast<float*>(smem), reinterpret_cast<float*>(smem + kHalf)};
+          auto fetch = [&](int r, int h) {
+            mbar_expect_tx(&part_full[h], kHalf);
+            bulk_load(half_buf[h], reinterpret_cast<const uint8_t*>(a.partials) + (int64_t{r} * 2 + h) * kHalf, kHalf,
+                      &part_full[h]);
+          };
+          __syncthreads();  // every wgmma and shared load of the run done: the stages are free
+          if (tid == 0) {
+            asm volatile("fence.proxy.async;\n" ::: "memory");  // the acquired partials, to the copy engine
+            fetch(first, 0);
+            fetch(first, 1);
+          }
+          for (int r = first; r < b; ++r) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              mbar_wait(&part_full[h], (r - first) % 2);
+              const float4* src = reinterpret_cast<const float4*>(half_buf[h]);
+#pragma unroll
+              for (int j = 0; j < TOK / 16; ++j) {
+                const float4 p = src[j * kThreads + tid];
+                const int i = 4 * (h * TOK / 16 + j);
+                acc[i] += p.x;
+                acc[i + 1] += p.y;
+                acc[i + 2] += p.z;
+                acc[i + 3] += p.w;
+              }
+              if (r + 1 < b) {
+                __syncthreads();  // every thread's reads of this half done before it refills
+                if (tid == 0) {
+                  fence_proxy_async();
+                  fetch(r + 1, h);
+                }
+              }
+            }
+          }
+        }
+        store_tile();
+        if (s0 > begin) {
+          fence_proxy_async();  // the staged tile's shared memory, read, before the copy engine refills it
+          __syncthreads();
+        }
+      }
+      e = s0;
+    }
+    return;
+  }
+
+  set_tile(static_cast<int>(blockIdx.x));
+  const int slice = static_cast<int>(blockIdx.y);  // its rank in the cluster
+  const int s_begin = slice * steps / a.split_k;
+  run(s_begin, (slice + 1) * steps / a.split_k - s_begin, false);  // >= 1 step: steps >= split_k
+  if (a.split_k == 1) {
+    store_tile();
     return;
   }
   // Split K: this slice's fp32 tile [TOK][kRows] in its own shared memory (the stages are free).
@@ -504,19 +659,23 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
     maps.z = maps.s;  // never read
   }
   if (!ok) return cudaErrorInvalidValue;
-  auto kernel = w4a16_wgmma_kernel<T, ZEROS, TOK, STAGES, MIN_BLOCKS>;
-  // The shared-memory limit is a per-device attribute: set once per device this process uses.
-  static std::atomic<bool> limit_set[kMaxDevices];
+  auto kernel = a.split_k == 0 ? w4a16_wgmma_kernel<T, ZEROS, TOK, STAGES, MIN_BLOCKS, true>
+                               : w4a16_wgmma_kernel<T, ZEROS, TOK, STAGES, MIN_BLOCKS, false>;
+  // The shared-memory limit is a per-device attribute of each kernel (split, stream-K): set once
+  // per device this process uses.
+  static std::atomic<bool> limit_set[2][kMaxDevices];
+  std::atomic<bool>* set = limit_set[a.split_k == 0 ? 1 : 0];
   int device = 0;
   if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (device >= kMaxDevices || !limit_set[device].load(std::memory_order_relaxed)) {
+  if (device >= kMaxDevices || !set[device].load(std::memory_order_relaxed)) {
     const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
     if (attr != cudaSuccess) return attr;
-    if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
+    if (device < kMaxDevices) set[device].store(true, std::memory_order_relaxed);
   }
   // The 256-token tile's K split is a cluster of the tile's split_k blocks (1, split_k, 1).
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(a.tiles_m * a.tiles_n), static_cast<unsigned>(a.split_k));
+  config.gridDim = a.split_k == 0 ? dim3(static_cast<unsigned>(stream_k_blocks(p)))
+                                  : dim3(static_cast<unsigned>(a.tiles_m * a.tiles_n), static_cast<unsigned>(a.split_k));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = L::kBytes;
   config.stream = stream;
@@ -561,12 +720,17 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 }  // namespace
 
+int64_t stream_k_blocks(const W4A16WgmmaParams& p) {
+  return std::min<int64_t>(p.stream_blocks, w4a16_wgmma_tiles(p) * (p.k / kWgmmaStepK));
+}
+
 int64_t w4a16_wgmma_tiles(const W4A16WgmmaParams& p) {
   const int rows = wgmma_tile_rows(p.tile), tokens = wgmma_tile_tokens(p.tile);
   return ((p.n + rows - 1) / rows) * ((p.m + tokens - 1) / tokens);
 }
 
 int64_t w4a16_wgmma_partial_floats(const W4A16WgmmaParams& p) {
+  if (p.split_k == 0) return stream_k_blocks(p) * wgmma_tile_rows(p.tile) * wgmma_tile_tokens(p.tile);
   if (p.split_k <= 1 || p.tile == WgmmaTile::k128x256) return 0;
   return p.split_k * w4a16_wgmma_tiles(p) * wgmma_tile_rows(p.tile) * wgmma_tile_tokens(p.tile);
 }
@@ -588,11 +752,15 @@ const char* w4a16_wgmma_check(const W4A16WgmmaParams& p) {
   if (p.tile != WgmmaTile::k128x256 && p.tile != WgmmaTile::k128x128 && p.tile != WgmmaTile::k128x64) {
     return "unknown tile";
   }
-  if (p.split_k < 1 || p.split_k > std::min<int64_t>(p.k / kWgmmaStepK, kWgmmaMaxSplit)) {
-    return "split_k must be in 1 .. min(k / 64, 8)";
+  if (p.split_k < 0 || p.split_k > std::min<int64_t>(p.k / kWgmmaStepK, kWgmmaMaxSplit)) {
+    return "split_k must be 0 (stream-K) or in 1 .. min(k / 64, 8)";
+  }
+  if (p.split_k == 0 && (p.stream_blocks < 1 || p.stream_blocks >= (int64_t{1} << 20))) {
+    return "stream-K (split_k 0) needs stream_blocks in 1 .. 2^20";
   }
   if (w4a16_wgmma_partial_floats(p) > 0 && (p.partials == nullptr || p.counters == nullptr)) {
-    return "split_k > 1 with the 128- / 64-token tile needs partials and counters";
+    return p.split_k == 0 ? "stream-K (split_k 0) needs partials and counters"
+                          : "split_k > 1 with the 128- / 64-token tile needs partials and counters";
   }
   return nullptr;
 }

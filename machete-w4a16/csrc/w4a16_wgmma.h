@@ -61,16 +61,30 @@ struct W4A16WgmmaParams {
   // tile the blocks are a thread-block cluster summing through distributed shared memory; at the
   // others the last block of the tile to arrive sums `partials` (w4a16_wgmma_partial_floats()
   // floats), counting arrivals in `counters` (w4a16_wgmma_tiles() int32, zero on entry, left zero).
+  //
+  // split_k == 0 is stream-K: min(stream_blocks, all tiles' K steps) persistent blocks each take
+  // an equal run of the tiles' K steps in tile order, so no SM idles when the tiles do not fill
+  // whole waves (8B QKV at M = 256: 48 tiles on 132 SMs). A tile shared by several blocks is
+  // summed by the block holding its last step, adding the others' fp32 partials (one a block, in
+  // `partials`) in block order (deterministic); `counters` counts their arrivals as above.
   int split_k = 1;
+  int stream_blocks = 0;  // split_k == 0: the persistent blocks (the SMs x blocks an SM of the tile)
   float* partials = nullptr;
   int32_t* counters = nullptr;
 };
 
+// Blocks an SM of a tile (its occupancy, w4a16_wgmma.cu launch_zeros): what stream_blocks is
+// made of.
+constexpr int wgmma_blocks_per_sm(WgmmaTile t) { return t == WgmmaTile::k128x256 ? 1 : 2; }
+
 // The largest K split: a portable cluster size.
 constexpr int kWgmmaMaxSplit = 8;
 
-// Output tiles of a launch (the counters a split of the 128- / 64-token tiles needs).
+// Output tiles of a launch (the counters a split of the 128- / 64-token tiles, or stream-K, needs).
 int64_t w4a16_wgmma_tiles(const W4A16WgmmaParams& p);
+
+// Blocks a stream-K launch runs: stream_blocks, at most one a K step of the tiles.
+int64_t stream_k_blocks(const W4A16WgmmaParams& p);
 
 // fp32 elements of the partials the launch needs (0: none).
 int64_t w4a16_wgmma_partial_floats(const W4A16WgmmaParams& p);

@@ -352,15 +352,17 @@ WGMMA = MMA and hasattr(w4.ops, "w4a16_wgmma") and torch.cuda.get_device_capabil
 
 @pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
 @pytest.mark.parametrize("tile, split", [((128, 256), 1), ((128, 128), 3), ((128, 64), 1), ((128, 64), 4), ((128, 256), 2),
-                                         ((128, 64), 8), ((128, 256), 3), ((128, 256), 8)])  # fmt: skip
+                                         ((128, 64), 8), ((128, 256), 3), ((128, 256), 8), ((128, 256), 0),
+                                         ((128, 128), 0), ((128, 64), 0)])  # fmt: skip
 @pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_wgmma_kernel(tile, split, group_size, zero_point, dtype):
     """The compiled Hopper kernel at each block tile: M off and on the token tiles (33, 64, 300),
     N a multiple of 16 off the 128-row tile, K splits (2-8 blocks: a cluster at the 256-token
-    tile, global partials at the others; 3 uneven), every group size it takes; each launch twice
-    on a poisoned output, with a bias; a split's result the same bits both times (its slices
-    summed in a fixed order)."""
+    tile, global partials at the others; 3 uneven; 0 stream-K, where at these sizes a tile's 16
+    steps are shared by up to 16 blocks of one or two steps), every group size it takes; each
+    launch twice on a poisoned output, with a bias; a split's result the same bits both times
+    (its slices summed in a fixed order)."""
     kern = w4._triton_kernels()
     N, K = 1040, 1024
     cfg = {"kernel": "wgmma", "BLOCK_N": tile[0], "BLOCK_M": tile[1], "SPLIT_K": split}
@@ -407,6 +409,29 @@ def test_wgmma_inputs_it_copies_or_gathers():
 
 
 @pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
+@pytest.mark.parametrize("M, N, K, tokens", [(1024, 4096, 256, 64), (600, 2048, 512, 256), (40, 48, 64, 64),
+                                             (256, 6144, 4096, 256), (256, 10240, 1024, 128)])  # fmt: skip
+def test_wgmma_stream_k(M, N, K, tokens):
+    """Stream-K (SPLIT_K 0) where a block's run spans several whole tiles (4 steps a tile: 2048
+    steps on 264 blocks), whole tiles and partials mixed (M = 600 on the 256-token tile), fewer
+    steps than blocks (one tile of one step: one block), and the wave-quantized shapes it is for
+    (8B QKV at M = 256: 48 tiles of 64 steps on 132 blocks); on a poisoned output, twice, the
+    same bits both times, the counters left zero."""
+    kern = w4._triton_kernels()
+    x, qw, b = make(M, N, K, torch.bfloat16, 64 if K < 128 else 128, True, seed=M + K, bias=True)
+    ref = reference(x, qw, b)
+    cfg = {"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": tokens, "SPLIT_K": 0}
+    outs = []
+    for _ in range(2):
+        out = poison_(torch.empty(M, N, dtype=torch.bfloat16, device=DEVICE))
+        kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out, qw.group_size, cfg=dict(cfg))
+        assert_gemm_close(out, ref, f"stream-K M={M} N={N} K={K} tokens={tokens}")
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]), "stream-K: two runs differ"
+    assert not kern._COUNTERS[x.device].any(), "stream-K left a counter non-zero"
+
+
+@pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
 def test_wgmma_refuses_what_it_cannot_run():
     """A forced 'wgmma' launch outside its range raises naming the limits (N % 16, K % 64), and
     the default dispatch takes a Triton kernel there; the op's own checks name the argument."""
@@ -426,12 +451,14 @@ def test_wgmma_refuses_what_it_cannot_run():
     counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
     with pytest.raises(RuntimeError, match="tile: expected 0 .128 x 256., 1 .128 x 128. or 2 .128 x 64., got 3"):
         op(out, x, qw.qweight, qw.scales, None, None, 128, 3, 1, None)
-    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be in 1 .. min\(k / 64, 8\)"):
+    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be 0 \(stream-K\) or in 1 .. min\(k / 64, 8\)"):
         op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 5, None)  # K = 256: 4 steps
-    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be in 1 .. min\(k / 64, 8\)"):
+    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be 0 \(stream-K\) or in 1 .. min\(k / 64, 8\)"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 0, -1, None)
+    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: stream-K \(split_k 0\) needs partials and counters"):
         op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 0, None)
     x9, qw9, _ = make(40, 32, 1024, torch.bfloat16, 128, False, seed=55)
-    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be in 1 .. min\(k / 64, 8\)"):
+    with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be 0 \(stream-K\) or in 1 .. min\(k / 64, 8\)"):
         op(out, x9, qw9.qweight, qw9.scales, None, None, 128, 0, 9, None)  # past a portable cluster
     with pytest.raises(RuntimeError, match="w4a16_wgmma: split_k > 1 with the 128- / 64-token tile needs partials and counters"):
         op(out, x, qw.qweight, qw.scales, None, None, 128, 2, 2, None)
@@ -443,22 +470,27 @@ def test_wgmma_refuses_what_it_cannot_run():
 
 @pytest.mark.skipif(not TRITON, reason="the Triton launcher's configuration")
 def test_wgmma_config():
-    """The Hopper kernel's default launch (wgmma_config): from M = 256 the 256-token tile, split
-    into clusters of 1-3 blocks to fill the waves of SMs; below, 128 / 64 tokens with K splits of
-    4 or 2 within the SMs' blocks (plain Python: runs anywhere)."""
+    """The Hopper kernel's default launch (wgmma_config): from M = 256 the 256-token tile,
+    unsplit where its tiles fill their waves, split into clusters of 2-3 blocks that fill one
+    wave, stream-K (0) where that is out of reach and each SM's run is >= 32 steps, else the
+    best-filling split; below, 128 / 64 tokens with K splits of 4 or 2 within the SMs' blocks
+    (plain Python: runs anywhere)."""
     kern = w4._triton_kernels()
     pick = lambda M, N, K: tuple(kern.wgmma_config(M, N, K, 132)[k] for k in ("BLOCK_M", "SPLIT_K"))  # noqa: E731
     assert pick(64, 4096, 4096) == (64, 4)       # 32 tiles
     assert pick(64, 28672, 4096) == (64, 1)      # 224 tiles
     assert pick(128, 6144, 4096) == (128, 4)
     assert pick(128, 4096, 1024) == (128, 1)     # 16 steps of 64: no slices shorter than 16
-    assert pick(256, 6144, 4096) == (256, 2)     # 48 tiles: 96 blocks
+    assert pick(256, 6144, 4096) == (256, 2)     # 48 tiles: 96 blocks (stream-K: 23 steps an SM)
     assert pick(256, 4096, 4096) == (256, 3)     # 32 tiles: 96 blocks
-    assert pick(256, 10240, 8192) == (256, 1)    # 80 tiles: one wave, which no split keeps
-    assert pick(256, 28672, 4096) == (256, 1)    # 224 tiles: 1.7 waves, no split fills them better
-    assert pick(1024, 6144, 4096) == (256, 2)    # 192 tiles: 1.45 waves; 384 blocks: 2.9
+    assert pick(256, 8192, 8192) == (256, 2)     # 64 tiles: 128 blocks fill the wave
+    assert pick(256, 10240, 8192) == (256, 0)    # 80 tiles: no split fills the wave; stream-K, 78 steps an SM
+    assert pick(256, 28672, 4096) == (256, 0)    # 224 tiles: 1.7 waves
+    assert pick(256, 4096, 14336) == (256, 0)    # 32 tiles of 224 steps
+    assert pick(1024, 6144, 4096) == (256, 0)    # 192 tiles: 1.45 waves
     assert pick(1024, 4096, 4096) == (256, 1)    # 128 tiles: one wave
     assert pick(256, 4096, 2048) == (256, 2)     # 32 steps: slices of >= 16
+    assert pick(256, 1024, 1024) == (256, 1)     # 8 tiles of 16 steps: no slice < 16, stream-K's runs of 1 step
     assert pick(4096, 8192, 28672) == (256, 1)
     assert all(kern.wgmma_config(M, 4096, 4096)["BLOCK_N"] == 128 for M in (33, 300, 5000))
 
@@ -501,7 +533,7 @@ def test_tuning_entries_round_trip_and_bad_entries():
     c = _submodule("_config")
     for entry in (["splitk", 1, 64, 128, 6, 4, 3], ["splitk", 16, 32, 256, 1, 4, 2], ["tiled", 128, 128, 128, 8, 8, 3],
                   ["mma", 3, 8, 2], ["mma", 3, 8, 2, 0], ["mma", 1, 4, 1, 1], ["wgmma", 128, 256, 1],
-                  ["wgmma", 128, 64, 4]):  # fmt: skip
+                  ["wgmma", 128, 64, 4], ["wgmma", 128, 256, 0]):  # fmt: skip
         cfg = c.config_of(entry)
         assert c.entry_of(cfg) == entry
         assert cfg.get("USE_DOT", True) is (entry[0] != "splitk" or entry[1] > 1)
@@ -510,7 +542,7 @@ def test_tuning_entries_round_trip_and_bad_entries():
            ["splitk", 1, 64, 128, 0, 4, 3], ["gemv", 1, 64, 128, 2, 4, 3], ["splitk", 1, 64, 128, 2, 4],
            ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 1], ["mma", 2, 4, 4], ["mma", 0, 4, 1], ["mma", 2, 4],
            ["mma", 2, 4, 1, 2], ["mma", 2, 4, 1, True], ["mma", 2, 4, 1, 0, 1],
-           ["wgmma", 256, 128, 1], ["wgmma", 128, 64, 0], ["wgmma", 128, 64, 9], ["wgmma", 128, 64], None]  # fmt: skip
+           ["wgmma", 256, 128, 1], ["wgmma", 128, 64, -1], ["wgmma", 128, 64, 9], ["wgmma", 128, 64], None]  # fmt: skip
     for entry in bad:
         with pytest.raises((ValueError, TypeError), match="tuning entry"):
             c.config_of(entry)

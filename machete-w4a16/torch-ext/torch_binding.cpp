@@ -12,8 +12,9 @@
 // and the Hopper large-M kernel's (capability 9.0 only: its code is sm_90a):
 //   w4a16_wgmma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
 //               int group_size, int tile, int split_k, Tensor(a!)? counters) -> ()
-// counters (split_k > 1; w4a16_wgmma's 128 x 256 tile needs none: a thread-block cluster sums
-// its split): the arrival counter of each output tile, zero on entry, left zero.
+// (w4a16_wgmma's split_k 0: stream-K over every block slot of the SMs, w4a16_wgmma.h.)
+// counters (split_k > 1, or 0; w4a16_wgmma's 128 x 256 tile's split needs none: a thread-block
+// cluster sums it): the arrival counter of each output tile, zero on entry, left zero.
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -176,8 +177,8 @@ void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight
   const GemmShape s = check_gemm(out, x, qweight, scales, zeros, bias, group_size);
   TORCH_CHECK(tile >= 0 && tile <= 2, msg("tile: expected 0 (128 x 256), 1 (128 x 128) or 2 (128 x 64), got ", tile));
   // In range before the narrowing below (the kernel's check names the k / 64 bound).
-  TORCH_CHECK(split_k >= 1 && split_k <= mw::kWgmmaMaxSplit,
-              msg("w4a16_wgmma: split_k must be in 1 .. min(k / 64, 8), got ", split_k));
+  TORCH_CHECK(split_k >= 0 && split_k <= mw::kWgmmaMaxSplit,
+              msg("w4a16_wgmma: split_k must be 0 (stream-K) or in 1 .. min(k / 64, 8), got ", split_k));
   mw::W4A16WgmmaParams p;
   fill_common(p, s, out, x, qweight, scales, zeros, bias);
   p.tile = static_cast<mw::WgmmaTile>(tile);
@@ -189,7 +190,9 @@ void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight
   const auto* props = at::cuda::getCurrentDeviceProperties();
   TORCH_CHECK(props->major == 9 && props->minor == 0,
               msg("w4a16_wgmma: needs a GPU of capability 9.0 (sm_90a code), got ", props->major, ".", props->minor));
-  at::Tensor partials;  // the split's fp32 partials (the 128- / 64-token tiles); the check follows
+  // Stream-K: one persistent block per block slot of the SMs (ATen caches the properties).
+  if (split_k == 0) p.stream_blocks = props->multiProcessorCount * mw::wgmma_blocks_per_sm(p.tile);
+  at::Tensor partials;  // the split's fp32 partials (the 128- / 64-token tiles, stream-K); the check follows
   if (const int64_t floats = mw::w4a16_wgmma_partial_floats(p); floats > 0) {
     partials = at::empty({floats}, x.options().dtype(at::kFloat));
     p.partials = partials.data_ptr<float>();

@@ -18,7 +18,9 @@ stores, written by ``benchmarks/tune.py``):
 * ``["wgmma", BLOCK_N, BLOCK_M, SPLIT_K]``: the compiled Hopper large-M kernel
   (csrc/w4a16_wgmma.cu, capability 9.0): a block tile of BLOCK_N rows of W x BLOCK_M tokens,
   one of ``WGMMA_TILES``, K split over SPLIT_K blocks per tile (an upper bound: at most
-  ``WGMMA_MAX_SPLIT`` and K / 64; at the 256-token tile the blocks are a thread-block cluster).
+  ``WGMMA_MAX_SPLIT`` and K / 64; at the 256-token tile the blocks are a thread-block cluster);
+  SPLIT_K 0 is stream-K: one persistent block per block slot of the SMs, each an equal run of
+  all tiles' K steps (for tiles that leave SMs idle, e.g. 48 of them on 132 SMs).
 
 :func:`config_of` turns an entry into the dict ``_kernels.launch_w4a16`` takes (``cfg``), and
 :func:`entry_of` back; :func:`tuned_config` looks an M up in the table.
@@ -63,8 +65,9 @@ def check_entry(entry) -> None:
                          + (" (or the first 3)" if kernel == "mma" else ""))
     cfg = dict(zip(fields, values))
     for name, v in cfg.items():
-        if type(v) is not int or v < (0 if name == "RING" else 1):
-            raise TypeError(f"tuning entry {entry!r}: {name} must be an int >= {0 if name == 'RING' else 1}, got {v!r}")
+        low = 0 if name == "RING" or (kernel == "wgmma" and name == "SPLIT_K") else 1  # wgmma SPLIT_K 0: stream-K
+        if type(v) is not int or v < low:
+            raise TypeError(f"tuning entry {entry!r}: {name} must be an int >= {low}, got {v!r}")
     if kernel == "mma":
         if cfg.get("RING", 1) not in (0, 1):
             raise ValueError(f"tuning entry {entry!r}: RING must be 0 or 1, got {cfg['RING']}")

@@ -595,14 +595,17 @@ def _wgmma_tensors_ok(out: torch.Tensor, *weight) -> bool:
 def wgmma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     """The Hopper kernel's default launch (128 rows of W a block).
 
-    From M = 256: 256 tokens a block (one block an SM), its K split (a thread-block cluster of
-    1-3 blocks, each slice >= 16 steps of 64) the smallest that fills the waves of SMs within 3%
-    of the best, where the tiles fit one wave only if the split ones still do: 8B QKV at M = 256
-    (48 tiles) takes 2 (96 blocks: 28.9 us against 44.0 unsplit), 8B O (32 tiles) 3 (23.3 against
-    28.3 with 2), 70B QKV (80 tiles) none (83.7 us; 3 blocks, two waves: 103.1); at M = 1024 8B
-    QKV (192 tiles, 1.45 waves) takes 2 (85.4 against 90.2). Clusters of 4 measured slower than of
-    2 (8B O at M = 256: 37.8 against 28.6 us: not all fit in one wave). This rule picks the
-    fastest 256-token launch at all 16 points of M = 256 / 1024 in benchmarks/results/tune_*.
+    From M = 256: 256 tokens a block (one block an SM). Unsplit where the tiles fill their waves
+    of SMs (>= 95%: 8B O at M = 1024, 128 tiles); else, with the tiles in one wave, a K split (a
+    thread-block cluster of 2-3 blocks, each slice >= 16 steps of 64) that fills it to >= 95% (70B
+    O at M = 256: 64 tiles, 2 blocks each); else stream-K (SPLIT_K 0: every SM an equal run of the
+    tiles' steps) where that run is >= 32 steps (70B QKV at M = 256, 80 tiles: 65.5 us against
+    84.8 unsplit; 8B QKV at M = 1024, 192 tiles: 75.6 against 84.6 split in 2); else the split
+    that fills the wave best (8B QKV at M = 256, 48 tiles: 2, 28.5 us against 29.1 stream-K,
+    whose 23 steps a block do not pay for its partials; 8B O, 32 tiles: 3, 22.9 against 25.5).
+    Clusters of 4 measured slower than of 2 (8B O at M = 256: 37.8 against 28.6 us: not all fit
+    in one wave). H200, in a layer, benchmarks/results/tune_streamk_*: this rule picks the
+    fastest 256-token launch at all 24 points of M = 256 / 1024 / 4096 there.
     Below M = 256: 128 tokens past M = 64, else 64 (two blocks an SM), a K split of 4 or 2 where
     the split tiles still fit the SMs' blocks at once and each slice keeps >= 16 steps
     (benchmarks/results/wgmma_split_*). The tuning table (benchmarks/tune.py) holds the measured
@@ -614,9 +617,14 @@ def wgmma_config(M: int, N: int, K: int, sms: int = 132) -> dict:
         def filled(s: int) -> float:  # the share of the SMs' block slots the launch's waves use
             return tiles * s / (triton.cdiv(tiles * s, sms) * sms)
 
-        splits = [s for s in (1, 2, 3) if s == 1 or (steps >= 16 * s and (tiles > sms or tiles * s <= sms))]
-        best = max(filled(s) for s in splits)
-        split = next(s for s in splits if filled(s) >= best - 0.03)
+        splits = [s for s in (1, 2, 3) if s == 1 or (steps >= 16 * s and tiles * s <= sms)]
+        full = [s for s in splits if filled(s) >= 0.95]
+        if full:
+            split = full[0]
+        elif tiles * steps >= 32 * sms:
+            split = 0  # stream-K
+        else:
+            split = max(splits, key=filled)
         return {"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": 256, "SPLIT_K": split}
     tokens = 128 if M > 64 else 64
     tiles = rows * triton.cdiv(M, tokens)
@@ -802,10 +810,10 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         tile = (cfg["BLOCK_N"], cfg["BLOCK_M"])
         if tile not in _config.WGMMA_TILES:
             raise ValueError(f"cfg: the 'wgmma' kernel's (BLOCK_N, BLOCK_M) must be one of {_config.WGMMA_TILES}, got {tile}")
-        split = min(cfg["SPLIT_K"], K // 64, _config.WGMMA_MAX_SPLIT)
+        split = min(cfg["SPLIT_K"], K // 64, _config.WGMMA_MAX_SPLIT)  # 0: stream-K
         tiles = triton.cdiv(N, tile[0]) * triton.cdiv(M, tile[1])
         # Read only where the split sums through global memory (the op knows which tiles do).
-        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if split > 1 else None
+        counters = zeroed_buffer(_COUNTERS, dev, tiles, torch.int32) if split != 1 else None
         args = (_config.WGMMA_TILES.index(tile), split, counters)
         plan = _CompiledPlan(_wgmma_op(), group_size, args)
         if key is not None:

@@ -6,7 +6,8 @@ nothing else edits it but its docstring. Measured on an H100 for the eight 8B / 
 group 128, bf16: M buckets 64, 128, 256, 1024, 4096 on 2026-11-24 (the Hopper kernel among the
 candidates), 1, 16 and 32 on 2026-11-25 (each point's launches timed in turns; from 17 tokens
 the Hopper kernel too). On an H200 (2026-11-28) buckets 1-4096 of the same projections, each
-launch timed in a layer (after another kernel, tune.py's default since that day). Every other key takes the structural default (``_kernels.mma_config`` /
+launch timed in a layer (after another kernel, tune.py's default since that day), then buckets
+128-4096 again with the Hopper kernel's stream-K launches (SPLIT_K 0) among the candidates. Every other key takes the structural default (``_kernels.mma_config`` /
 ``wgmma_config`` / ``w4a16_config``).
 
 ``TABLE[(gpu_name, dtype, N, K, group_size)]`` is a list of ``(m_max, entry)`` M buckets in
@@ -23,7 +24,7 @@ scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
 
 from __future__ import annotations
 
-MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,8,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16,32,64,128,256,1024,4096 --budget-min 3.5  # NVIDIA H200'
+MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,8,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16,32,64,128,256,1024,4096 --budget-min 3.5  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --tokens 128,256,1024,4096  # NVIDIA H200'
 
 TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096, 128): [(1, None),
                                                           (8, None),
@@ -113,8 +114,8 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                  (16, ['mma', 2, 8, 2]),
                                                  (32, None),
                                                  (64, None),
-                                                 (128, None),
-                                                 (256, None),
+                                                 (128, ['wgmma', 128, 128, 0]),
+                                                 (256, ['wgmma', 128, 256, 0]),
                                                  (1024, None),
                                                  (4096, None)],
  ('NVIDIA H200', 'bfloat16', 6144, 4096, 128): [(1, None),
@@ -123,9 +124,9 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                 (16, ['mma', 2, 4, 2]),
                                                 (32, ['mma', 2, 4, 2]),
                                                 (64, None),
-                                                (128, None),
+                                                (128, ['wgmma', 128, 128, 0]),
                                                 (256, None),
-                                                (1024, None),
+                                                (1024, ['wgmma', 128, 256, 0]),
                                                 (4096, None)],
  ('NVIDIA H200', 'bfloat16', 8192, 8192, 128): [(1, ['mma', 2, 4, 2]),
                                                 (4, ['mma', 1, 8, 2]),
@@ -153,9 +154,9 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                  (16, ['mma', 2, 4, 2]),
                                                  (32, ['wgmma', 128, 64, 3]),
                                                  (64, ['wgmma', 128, 64, 3]),
-                                                 (128, ['wgmma', 128, 128, 3]),
-                                                 (256, None),
-                                                 (1024, None),
+                                                 (128, ['wgmma', 128, 128, 0]),
+                                                 (256, ['wgmma', 128, 256, 0]),
+                                                 (1024, ['wgmma', 128, 256, 0]),
                                                  (4096, None)],
  ('NVIDIA H200', 'bfloat16', 28672, 4096, 128): [(1, ['mma', 1, 4, 2]),
                                                  (4, ['mma', 1, 4, 2]),
@@ -164,7 +165,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                  (32, ['wgmma', 128, 64, 1]),
                                                  (64, None),
                                                  (128, None),
-                                                 (256, None),
+                                                 (256, ['wgmma', 128, 256, 0]),
                                                  (1024, None),
                                                  (4096, None)],
  ('NVIDIA H200', 'bfloat16', 57344, 8192, 128): [(1, ['mma', 1, 4, 2]),
@@ -173,7 +174,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                  (16, None),
                                                  (32, ['wgmma', 128, 64, 2]),
                                                  (64, ['wgmma', 128, 64, 2]),
-                                                 (128, None),
-                                                 (256, None),
+                                                 (128, ['wgmma', 128, 128, 0]),
+                                                 (256, ['wgmma', 128, 256, 0]),
                                                  (1024, None),
                                                  (4096, None)]}
