@@ -446,7 +446,10 @@ __global__ void __launch_bounds__(WARPS * 32, X_AHEAD ? 16 / WARPS : 1) w4a16_mm
 // of its peak: the four windows a warp owns are issue-bound, not bandwidth-bound.
 //
 // Stages a warp keeps in flight: 2 of 2 / 3 / 4 / 8 swept (3 within 1-2%, 4 2-10% slower, 8 up
-// to 25% slower: more shared memory a block costs resident warps).
+// to 25% slower: more shared memory a block costs resident warps). On the H200 (4.8 TB/s, where
+// the kernel reads the int4 bytes at 55-62% of a read-only kernel's rate) 3 stages again gained
+// nothing: best launch per projection at M = 1 / 4 / 16 from 8% slower to 3% faster, against the
+// committed table's run (benchmarks/results/mma_ring3_stages_*).
 constexpr int kRingStages = 2;
 
 // Group rows of scales / zeros a 128-column window spans: G = 32: 4, 64: 2, larger or per

@@ -49,12 +49,13 @@
 // 3-block cluster). A first version (H100, benchmarks/results/wgmma_split_*) read the partials
 // without loads in flight and lost everywhere. A rotated K order per block was tried and not kept.
 //
-// What bounds the 256-token tile (H200, in a layer, benchmarks/results/tune_streamk_*): a step
-// takes ~0.5 us with 32-96 blocks running and ~0.72 with every SM busy (8B O: split 1 / 2 / 3 at
-// 64 / 32 / 21 steps: 44.0 / 28.0 / 22.9 us; M = 4096: 248 steps an SM in 184.7 us), and each
-// step copies 36 KB into each SM (x's 256 x 64 box is 32 KB of it): 132 SMs at 0.72 us a step
-// read ~6.6 TB/s from L2. That the step slows as more SMs run points at L2's bandwidth (not
-// profiled); multicasting x's box over a cluster of row tiles would halve those reads. Not done.
+// What a split costs at the 256-token tile (Nsight Compute, H200 at its base clock, 8B O / QKV at
+// M = 256, benchmarks/results/ncu_wgmma_m256_*): unsplit, 32 blocks take ~77K cycles for 64 steps,
+// ramp and epilogue included (<= 1200 a step, >= 85% of the tensor cores' rate); split in 3 (96 blocks, 21 steps)
+// or 2 (8B QKV, 96 blocks, 32 steps) and stream-K (132 blocks, 15.5 steps) each spend ~10-12K
+// cycles a block beyond their steps (~5 us at the boost clock), the fp32 partial tiles (128 KB a
+// block) and their sums: so at 15-32 steps a block the sum costs what the balance gains. Not the
+// bandwidth: L2 at 18-27% of its peak, DRAM at 7%.
 //
 // Measured (H100, graph-replayed against cuBLAS bf16, benchmarks/results/tune_*): 0.83-1.32x at
 // M = 256, 0.80-0.96x at 1024, 0.90-0.97x at 4096 (the quick benchmark). Filling the stages with
