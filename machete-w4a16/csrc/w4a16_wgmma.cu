@@ -46,8 +46,9 @@
 // copy engine into its free stages. It wins where whole tiles leave SMs idle and a block's run
 // is long (70B QKV at M = 256: 80 tiles, 65.5 us against 84.8 unsplit, H200); with short runs
 // the partials cost more than the balance gains (8B O at M = 256: 25.5 against 22.9 for the
-// 3-block cluster). A first version (H100, benchmarks/results/wgmma_split_*) read the partials
-// without loads in flight and lost everywhere. A rotated K order per block was tried and not kept.
+// 3-block cluster). A first version on the H100 (benchmarks/results/wgmma_split_*), in the days
+// of the global-memory split sums, lost to the best split everywhere (8B QKV at M = 256: 43.4
+// against 36.5 us). A rotated K order per block was tried and not kept.
 //
 // What a split costs at the 256-token tile (Nsight Compute, H200 at its base clock, 8B O / QKV at
 // M = 256, benchmarks/results/ncu_wgmma_m256_*): unsplit, 32 blocks take ~77K cycles for 64 steps,
