@@ -482,9 +482,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
             a.counters[tile] = 0;  // ready for the next call: every arrival is in
           }
           // The partials come in halves through the copy engine into the free stages (two
-          // buffers of TOK x 64 floats), a half's copy in flight while the other is added: read
-          // from registers, 8 float4s in flight a thread (32 KB a block), the reads took most of
-          // a 4-block tile's time (8B O at M = 256: 26.7 us, against 22.9 for the 3-way split).
+          // buffers of TOK x 64 floats), a half's copy in flight while the other is added. Loaded
+          // straight into registers (8 float4s in flight a thread) they made 8B O at M = 256
+          // take 26.7 us; this way 25.5.
           constexpr uint32_t kHalf = TOK * kRows * 2;  // bytes: half a slot
           float* half_buf[2] = {reinterpret_cast<float*>(smem), reinterpret_cast<float*>(smem + kHalf)};
           auto fetch = [&](int r, int h) {
@@ -704,11 +704,11 @@ template <class T, bool ZEROS>
 cudaError_t launch_zeros(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStream_t stream) {
   switch (p.tile) {
     case WgmmaTile::k128x256:
-      return launch_tile<T, ZEROS, 256, 6, 1>(p, a, stream);
+      return launch_tile<T, ZEROS, 256, 6, wgmma_blocks_per_sm(WgmmaTile::k128x256)>(p, a, stream);
     case WgmmaTile::k128x128:
-      return launch_tile<T, ZEROS, 128, 5, 2>(p, a, stream);
+      return launch_tile<T, ZEROS, 128, 5, wgmma_blocks_per_sm(WgmmaTile::k128x128)>(p, a, stream);
     case WgmmaTile::k128x64:
-      return launch_tile<T, ZEROS, 64, 8, 2>(p, a, stream);
+      return launch_tile<T, ZEROS, 64, 8, wgmma_blocks_per_sm(WgmmaTile::k128x64)>(p, a, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -73,8 +73,8 @@ struct W4A16WgmmaParams {
   int32_t* counters = nullptr;
 };
 
-// Blocks an SM of a tile (its occupancy, w4a16_wgmma.cu launch_zeros): what stream_blocks is
-// made of.
+// Blocks an SM of a tile: each tile's kernel is compiled for it (__launch_bounds__, w4a16_wgmma.cu
+// launch_zeros), and stream_blocks is made of it.
 constexpr int wgmma_blocks_per_sm(WgmmaTile t) { return t == WgmmaTile::k128x256 ? 1 : 2; }
 
 // The largest K split: a portable cluster size.
