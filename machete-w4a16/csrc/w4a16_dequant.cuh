@@ -39,13 +39,27 @@ __device__ __forceinline__ uint32_t as_u32(T2 v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// (a & mask) | magic as one LOP3. Written in C++, nvcc emits an AND and an OR with two immediates
+// and ptxas keeps them two LOP3s (the instruction takes one 32-bit immediate); as one lop3 with
+// both constants as operands ptxas holds one in a register, loaded once. The dequantization is
+// most of the small-M kernel's instructions, and on the H200 that kernel is bound by its issue
+// rate (Nsight Compute at 70B gate/up, M = 1: 0.71 issues a cycle per scheduler, DRAM at 67%):
+// 410 -> 346 SASS instructions per window of a 32-row warp, and a copy of its loop (TMA ring,
+// M = 1) 75.1 -> 65.4 us at 70B gate/up, 23.4 -> 21.0 at 8B gate/up, 8.1 -> 7.6 at 8B QKV
+// (benchmarks/results/dequant_lop3_probe_*).
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));  // 0xEA: (a & b) | c
+  return r;
+}
+
 // Codes of columns (2i, 2i + 1) of a packed word (nibble slots i, i + 4) -> (q - z) * s, two
 // 16-bit values in one register (the low half the even column); zz = base + z.
 template <class T>
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t word, int i, typename Elem<T>::T2 zz,
                                                  typename Elem<T>::T2 s) {
   using T2 = typename Elem<T>::T2;
-  const uint32_t bits = ((word >> (4 * i)) & 0x000F000Fu) | Elem<T>::kMagic;
+  const uint32_t bits = and_or(word >> (4 * i), 0x000F000Fu, Elem<T>::kMagic);
   const T2 h = *reinterpret_cast<const T2*>(&bits);
   return as_u32<T2>(__hmul2(__hsub2(h, zz), s));  // exact difference, one rounding
 }
