@@ -21,6 +21,7 @@ Bytes: ours / tinygemm / gemlite read N K / 2 bytes of codes plus the scales; cu
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -137,10 +138,23 @@ def make_compile(case: Case, seed: int) -> Fn:
 _gemlite_unavailable = importable("gemlite.core", "GemLiteLinearTriton")
 
 
+@functools.cache
+def _gemlite_configs() -> None:
+    """GemLite loads the launch configurations it ships for the GPU it finds by name (``h100.json``
+    on an H100) and autotunes what they lack at a shape's first call. None matches an H200, whose
+    SMs are an H100's: give it the H100's file rather than autotune inside the timed setup."""
+    import gemlite.core as core
+
+    if core.get_default_cache_config() is None and torch.cuda.get_device_capability() == (9, 0):
+        core.GemLiteLinearTriton.load_config(os.path.join(os.path.dirname(core.__file__), "configs", "h100.json"))
+
+
 def make_gemlite(case: Case, seed: int) -> Fn:
     """GemLite's W4A16 layer on the same codes, scales and zero point 8 (it computes
     (q - zero) * scale), bf16 in and out."""
     from gemlite.core import DType, GemLiteLinearTriton
+
+    _gemlite_configs()
 
     kernel, x, qw = _inputs(case, seed)
     M, N, K = _shape(case)
