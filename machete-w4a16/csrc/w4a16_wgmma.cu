@@ -190,14 +190,6 @@ __device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-// A contiguous run of global memory into shared memory by the copy engine (a 1-D bulk copy),
-// completing on `bar`; 16-byte aligned, a multiple of 16 bytes, under 2^20.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
 // v += p, lane by lane: a slice's partial into the running sum of the split-K epilogues.
 __device__ __forceinline__ void add_to(float4& v, const float4& p) {
   v.x += p.x;
