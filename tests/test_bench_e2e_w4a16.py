@@ -60,7 +60,8 @@ def test_tiny_quick_run(tmp_path):
     assert {r["model"] for r in rows} == set(e2e_w4a16.MODELS)
     settings = {(r["stage"], r["setting"], r["batch"], r["tokens"]) for r in rows}
     assert settings == {("prefill", "eager", 1, 32), ("prefill", "eager", 4, 64),
-                        *(("decode", f"{c}-cache generate", b, 1) for c in ("dynamic", "static") for b in (1, 8))}  # fmt: skip
+                        *(("decode", s, b, 1) for s in ("dynamic-cache generate", "static-cache generate",
+                                                         "static-cache generate, overlapped") for b in (1, 8))}  # fmt: skip
     assert len(rows) == 4 * len(settings) and all(r["ms"] == r["ms"] for r in rows)
     assert all("w4/bf16 eager" in r and "w4/bf16 kernelized" in r for r in result["ratios"])
     w = result["weights"]

@@ -29,12 +29,14 @@ _EXPORTS = {
     "FP8Linear": "fp8",
     "load_fp8": "fp8",
     "quantize_fp8": "fp8",
+    "overlapped_decode": "generation",
 }
-_SUBMODULES = ("decoder", "decoder_fp8", "decoder_w4a16", "fp8", "integration", "packages", "skinny", "transformers_config", "w4a16")
+_SUBMODULES = ("decoder", "decoder_fp8", "decoder_w4a16", "fp8", "generation", "integration", "packages", "skinny",
+               "transformers_config", "w4a16")
 
 __all__ = [
     "LAYERS", "KernelizeReport", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize",
-    "load_w4a16", "quantize_w4a16", "FP8Linear", "load_fp8", "quantize_fp8",
+    "load_w4a16", "quantize_w4a16", "FP8Linear", "load_fp8", "quantize_fp8", "overlapped_decode",
 ]
 
 

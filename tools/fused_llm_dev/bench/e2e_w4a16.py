@@ -20,7 +20,9 @@ median over rounds (as ``bench.e2e``):
   a step = (time of N2 new tokens - time of N1) / (N2 - N1); with a static cache also each
   model's GPU time per step (the time any kernel runs; the summed kernel durations, which count
   a programmatic dependent's wait inside its predecessor twice, as ``gpu_kernel_sum_ms``) and
-  its costliest kernels (torch.profiler, the same graphs);
+  its costliest kernels (torch.profiler, the same graphs); and the static-cache decode again
+  inside ``fused_llm.overlapped_decode()`` (``decode-overlap``: generate reads its stop flag a
+  step late, so its host work per step overlaps the GPU's instead of following it);
 * speed ratios 4-bit vs bf16 (> 1: the 4-bit model is faster), eager and kernelized;
 * weight bytes: every Linear weight of the bf16 model against the 4-bit model's (the packed
   codes, scales and zeros of the quantized ones plus the Linear weights left 16-bit), the
@@ -36,6 +38,7 @@ a measurement. Writes JSON, CSV and a PNG with the device, date and versions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import statistics
@@ -46,6 +49,7 @@ from torch import nn
 
 from fused_llm import integration, packages
 from fused_llm import w4a16 as fw
+from fused_llm.generation import overlapped_decode
 
 from ..models import build_model
 from . import e2e
@@ -194,8 +198,8 @@ def run(args) -> dict:
         agree_b, agree_t = e2e.AGREEMENT_BATCH, 512
     reps = TINY["reps"] if args.tiny else 5 if args.quick else 10
     rounds = TINY["rounds"] if args.tiny else 3 if args.quick else 5
-    stages = {"prefill": ["prefill"], "decode": ["decode-dynamic", "decode-static"]}.get(args.only, [args.only]) if args.only \
-        else ["prefill", "decode-dynamic", "decode-static"]  # fmt: skip
+    stages = {"prefill": ["prefill"], "decode": ["decode-dynamic", "decode-static", "decode-overlap"]}.get(args.only, [args.only]) \
+        if args.only else ["prefill", "decode-dynamic", "decode-static", "decode-overlap"]  # fmt: skip
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows: list[dict] = []
@@ -217,18 +221,25 @@ def run(args) -> dict:
                     clock.median_ms(lambda m=m: e2e._prefill(m, ids), 2, 1)
             add("prefill", "eager", batch, seq,
                 e2e.rounds_of(models, rounds, lambda name, m: clock.median_ms(lambda: e2e._prefill(m, ids), 1, reps)))
-    for stage in ("decode-dynamic", "decode-static"):
+    # decode-overlap: the static-cache generate inside fused_llm.overlapped_decode() (the stop flag
+    # read a step late, so generate's host work overlaps the GPU); it reuses decode-static's
+    # compiled forwards, so the compiled graphs are released after both.
+    settings = {"decode-dynamic": "dynamic-cache generate", "decode-static": "static-cache generate",
+                "decode-overlap": "static-cache generate, overlapped"}  # fmt: skip
+    for stage in ("decode-dynamic", "decode-static", "decode-overlap"):
         if stage not in stages:
             continue
+        static = stage != "decode-dynamic"
+        overlap = overlapped_decode if stage == "decode-overlap" else contextlib.nullcontext
         for batch in args.batches:
             console.print(f"{stage} batch {batch}")
             prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(device)
-            static = stage == "decode-static"
             gpu: dict[str, dict] | None = {} if static else None
-            times = e2e.decode_times(models, prompt, n1, n2, rounds, static=static, clock=clock, gpu=gpu)
-            add("decode", "static-cache generate" if static else "dynamic-cache generate", batch, 1, times, gpu)
-        if stage == "decode-static":
-            e2e.release_compiled(models.values())
+            with overlap():
+                times = e2e.decode_times(models, prompt, n1, n2, rounds, static=static, clock=clock, gpu=gpu)
+            add("decode", settings[stage], batch, 1, times, gpu)
+    if any(stage in stages for stage in ("decode-static", "decode-overlap")):
+        e2e.release_compiled(models.values())
     ids = torch.randint(0, cfg.vocab_size, (agree_b, agree_t), generator=gen).to(device)
     tops = {}
     for name, m in models.items():
@@ -322,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lm-head", action="store_true", help="quantize lm_head too (quantize_w4a16 leaves it 16-bit; "
                         "the weight-bytes target counts it)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="fewer decode steps, repetitions and rounds")
-    parser.add_argument("--only", choices=["prefill", "decode", "decode-dynamic", "decode-static"],
+    parser.add_argument("--only", choices=["prefill", "decode", "decode-dynamic", "decode-static", "decode-overlap"],
                         help="one stage (split a full run over several 10-minute GPU calls)")
     e2e.add_variant_tail(parser, DECODE_BATCHES)
     return parser
