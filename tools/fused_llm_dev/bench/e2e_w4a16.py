@@ -198,8 +198,8 @@ def run(args) -> dict:
         agree_b, agree_t = e2e.AGREEMENT_BATCH, 512
     reps = TINY["reps"] if args.tiny else 5 if args.quick else 10
     rounds = TINY["rounds"] if args.tiny else 3 if args.quick else 5
-    stages = {"prefill": ["prefill"], "decode": ["decode-dynamic", "decode-static", "decode-overlap"]}.get(args.only, [args.only]) \
-        if args.only else ["prefill", "decode-dynamic", "decode-static", "decode-overlap"]  # fmt: skip
+    groups = {"decode": ["decode-dynamic", "decode-static", "decode-overlap"]}
+    stages = [s for part in args.only.split(",") for s in groups.get(part, [part])] if args.only else STAGES
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows: list[dict] = []
@@ -280,7 +280,7 @@ def ratios(result: dict) -> list[dict]:
 def write(result: dict, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = result["gpu"].replace(" ", "-")
-    part = f"_{result['only']}" if result.get("only") else ""
+    part = "_" + result["only"].replace(",", "+") if result.get("only") else ""
     size = "tiny" if result["tiny"] else f"{result['layers']}L"
     quant = f"g{result['group_size']}{'z' if result['zero_point'] else ''}{'-head' if result['lm_head_quantized'] else ''}"
     stem = out_dir / f"e2e_w4a16_{result['model']}{size}_{result['dtype']}_{quant}{'_quick' if result['quick'] else ''}{e2e.prompt_tag(result)}{part}_{gpu}"
@@ -326,6 +326,17 @@ def print_summary(result: dict) -> None:
     console.print("top-1 agreement with bf16 eager:", result["top1_agreement_with_bf16_eager"])
 
 
+STAGES = ["prefill", "decode-dynamic", "decode-static", "decode-overlap"]
+
+
+def _stages(text: str) -> str:
+    """--only: one stage or several, comma-separated (``decode``: the three decode stages)."""
+    for part in text.split(","):
+        if part not in (*STAGES, "decode"):
+            raise argparse.ArgumentTypeError(f"expected stages of {', '.join((*STAGES, 'decode'))}, comma-separated, got {part!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = e2e.variant_parser("w4a16", __doc__)
     parser.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128, -1], help="default: %(default)s")
@@ -333,8 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lm-head", action="store_true", help="quantize lm_head too (quantize_w4a16 leaves it 16-bit; "
                         "the weight-bytes target counts it)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="fewer decode steps, repetitions and rounds")
-    parser.add_argument("--only", choices=["prefill", "decode", "decode-dynamic", "decode-static", "decode-overlap"],
-                        help="one stage (split a full run over several 10-minute GPU calls)")
+    parser.add_argument("--only", type=_stages,
+                        help="stages, comma-separated: prefill, decode-dynamic, decode-static, decode-overlap, decode (the three "
+                        "decode stages); default: all (split a full run over several 10-minute GPU calls)")
     e2e.add_variant_tail(parser, DECODE_BATCHES)
     return parser
 
