@@ -162,8 +162,6 @@ def phase1(kern, M: int, N: int, K: int, group: int, sms: int, quick: bool, mma:
         # there both are candidates, and select_config takes a Hopper entry of that bucket.
         if wgmma and M > 16 and kern.wgmma_shape_ok(M, N, K, group):
             cands += wgmma_candidates()
-        if wgmma and M <= 16 and kern.wgmma_shape_ok(M, N, K, group):
-            cands += [["wgmma", 128, 16, s] for s in (1, 2, 4, 8, 0)]
     elif M <= 64:
         cands += splitk_candidates(M, N, K, group, sms, quick)
     elif M == 128:  # the crossover: the split-K kernel's 64-row tiles, nearest 4 programs per SM

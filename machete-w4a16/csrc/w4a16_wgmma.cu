@@ -81,33 +81,12 @@ constexpr int kSlices = kWgmmaStepK / 16;  // k16 wgmma slices a step
 constexpr int kRows = 128;  // rows of W a block covers: 64 a warpgroup
 constexpr int kGroupM = 8;     // row tiles of x that walk W's tiles together (L2 reuse of W)
 constexpr int kMaxDevices = 64;  // devices whose shared-memory limit is cached as set
-#ifndef WGMMA16_STAGES
-#define WGMMA16_STAGES 8
-#endif
 
 // wgmma m64nNk16, A (4 registers a thread) from registers, B from shared memory through a
 // descriptor, D += A B (accumulate != 0) or D = A B; B K-major (no transpose), scales +1.
 template <class T, int N>
 struct Wgmma;
 // One specialization per N and type, from one macro per N (the operand lists differ by N).
-#define W4A16_WGMMA_N16(CTYPE, PTXTYPE)                                                          \
-  template <>                                                                                     \
-  struct Wgmma<CTYPE, 16> {                                                                       \
-    __device__ __forceinline__ static void mma(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, \
-                                               int accumulate) {                                   \
-      asm volatile(                                                                               \
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                            \
-          "wgmma.mma_async.sync.aligned.m64n16k16.f32." PTXTYPE "." PTXTYPE " {"                    \
-        "%0, %1, %2, %3, %4, %5, %6, %7"  \
-          "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"                          \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])  \
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));           \
-    }                                                                                             \
-  };
-W4A16_WGMMA_N16(__nv_bfloat16, "bf16")
-W4A16_WGMMA_N16(__half, "f16")
-#undef W4A16_WGMMA_N16
-
 #define W4A16_WGMMA_N64(CTYPE, PTXTYPE)                                                          \
   template <>                                                                                     \
   struct Wgmma<CTYPE, 64> {                                                                       \
@@ -564,8 +543,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
     ptile[(8 * (i / 4) + 2 * t + i % 2) * kRows + ((row + 8 * ((i / 2) % 2)) ^ (8 * t))] = acc[i];
   }
   constexpr int kQuads = TOK * kRows / 4;  // float4s of a tile
-  // float4s a thread sums at once, their loads in flight (the 16-token tile has two a thread)
-  constexpr int kBatch = kQuads >= 4 * kThreads ? 4 : kQuads / kThreads;
+  constexpr int kBatch = 4;                // float4s a thread sums at once, their loads in flight
   // A float4 of the summed tile: rows n .. n + 3 of token m, rounded once, the bias added.
   auto store_quad = [&](int c, const float4& v) {
     const int n = n0 + (c % (kRows / 4)) * 4, m = m0 + c / (kRows / 4);
@@ -723,8 +701,6 @@ cudaError_t launch_zeros(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStr
       return launch_tile<T, ZEROS, 128, 5, wgmma_blocks_per_sm(WgmmaTile::k128x128)>(p, a, stream);
     case WgmmaTile::k128x64:
       return launch_tile<T, ZEROS, 64, 8, wgmma_blocks_per_sm(WgmmaTile::k128x64)>(p, a, stream);
-    case WgmmaTile::k128x16:
-      return launch_tile<T, ZEROS, 16, WGMMA16_STAGES, wgmma_blocks_per_sm(WgmmaTile::k128x16)>(p, a, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -767,8 +743,7 @@ const char* w4a16_wgmma_check(const W4A16WgmmaParams& p) {
   if (!aligned16(p.out) || p.out_row_stride % 8 != 0) {
     return "out must be 16-byte aligned with a row stride a multiple of 8";
   }
-  if (p.tile != WgmmaTile::k128x256 && p.tile != WgmmaTile::k128x128 && p.tile != WgmmaTile::k128x64 &&
-      p.tile != WgmmaTile::k128x16) {
+  if (p.tile != WgmmaTile::k128x256 && p.tile != WgmmaTile::k128x128 && p.tile != WgmmaTile::k128x64) {
     return "unknown tile";
   }
   if (p.split_k < 0 || p.split_k > std::min<int64_t>(p.k / kWgmmaStepK, kWgmmaMaxSplit)) {

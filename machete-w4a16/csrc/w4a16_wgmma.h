@@ -29,11 +29,10 @@ enum class WgmmaTile : int32_t {
   k128x256 = 0,  // n256: 128 accumulators a thread, one block an SM
   k128x128 = 1,  // n128: two blocks an SM
   k128x64 = 2,   // n64: two blocks an SM
-  k128x16 = 3,   // n16: decode-sized M, three blocks an SM
 };
 constexpr int wgmma_tile_rows(WgmmaTile) { return 128; }
 constexpr int wgmma_tile_tokens(WgmmaTile t) {
-  return t == WgmmaTile::k128x256 ? 256 : t == WgmmaTile::k128x128 ? 128 : t == WgmmaTile::k128x64 ? 64 : 16;
+  return t == WgmmaTile::k128x256 ? 256 : t == WgmmaTile::k128x128 ? 128 : 64;
 }
 
 struct W4A16WgmmaParams {
@@ -76,12 +75,7 @@ struct W4A16WgmmaParams {
 
 // Blocks an SM of a tile: each tile's kernel is compiled for it (__launch_bounds__, w4a16_wgmma.cu
 // launch_zeros), and stream_blocks is made of it.
-#ifndef WGMMA16_BLOCKS
-#define WGMMA16_BLOCKS 3
-#endif
-constexpr int wgmma_blocks_per_sm(WgmmaTile t) {
-  return t == WgmmaTile::k128x256 ? 1 : t == WgmmaTile::k128x16 ? WGMMA16_BLOCKS : 2;
-}
+constexpr int wgmma_blocks_per_sm(WgmmaTile t) { return t == WgmmaTile::k128x256 ? 1 : 2; }
 
 // The largest K split: a portable cluster size.
 constexpr int kWgmmaMaxSplit = 8;

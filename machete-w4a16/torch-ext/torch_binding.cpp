@@ -175,8 +175,7 @@ void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight
                  int64_t tile, int64_t split_k, const std::optional<at::Tensor>& counters) {
   using fused_llm::binding::msg;
   const GemmShape s = check_gemm(out, x, qweight, scales, zeros, bias, group_size);
-  TORCH_CHECK(tile >= 0 && tile <= 3,
-              msg("tile: expected 0 (128 x 256), 1 (128 x 128), 2 (128 x 64) or 3 (128 x 16), got ", tile));
+  TORCH_CHECK(tile >= 0 && tile <= 2, msg("tile: expected 0 (128 x 256), 1 (128 x 128) or 2 (128 x 64), got ", tile));
   // In range before the narrowing below (the kernel's check names the k / 64 bound).
   TORCH_CHECK(split_k >= 0 && split_k <= mw::kWgmmaMaxSplit,
               msg("w4a16_wgmma: split_k must be 0 (stream-K) or in 1 .. min(k / 64, 8), got ", split_k));

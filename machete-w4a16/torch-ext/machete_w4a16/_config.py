@@ -43,7 +43,7 @@ MMA_WARPS = (4, 8)
 MMA_ROW_TILES = (1, 2)
 MMA_MAX_M = 32
 # The Hopper kernel's block tiles (W rows, tokens), in the op's tile-id order (w4a16_wgmma.h).
-WGMMA_TILES = ((128, 256), (128, 128), (128, 64), (128, 16))
+WGMMA_TILES = ((128, 256), (128, 128), (128, 64))
 # Its largest K split (csrc/w4a16_wgmma.h kWgmmaMaxSplit): a portable thread-block cluster at the
 # 256-token tile; the same bound at the others.
 WGMMA_MAX_SPLIT = 8
