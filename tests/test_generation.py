@@ -192,3 +192,33 @@ def test_static_crop_refuses_positive_counts():
         with pytest.raises(ValueError, match="tokens_to_remove must be <= 0"):
             layer.crop(2)
         layer.crop(-1)  # not initialized: nothing to step back
+
+
+def test_overlap_generate_binds_to_the_model_and_its_copies(deferral_here, monkeypatch):
+    import copy
+
+    model = _model()
+    ids = _prompt()
+    expected = _generate(model, ids, _static_cache(model), max_new_tokens=5, min_new_tokens=5)
+    assert generation.overlap_generate(model) and generation.overlap_generate(model)  # twice: one wrapper
+    twin = copy.deepcopy(model)
+    assert twin.generate.__self__ is twin, "a deep copy's generate must run the copy, not the original"
+    spy = _Spy(twin, monkeypatch)
+    torch.testing.assert_close(_generate(twin, ids, _static_cache(twin), max_new_tokens=5, min_new_tokens=5), expected,
+                               rtol=0, atol=0)  # fmt: skip
+    assert spy.deferred and spy.forwards == 5
+    del model.generate  # back to the class's
+    assert "generate" not in model.__dict__
+    assert not generation.overlap_generate(torch.nn.Linear(2, 2))
+
+
+def test_kernelize_overlaps_generate(restore_hub_functions):
+    import fused_llm
+
+    model = _model()
+    report = fused_llm.kernelize(model, fuse_decoder_layers=False, skinny=False)
+    assert report.overlapped_decode and "stop check deferred" in str(report)
+    assert model.generate.__func__ is generation._overlapped_generate
+    other = _model()
+    report = fused_llm.kernelize(other, fuse_decoder_layers=False, skinny=False, overlap_decode=False)
+    assert not report.overlapped_decode and "generate" not in other.__dict__

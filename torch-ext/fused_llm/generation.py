@@ -22,6 +22,9 @@ Usage::
     with fused_llm.overlapped_decode():
         out = model.generate(ids, past_key_values=StaticCache(...), max_new_tokens=256)
 
+``fused_llm.kernelize`` makes a model's ``generate`` run inside it (``overlap_generate``; its
+option ``overlap_decode``, on by default).
+
 The tokens are the same as without it (tests/test_generation.py); a generate that stops on
 ``max_new_tokens`` runs no extra step.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import types
 from collections.abc import Iterator
 
 # Device types whose generate defers the stop check inside the context: transformers' own (MPS)
@@ -117,3 +121,22 @@ def overlapped_decode() -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 _exit()
+
+
+def _overlapped_generate(self, *args, **kwargs):
+    """``generate`` of the model's class, inside ``overlapped_decode()``."""
+    with overlapped_decode():
+        return type(self).generate(self, *args, **kwargs)
+
+
+def overlap_generate(model) -> bool:
+    """From now on ``model.generate`` runs inside ``overlapped_decode()``: an instance attribute
+    bound to ``model`` (``copy.deepcopy`` rebinds it to the copy), over the class's ``generate``.
+    Returns whether the model has it (False for a module without ``generate``); calling it again
+    changes nothing. ``del model.generate`` undoes it."""
+    if not callable(getattr(type(model), "generate", None)):
+        return False
+    current = model.__dict__.get("generate")
+    if not (isinstance(current, types.MethodType) and current.__func__ is _overlapped_generate):
+        model.generate = types.MethodType(_overlapped_generate, model)
+    return True

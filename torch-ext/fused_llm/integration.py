@@ -93,6 +93,9 @@ class KernelizeReport:
     # Decoder layers running fused_llm.decoder_w4a16's forward: (module, class, weight format,
     # (step, op) pairs: decoder_w4a16.steps, which say where a QKV / gate-up GEMM stays unfused).
     fused_w4a16_decoders: list[tuple[str, str, str, tuple[tuple[str, str], ...]]] = field(default_factory=list)
+    # Whether the model's generate now runs inside fused_llm.overlapped_decode (overlap_decode=True
+    # and the model has a generate).
+    overlapped_decode: bool = False
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -133,6 +136,8 @@ class KernelizeReport:
                       for n, name, (N, K), tokens in summary(self.skinny)]  # fmt: skip
             lines += [f"  {n:3d} x {name} [{N} x {K}] keeps F.linear (no skinny entry in the table)"
                       for n, name, (N, K), _ in summary(self.skinny_kept)]  # fmt: skip
+        if self.overlapped_decode:
+            lines.append("  generate: the stop check deferred a step on CUDA (fused_llm.overlapped_decode)")
         return "kernelized:\n" + ("\n".join(lines) if lines else "  nothing")
 
 
@@ -202,6 +207,7 @@ def kernelize(
     use_fallback: bool = True,
     fuse_decoder_layers: bool = True,
     skinny: bool = True,
+    overlap_decode: bool = True,
 ) -> KernelizeReport:
     """Swap our kernels into ``model`` (in place) and report what was swapped.
 
@@ -221,6 +227,9 @@ def kernelize(
     ``skinny_gemm.linear`` (`fused_llm.skinny`); ``skinny=False`` leaves them all on cuBLAS (it
     does not undo an earlier call's routing, as ``fuse_decoder_layers=False`` does not unfuse
     layers).
+    With ``overlap_decode`` (default, inference modes), the model's ``generate`` reads its stop
+    flag a step late on CUDA (`fused_llm.generation`: transformers' own deferred stop check, which
+    it enables only on MPS), so its host work per token overlaps the GPU's (the same tokens).
     Kernelize after loading the weights and moving the model: the fused layer makes the q / k
     / v weights views of one fused tensor at this point, and the skinny routing looks up the
     GPU the weights are on."""
@@ -278,6 +287,10 @@ def kernelize(
         # the 4-bit layers' W4A16Linear (machete-w4a16): neither is an nn.Linear skinny-gemm takes.
         report.skinny, report.skinny_kept = routing.route(model, _load("skinny-gemm", source), dict(bf16_fusable))
         report.skinny_table = routing.table_key(model)
+    if overlap_decode and not (mode & Mode.TRAINING):
+        from . import generation
+
+        report.overlapped_decode = generation.overlap_generate(model)
     return report
 
 
