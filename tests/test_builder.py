@@ -345,6 +345,40 @@ def test_compiler_error_names_the_file(tmp_path):
     assert "rmsnorm_fp8_cpu.cpp" in str(err.value) and "error" in str(err.value)
 
 
+def test_build_after_a_killed_build(tmp_path):
+    """A build killed mid-way leaves cpp_extension's ``lock`` file in the object directory;
+    without builder.build_dir_lock the next build of it waits on that file forever (a GPU
+    session lost two calls to it, 2026-11-28)."""
+    pkg = copy_package(tmp_path)
+    obj_dir = pkg / builder.CACHE_DIR / builder.arch_variant_name("cpu")
+    obj_dir.mkdir(parents=True)
+    (obj_dir / "lock").write_text("")  # what a killed cpp_extension.load leaves
+    proc = subprocess.run([sys.executable, "-c", f"from fused_llm_dev import builder; from pathlib import Path; "
+                           f"builder.build_package(Path({str(pkg)!r}), 'cpu')"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert not (obj_dir / "lock").exists()
+
+
+def test_build_dir_lock_serializes_builds(tmp_path):
+    """Two builds of one directory: the second waits for the first's flock."""
+    import threading
+
+    order = []
+
+    def second():
+        with builder.build_dir_lock(tmp_path):
+            order.append("second")
+
+    with builder.build_dir_lock(tmp_path):
+        worker = threading.Thread(target=second)
+        worker.start()
+        worker.join(0.5)
+        order.append("first done")
+    worker.join(5)
+    assert order == ["first done", "second"]
+
+
 def test_cli_reports_errors_cleanly(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fused_llm_dev.cli", "build", "no-such-package"],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "torch-ext"), str(ROOT / "tools")])})

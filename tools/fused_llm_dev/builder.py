@@ -32,6 +32,7 @@ can be loaded once per process, and ``cpp_extension.load`` loads what it builds.
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import hashlib
 import json
@@ -616,6 +617,10 @@ class CompileJob:
     def run(self, on_progress: Callable[[int, int], None] | None = None) -> Path:
         """Compile in a child process; returns the built shared object."""
         Path(self.build_dir).mkdir(parents=True, exist_ok=True)
+        with build_dir_lock(Path(self.build_dir)):
+            return self._run(on_progress)
+
+    def _run(self, on_progress: Callable[[int, int], None] | None) -> Path:
         job_file = Path(self.build_dir) / "job.json"
         job_file.write_text(json.dumps(self.__dict__))
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -637,6 +642,24 @@ class CompileJob:
         if not so.is_file():
             raise BuildError(f"compiling {self.name}: {so} was not produced:\n{''.join(log[-40:])}")
         return so
+
+
+@contextlib.contextmanager
+def build_dir_lock(build_dir: Path):
+    """Holds an exclusive ``flock`` on ``build_dir/.fused-llm-build.lock`` (another build of the
+    same directory waits for it; the kernel drops it when the holder dies) and, holding it,
+    removes ``cpp_extension.load``'s own ``lock`` file. That one is a plain file: a build killed
+    mid-way (a ``timeout`` on the GPU machine) leaves it, and every later ``load`` of the
+    directory waits on it forever. Under our flock no live build of ours can own it."""
+    import fcntl
+
+    with open(build_dir / ".fused-llm-build.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def _compiler_errors(log: list[str]) -> str:
