@@ -14,7 +14,10 @@ peer users pick instead; Llama only). For each:
   take turns, round after round, and each model's figure is the median over the rounds (this
   host's host-bound timings drift by tens of percent over a minute). Static: one
   ``StaticCache`` per model and batch, sized for N2, reset before each run, so both lengths
-  replay the same compiled graph (a cache sized per length recompiled for each);
+  replay the same compiled graph (a cache sized per length recompiled for each). The
+  kernelized model's ``generate`` reads its stop flag a step late (``kernelize``'s
+  ``overlap_decode``, fused_llm.generation), so its host work overlaps the GPU; the others'
+  ``generate`` waits for each step, as transformers' does on CUDA;
 * host time of one decode step (the forward's wall time without a synchronization, the GPU
   idle before it), peak memory of the (4, 2048) prefill;
 * top-1 agreement of the logits with eager on 16 x 512 random tokens next to the noise floor
