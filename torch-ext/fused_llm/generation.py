@@ -3,8 +3,8 @@
 Each step of transformers' ``generate`` ends with ``StopCheck``, which reads
 ``unfinished_sequences.max() == 0`` on the host: the host waits there for the step's GPU work,
 so the next step's host work (logits processors, stopping criteria, cache bookkeeping, dynamo's
-guards, the CUDA-graph launch: ~1.6-1.8 ms a step on the H100 and H200 hosts measured, whatever
-the model; docs/e2e.md) never overlaps the GPU. transformers has the remedy, ``DeferredStopCheck``
+guards, the CUDA-graph launch: 1-2.6 ms a step in the runs on H100 and H200 hosts, whatever the
+model; docs/e2e.md) never overlaps the GPU. transformers has the remedy, ``DeferredStopCheck``
 (the flag copied asynchronously and read one step late; when a sequence ends on EOS or a
 stopping criterion, one extra forward runs and ``generate`` undoes it: its token is dropped and
 the cache cropped), and enables it only on MPS. ``overlapped_decode()`` enables it on CUDA for
@@ -132,9 +132,13 @@ def _overlapped_generate(self, *args, **kwargs):
 def overlap_generate(model) -> bool:
     """From now on ``model.generate`` runs inside ``overlapped_decode()``: an instance attribute
     bound to ``model`` (``copy.deepcopy`` rebinds it to the copy), over the class's ``generate``.
-    Returns whether the model has it (False for a module without ``generate``); calling it again
-    changes nothing. ``del model.generate`` undoes it."""
-    if not callable(getattr(type(model), "generate", None)):
+    Returns whether it did (False for a module that is not a transformers generation model);
+    calling it again changes nothing. ``del model.generate`` undoes it."""
+    try:
+        from transformers import GenerationMixin
+    except ImportError:
+        return False
+    if not isinstance(model, GenerationMixin):
         return False
     current = model.__dict__.get("generate")
     if not (isinstance(current, types.MethodType) and current.__func__ is _overlapped_generate):
