@@ -26,7 +26,8 @@ Usage::
 option ``overlap_decode``, on by default).
 
 The tokens are the same as without it (tests/test_generation.py); a generate that stops on
-``max_new_tokens`` runs no extra step.
+``max_new_tokens`` runs no extra step. A streamer receives each token one step later (the host
+reads the tokens when it reads the flag).
 """
 
 from __future__ import annotations
