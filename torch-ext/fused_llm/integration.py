@@ -94,7 +94,7 @@ class KernelizeReport:
     # (step, op) pairs: decoder_w4a16.steps, which say where a QKV / gate-up GEMM stays unfused).
     fused_w4a16_decoders: list[tuple[str, str, str, tuple[tuple[str, str], ...]]] = field(default_factory=list)
     # Whether the model's generate now runs inside fused_llm.overlapped_decode (overlap_decode=True
-    # and the model has a generate).
+    # and a transformers generation model).
     overlapped_decode: bool = False
 
     def counts(self) -> dict[str, int]:

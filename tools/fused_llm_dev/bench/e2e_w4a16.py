@@ -22,7 +22,9 @@ median over rounds (as ``bench.e2e``):
   a programmatic dependent's wait inside its predecessor twice, as ``gpu_kernel_sum_ms``) and
   its costliest kernels (torch.profiler, the same graphs); and the static-cache decode again
   inside ``fused_llm.overlapped_decode()`` (``decode-overlap``: generate reads its stop flag a
-  step late, so its host work per step overlaps the GPU's instead of following it);
+  step late, so its host work per step overlaps the GPU's instead of following it). The
+  kernelized models' generate is overlapped in both static stages (``kernelize``'s
+  ``overlap_decode``); ``decode-overlap`` puts the eager models on the same footing;
 * speed ratios 4-bit vs bf16 (> 1: the 4-bit model is faster), eager and kernelized;
 * weight bytes: every Linear weight of the bf16 model against the 4-bit model's (the packed
   codes, scales and zeros of the quantized ones plus the Linear weights left 16-bit), the
