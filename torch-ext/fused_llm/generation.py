@@ -59,22 +59,14 @@ def _static_layer_crop(self, tokens_to_remove: int) -> None:
     self.cumulative_length.sub_(-tokens_to_remove)
 
 
-def _static_layer_croppable(self) -> bool:
-    # Only the plain full-attention layer: its subclasses (sliding window, indexed) keep more
-    # state than a length, which this crop does not step back.
-    from transformers.cache_utils import StaticLayer
-
-    return type(self) is StaticLayer
-
-
 def _is_supported(device, cache, cache_is_returned: bool, is_assistant: bool) -> bool:
-    """``DeferredStopCheck.is_supported`` inside the context: transformers' rule with CUDA
-    added to the device types."""
-    if getattr(device, "type", str(device)) not in DEVICE_TYPES or is_assistant:
+    """``DeferredStopCheck.is_supported`` inside the context: transformers' own rule (its
+    cache and assistant conditions), asked as for MPS, on every device type of DEVICE_TYPES."""
+    import torch
+
+    if getattr(device, "type", str(device)) not in DEVICE_TYPES:
         return False
-    if cache is None:
-        return True
-    return cache.is_croppable or not cache_is_returned
+    return _saved["is_supported"].__func__(torch.device("mps"), cache, cache_is_returned, is_assistant)
 
 
 def _enter() -> None:
@@ -89,7 +81,9 @@ def _enter() -> None:
     )
     check.is_supported = staticmethod(_is_supported)
     StaticLayer.crop = _static_layer_crop
-    StaticLayer.is_croppable = property(_static_layer_croppable)
+    # Only the plain full-attention layer: its subclasses (sliding window, indexed) keep more
+    # state than a length, which _static_layer_crop does not step back.
+    StaticLayer.is_croppable = property(lambda layer: type(layer) is StaticLayer)
 
 
 def _exit() -> None:
