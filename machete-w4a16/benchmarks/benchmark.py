@@ -5,8 +5,10 @@ Self-contained (Hub users have no ``fused_llm``); its inputs and reference are a
 rotation, cuBLAS bf16, tinygemm, GemLite). This runner times single calls with a host clock:
 a quick look only.
 
-Shapes: the projections of Llama 3 8B and 70B (QKV, O, gate/up fused, down) as [N, K], bf16
-activations, group-128 symmetric (uint4b8) weights with random codes and scales.
+Shapes: the projections of Llama 3 8B and 70B (QKV, O, gate/up fused, down) as [N, K], and the
+8B lm_head (128256 x 4096, which ``fused-llm bench e2e --w4a16 --lm-head`` quantizes too), bf16
+activations, group-128 symmetric (uint4b8) weights with random
+codes and scales.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from kernels.benchmark import Benchmark
 SHAPES = {
     "8B-qkv": (6144, 4096), "8B-o": (4096, 4096), "8B-gate_up": (28672, 4096), "8B-down": (4096, 14336),
     "70B-qkv": (10240, 8192), "70B-o": (8192, 8192), "70B-gate_up": (57344, 8192), "70B-down": (8192, 28672),
+    "8B-lm_head": (128256, 4096),
 }  # fmt: skip
 # On a CPU the package runs its plain-torch path (dequantize + fp32 matmul): a smoke run in
 # seconds on the 8B O projection scaled by 1/8 per side.

@@ -87,6 +87,8 @@ struct KernelArgs {
   bool bias_fp32;
   void* out;
   int64_t out_row_stride;
+  const void* residual;  // W4A16MmaParams::residual
+  int64_t residual_row_stride;
   int split_k;
   float* partials;
   int32_t* counters;
@@ -203,6 +205,10 @@ __device__ __forceinline__ void store_tile(const float (&acc)[RT][NT][4], const 
     const int tok = idx / kRows, row = row0 + idx % kRows;
     if (a.bias != nullptr) {
       v += a.bias_fp32 ? static_cast<const float*>(a.bias)[row] : Elem<T>::to_float(static_cast<const T*>(a.bias)[row]);
+    }
+    if (a.residual != nullptr) {  // torch's residual + out: out rounded, the sum in fp32, rounded
+      const T r = static_cast<const T*>(a.residual)[static_cast<int64_t>(tok) * a.residual_row_stride + row];
+      v = Elem<T>::to_float(Elem<T>::from_float(v)) + Elem<T>::to_float(r);
     }
     out[static_cast<int64_t>(tok) * a.out_row_stride + row] = Elem<T>::from_float(v);
   };
@@ -819,6 +825,8 @@ cudaError_t w4a16_mma_launch(const W4A16MmaParams& p, cudaStream_t stream) {
   a.bias_fp32 = p.bias_fp32;
   a.out = p.out;
   a.out_row_stride = p.out_row_stride;
+  a.residual = p.residual;
+  a.residual_row_stride = p.residual_row_stride;
   // Slices of whole windows, none empty (the launcher's split may not divide the windows).
   const int windows = a.k / kWindow;
   const int per_split = (windows + p.split_k - 1) / p.split_k;

@@ -1,11 +1,13 @@
 // Framework-free interface of machete-w4a16's compiled small-M kernel (mma.sync, sm80+):
 //
 //   out[m, n] = T( sum_k x[m, k] w[n, k] + bias[n] ),   w[n, k] = T((q[n, k] - z) * s)
+//   with a residual:  out[m, n] = T( float(that) + float(residual[m, n]) )
 //
 // T = float16 or bfloat16 (x, scales, out); q the 4-bit code, z the zero point (8, or the uint8
 // zeros of the weight's group), s the scale of the weight's group, the product rounded once to T
 // (exactly dequantize()'s value); products summed in fp32, the bias added in fp32, one rounding
-// to T. The weight is the package's one layout (torch-ext/machete_w4a16/_format.py): qweight
+// to T. A residual is added after that rounding, in fp32, and rounded again: the bits of
+// torch's `residual + gemm(...)`, one kernel fewer (a decoder layer's down projection). The weight is the package's one layout (torch-ext/machete_w4a16/_format.py): qweight
 // int32 [n, k / 8], word j of a row holds columns 8j .. 8j + 7 with column 8j + c in nibble
 // slot (c / 2) + 4 (c % 2), i.e. the slots hold columns 0, 2, 4, 6, 1, 3, 5, 7 (AWQ's order):
 // one AND-OR of a word shifted by 4i makes the two 16-bit values of columns 8j + 2i and
@@ -53,6 +55,10 @@ struct W4A16MmaParams {
 
   void* out = nullptr;  // [m, n] of T, unit-stride rows, row stride >= n
   int64_t out_row_stride = 0;
+  // [m, n] of T, unit-stride rows (any row stride: rows may even overlap), or nullptr. Read once
+  // per output element by the thread that writes it, so it may even be `out` itself.
+  const void* residual = nullptr;
+  int64_t residual_row_stride = 0;
 
   // Launch shape: split_k > 1 splits the K windows over gridDim.y blocks whose fp32 partials
   // ([split_k, m, n] in `partials`) the last block of each row block to arrive sums in split

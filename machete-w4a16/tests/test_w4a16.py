@@ -296,6 +296,59 @@ def test_early_weights_same_bits(zero_point):
             assert set(plans) == {False, True} and all(p.args[-1] is flag for flag, p in plans.items()), plans
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_residual_same_bits_as_torch_add(dtype):
+    """w4a16_gemm(x, qw, b, residual=r) is ``r + w4a16_gemm(x, qw, b)`` bit for bit at every M
+    (on CUDA the small-M kernel adds r in its epilogue up to 32 tokens, the Hopper / Triton
+    kernels leave it to a torch add past that; on CPU the reference path), with leading
+    dimensions, a non-contiguous residual, rows of a stride-0 (expanded) one, and M = 0; the
+    second call of each runs from the cached launch plan."""
+    N, K = (4096, 2048) if DEVICE == "cuda" else (48, 256)
+    for M in ((0, 1, 3, 16, 17, 32, 40, 300) if DEVICE == "cuda" else (0, 1, 5, 33)):
+        x, qw, b = make(M, N, K, dtype, 128, M % 2 == 1, seed=90 + M, bias=M % 3 == 1)
+        g = gen(M)
+        r = torch.randn(M, N, generator=g).to(dtype).to(DEVICE)
+        residuals = {"contiguous": r, "transposed": r.t().contiguous().t(),
+                     "expanded": r[:1].expand(M, N) if M else r}  # fmt: skip
+        for name, res in residuals.items():
+            for _ in range(2):
+                got = w4.w4a16_gemm(x, qw, b, residual=res)
+                assert_fully_written(got, f"residual M={M} {name}")
+                assert torch.equal(got, res + w4.w4a16_gemm(x, qw, b)), f"M={M} {name}"
+        x3, r3 = x.view(1, M, K), r.view(1, M, N)
+        assert torch.equal(w4.w4a16_gemm(x3, qw, b, residual=r3), r3 + w4.w4a16_gemm(x3, qw, b)), f"M={M} 3-D"
+
+
+@pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
+@pytest.mark.parametrize("split, warps, row_tiles, ring", [(1, 8, 1, True), (1, 4, 2, False), (2, 4, 2, True),
+                                                           (2, 8, 1, False), (3, 8, 2, True), (5, 4, 1, False)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mma_residual_epilogue(split, warps, row_tiles, ring, dtype):
+    """The small-M kernel's residual epilogue on every reduction path (no split, the ring's
+    cluster split of 2, global partials at 2 on the register kernel and at 3 and 5), M across its
+    token tiles, N off the row blocks (304: the ring; 300: the register kernel), on poisoned
+    outputs: the bits of the plain launch plus a torch add, and no separate add kernel ran."""
+    kern = w4._triton_kernels()
+    K = 2048
+    cfg = {"kernel": "mma", "SPLIT_K": split, "num_warps": warps, "ROW_TILES": row_tiles, "RING": ring}
+    for N in (304, 300):
+        for M in (1, 8, 9, 16, 17, 32):
+            x, qw, b = make(M, N, K, dtype, 128, M % 2 == 0, seed=N + M + split, bias=M % 3 == 0)
+            r = (4 * torch.randn(M, N, generator=gen(M + N))).to(dtype).to(DEVICE)
+            plain = poison_(torch.empty(M, N, dtype=dtype, device=DEVICE))
+            kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, plain, qw.group_size, cfg=cfg)
+            for _ in range(2):  # the split-K counters must be left reset
+                out = poison_(torch.empty(M, N, dtype=dtype, device=DEVICE))
+                kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out, qw.group_size, cfg=cfg,
+                                  residual=r)  # fmt: skip
+                assert_fully_written(out, f"residual M={M} N={N}")
+                assert torch.equal(out, plain + r), f"M={M} N={N} {cfg}"
+            if M in (1, 16):
+                ran = launched_kernels(lambda: kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out,
+                                                                 qw.group_size, cfg=cfg, residual=r))  # fmt: skip
+                assert len(ran) == 1 and "w4a16" in ran[0], ran
+
+
 @pytest.mark.skipif(not MMA, reason="the compiled small-M kernel (CUDA build)")
 def test_mma_inputs_it_copies_or_gathers():
     """Act order (x gathered by perm), a strided x, an x not 16-byte aligned, an fp32 bias, a
@@ -662,6 +715,9 @@ def _bad_cases():
         ("scales dtype", lambda: w4.w4a16_gemm(x.half(), qw), TypeError, r"qw.scales: expected dtype torch.float16 \(x's; convert with qw.to\(dtype=...\)\), got torch.bfloat16"),
         ("bias shape", lambda: w4.w4a16_gemm(x, qw, torch.zeros(31, device=DEVICE).bfloat16()), ValueError, r"bias: expected shape \(32,\), got \(31,\)"),
         ("bias dtype", lambda: w4.w4a16_gemm(x, qw, torch.zeros(32, device=DEVICE).half()), TypeError, "bias: expected dtype torch.bfloat16 .x's. or float32, got torch.float16"),
+        ("residual dtype", lambda: w4.w4a16_gemm(x, qw, residual=torch.zeros(4, 32, device=DEVICE)), TypeError, r"residual: expected dtype torch.bfloat16 \(x's\), got torch.float32"),
+        ("residual shape", lambda: w4.w4a16_gemm(x, qw, residual=torch.zeros(32, device=DEVICE).bfloat16()), ValueError, r"residual: expected shape \(4, 32\) \(the output's\), got \(32,\)"),
+        ("residual type", lambda: w4.w4a16_gemm(x, qw, residual=1.0), TypeError, "residual: expected a torch.Tensor or None, got float"),
         ("raw qweight", lambda: w4.w4a16_gemm_raw(x, qw.qweight.float(), qw.scales, None, None, None, 32), ValueError, r"qw.qweight: expected an int32 tensor \[N, K / 8\]"),
         ("raw group", lambda: w4.w4a16_gemm_raw(x, qw.qweight, qw.scales, None, None, None, 48), ValueError, "qw.group_size: expected -1 or a power of two >= 16 dividing K = 64, got 48"),
         ("raw scales", lambda: w4.w4a16_gemm_raw(x, qw.qweight, qw.scales[:1], None, None, None, 32), ValueError, r"qw.scales: expected a contiguous \[2, 32\] tensor"),
@@ -693,15 +749,21 @@ def test_bad_device():
 
 
 @pytest.mark.kernels_ci
-@pytest.mark.parametrize("zero_point, act_order, bias, early", [(False, False, False, False), (True, True, True, True)])
-def test_opcheck(zero_point, act_order, bias, early):
+@pytest.mark.parametrize("zero_point, act_order, bias, early, residual",
+                         [(False, False, False, False, False), (True, True, True, True, True)])
+def test_opcheck(zero_point, act_order, bias, early, residual):
     x, qw, b = make(5, 48, 128, torch.bfloat16, 32, zero_point, seed=8, act_order=act_order, bias=bias)
     out = torch.empty(5, 48, dtype=torch.bfloat16, device=DEVICE)
-    args = (out, x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, qw.group_size, early)
+    r = torch.randn(5, 48, generator=gen(8)).bfloat16().to(DEVICE) if residual else None
+    args = (out, x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, qw.group_size, early, r)
     opcheck(w4.ops.w4a16_gemm, args)
     poison_(out)
     assert_only_declared_outputs_mutate(w4.ops.w4a16_gemm, args)
-    assert_gemm_close(out, reference(x, qw, b), "after opcheck")
+    ref = reference(x, qw, b).to(out.dtype) + r if residual else reference(x, qw, b)
+    if residual:  # the product rounded, then the add rounded: within an ulp of that
+        torch.testing.assert_close(out, ref, rtol=2 * ULP[out.dtype], atol=1e-2)
+    else:
+        assert_gemm_close(out, ref, "after opcheck")
 
 
 @pytest.mark.kernels_ci
@@ -710,7 +772,7 @@ def test_torch_compile_fullgraph():
     layer = w4.layers.W4A16Linear.from_quantized(qw, b)
 
     def block(x):
-        return w4.w4a16_gemm(x, qw) + 1, layer(x * 2)
+        return w4.w4a16_gemm(x, qw) + 1, layer(x * 2), w4.w4a16_gemm(x, qw, b, residual=x[:, :48] * 3)
 
     compiled = torch.compile(block, fullgraph=True, dynamic=False)
     for got, expected in zip(compiled(x), block(x)):

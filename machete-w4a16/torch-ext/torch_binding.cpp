@@ -4,11 +4,12 @@
 // (TORCH_LIBRARY) and, in CUDA builds only, the compiled small-M kernel's op:
 //   w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
 //             int group_size, int split_k, int warps, int row_tiles, Tensor(a!)? counters,
-//             bool ring=True, bool early_weights=False) -> ()
+//             bool ring=True, bool early_weights=False, Tensor? residual=None) -> ()
 //   (ring: on sm90 code, the weights through a per-warp ring of TMA boxes where the tensors
 //   allow it, w4a16_mma.h; False keeps the register kernel: A/B and tests.
 //   early_weights: the caller's promise that the previous kernel on the stream did not write
-//   qweight / scales / zeros, so the kernel reads them while that kernel finishes, w4a16_mma.h)
+//   qweight / scales / zeros, so the kernel reads them while that kernel finishes, w4a16_mma.h;
+//   residual [M, N] of x's dtype: out = residual + the GEMM's rounded result, rounded again)
 // and the Hopper large-M kernel's (capability 9.0 only: its code is sm_90a):
 //   w4a16_wgmma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
 //               int group_size, int tile, int split_k, Tensor(a!)? counters) -> ()
@@ -145,10 +146,18 @@ void check_and_launch(const Params& p, const at::Tensor& x, const char* op, Chec
 void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, int64_t group_size,
                int64_t split_k, int64_t warps, int64_t row_tiles, const std::optional<at::Tensor>& counters,
-               bool ring, bool early_weights) {
-  using fused_llm::binding::msg;
+               bool ring, bool early_weights, const std::optional<at::Tensor>& residual) {
+  using namespace fused_llm::binding;
   const GemmShape s = check_gemm(out, x, qweight, scales, zeros, bias, group_size);
   check_counters(counters, (s.N + mw::kTileRows - 1) / mw::kTileRows, x);
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->scalar_type() == x.scalar_type() && residual->dim() == 2 && residual->size(0) == s.M &&
+                    residual->size(1) == s.N,
+                msg("residual: expected a ", x.scalar_type(), " [", s.M, ", ", s.N, "] tensor, got ",
+                    residual->scalar_type(), " ", shape_str(*residual)));
+    check_last_dim_contiguous(*residual, "residual");
+    check_same_device(*residual, "residual", x);
+  }
   if (s.M == 0 || s.N == 0) return;
 
   mw::W4A16MmaParams p;
@@ -158,6 +167,10 @@ void w4a16_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight, 
   p.row_tiles = static_cast<int>(row_tiles);
   p.ring = ring;
   p.early_weights = early_weights;
+  if (residual.has_value()) {
+    p.residual = residual->data_ptr();
+    p.residual_row_stride = s.M == 1 ? s.N : residual->stride(0);
+  }
   p.counters = counters.has_value() ? counters->data_ptr<int32_t>() : nullptr;
   const c10::cuda::CUDAGuard guard(x.device());
   p.sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // cached by ATen per device
@@ -205,7 +218,8 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
 #if defined(CUDA_KERNEL)
   ops.def(
       "w4a16_mma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, "
-      "int split_k, int warps, int row_tiles, Tensor(a!)? counters, bool ring=True, bool early_weights=False) -> ()");
+      "int split_k, int warps, int row_tiles, Tensor(a!)? counters, bool ring=True, bool early_weights=False, "
+      "Tensor? residual=None) -> ()");
   ops.impl("w4a16_mma", c10::kCUDA, &w4a16_mma);
   ops.def(
       "w4a16_wgmma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, int group_size, "

@@ -13,7 +13,8 @@ One forward per layer, four 4-bit GEMMs instead of seven:
     residual add + RMSNorm      rmsnorm-fp8 fused_add_rms_norm              add, post_attention_layernorm
     gate / up GEMM              one w4a16_gemm of [W_gate; W_up] -> [.., 2U] gate_proj, up_proj
     act(gate) * up              swiglu-fp8 silu_and_mul (bf16 / fp16 out)   act_fn, *
-    down GEMM + residual        w4a16_gemm (down's bias inside), torch add  down_proj, + residual
+    down GEMM + residual        w4a16_gemm (down's bias and the residual    down_proj, + residual
+                                inside)
 
 Why fuse: at decode a 4-bit GEMM streams its weight once, and a small one cannot fill the GPU.
 H100, 2026-11-24, a 32-layer Llama-3-8B-shaped model (group 128), static-cache ``generate`` at
@@ -45,8 +46,10 @@ The GEMM: ``w4a16_gemm_raw``, the package's public entry on a QuantizedWeight's 
 A QuantizedWeight built once at install time would not follow ``.to()``, so the forward reads
 the fused buffers and calls the raw entry, bypassing the projection modules' ``__call__``.
 
-Why the MLP is not gated-mlp: its kernels read dense 16-bit W_gate / W_up. Why the residual add
-after the down GEMM is separate: ``w4a16_gemm`` adds a bias vector, not a tensor.
+Why the MLP is not gated-mlp: its kernels read dense 16-bit W_gate / W_up. The residual add
+after the down GEMM is ``w4a16_gemm``'s ``residual``: the same bits as the torch add, inside the
+small-M kernel's epilogue at decode (one kernel fewer a layer), a torch add after the GEMM
+elsewhere. A machete-w4a16 build from before that keyword gets the separate add.
 
 Under torch.compile a forward of >= ``decoder.COMPILED_ORIGINAL_MIN_TOKENS`` tokens runs the
 layer's own forward (transformers', with the seven W4A16Linear GEMMs), as the bf16 fused layer
@@ -212,8 +215,9 @@ def steps(layer: nn.Module) -> list[tuple[str, str]]:
         ("gate/up GEMM", "one machete-w4a16 w4a16_gemm of [W_gate; W_up] to [.., 2U]" if gate_up is None else
          f"two machete-w4a16 w4a16_gemm calls, concatenated (not fused: {gate_up})"),
         (f"{act}(gate) * up", "swiglu-fp8 silu_and_mul (gated-mlp reads dense weights only)"),
-        ("down GEMM", "machete-w4a16 w4a16_gemm"),
-        ("residual add", "torch add (w4a16_gemm adds a bias vector only)"),
+        ("down GEMM + residual", "machete-w4a16 w4a16_gemm(residual=...) (the small-M kernel adds it in its "
+         "epilogue)" if layer.fused_llm_residual_in_gemm else "machete-w4a16 w4a16_gemm, then a torch add (a build "
+         "without w4a16_gemm's residual)"),
     ]  # fmt: skip
 
 
@@ -225,11 +229,18 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     _fuse_layer(layer)
     layer.register_load_state_dict_post_hook(_refuse_after_load)
     record_settings(layer, HIDDEN_ACTS)
+    layer.fused_llm_residual_in_gemm = _takes_residual(kernels.machete.w4a16_gemm_raw)
     layer.forward = types.MethodType(_make_forward(kernels), layer)
     # The split-K counters now, not on a first call inside a captured graph (skinny-gemm's
     # reserve_workspaces says why): M 33-64 runs the Triton split-K kernel, K split per table.
     kernels.machete.reserve_workspaces(attn.q_proj.qweight.device)
     layer.fused_llm_decoder = "w4a16"
+
+
+def _takes_residual(gemm) -> bool:
+    """Whether this machete-w4a16 build's GEMM adds a residual (a Hub version-1 build from
+    before the keyword does not)."""
+    return "residual" in inspect.signature(gemm).parameters
 
 
 def _make_forward(k: Kernels):
@@ -248,6 +259,13 @@ def _make_forward(k: Kernels):
 
     def proj(p, x):  # a W4A16Linear's GEMM without its module call
         return gemm(x, p.qweight, p.scales, p.zeros, p.perm, p.bias, p.group_size)
+
+    if _takes_residual(k.machete.w4a16_gemm_raw):
+        def proj_plus(p, x, residual):  # residual + proj(p, x), in the GEMM's epilogue at decode
+            return gemm(x, p.qweight, p.scales, p.zeros, p.perm, p.bias, p.group_size, residual=residual)
+    else:
+        def proj_plus(p, x, residual):
+            return residual + proj(p, x)
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache=False, position_embeddings=None, **kwargs):
@@ -280,6 +298,6 @@ def _make_forward(k: Kernels):
                       mlp.fused_llm_gate_up_perm, mlp.fused_llm_gate_up_bias, mlp.fused_llm_gate_up_group_size)  # fmt: skip
         else:
             gu = torch.cat([proj(mlp.gate_proj, h), proj(mlp.up_proj, h)], dim=-1)
-        return residual + proj(mlp.down_proj, act_and_mul(gu, activation=self.fused_llm_activation))
+        return proj_plus(mlp.down_proj, act_and_mul(gu, activation=self.fused_llm_activation), residual)
 
     return forward

@@ -91,16 +91,19 @@ def _run_w4a16(
     bias: torch.Tensor | None,
     group_size: int,
     early_weights: bool = False,
+    residual: torch.Tensor | None = None,
 ) -> None:
-    """x [M, K], the QuantizedWeight's tensors, bias [N] or None; writes out [M, N].
-    ``early_weights``: :func:`w4a16_gemm_raw`'s."""
+    """x [M, K], the QuantizedWeight's tensors, bias [N] or None, residual [M, N] or None;
+    writes out [M, N]. ``early_weights``, ``residual``: :func:`w4a16_gemm_raw`'s."""
     if x.shape[0] == 0 or out.shape[1] == 0:
         return
     if triton_enabled_for(x):
         _triton_kernels().launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size,
-                                       early_weights=early_weights)
+                                       early_weights=early_weights, residual=residual)
     else:
         _reference.w4a16_gemm(x, qweight, scales, zeros, perm, bias, out, group_size)
+        if residual is not None:
+            out.add_(residual)
 
 
 def _returns_nothing(*args) -> None:
@@ -112,7 +115,7 @@ def _returns_nothing(*args) -> None:
 define_op(
     add_op_namespace_prefix("w4a16_gemm"),
     "(Tensor(a!) out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? perm, Tensor? bias, "
-    "int group_size, bool early_weights=False) -> ()",
+    "int group_size, bool early_weights=False, Tensor? residual=None) -> ()",
     _run_w4a16, _returns_nothing,
 )
 
@@ -120,6 +123,18 @@ define_op(
 # ---------------------------------------------------------------------------------------------
 # Argument checks: every error names the argument, what was expected and what came
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_residual(residual, x, N: int) -> None:
+    """``residual`` of w4a16_gemm: the output's shape, x's dtype and device."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual: expected a torch.Tensor or None, got {type(residual).__name__}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"residual: expected dtype {x.dtype} (x's), got {residual.dtype}")
+    if residual.device != x.device:
+        raise ValueError(f"residual: expected device {x.device} (x's), got {residual.device}")
+    if tuple(residual.shape) != (*x.shape[:-1], N):
+        raise ValueError(f"residual: expected shape {(*x.shape[:-1], N)} (the output's), got {tuple(residual.shape)}")
 
 
 def _check_operands(x, qweight, scales, zeros, perm, bias, group_size) -> None:
@@ -171,27 +186,43 @@ def w4a16_gemm_raw(
     bias: torch.Tensor | None,
     group_size: int,
     *,
+    residual: torch.Tensor | None = None,
     early_weights: bool = False,
 ) -> torch.Tensor:
     """:func:`w4a16_gemm` on a QuantizedWeight's tensors (what ``layers.W4A16Linear`` calls:
-    no QuantizedWeight is built per call). Same checks, same result, same ``early_weights``."""
+    no QuantizedWeight is built per call). Same checks, same result, same ``residual`` and
+    ``early_weights``."""
     _check_operands(x, qweight, scales, zeros, perm, bias, group_size)
+    N, K = qweight.shape[0], x.shape[-1]
+    if residual is not None:
+        _check_residual(residual, x, N)
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
-    N, K = qweight.shape[0], x.shape[-1]
     x2 = x.reshape(-1, K)
+    r2 = None if residual is None else residual.reshape(-1, N)
     out = torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device)
     if torch.compiler.is_compiling():
-        ops.w4a16_gemm(out, x2, qweight, scales, zeros, perm, bias, group_size, early_weights)
+        ops.w4a16_gemm(out, x2, qweight, scales, zeros, perm, bias, group_size, early_weights, r2)
     else:
-        _run_w4a16(out, x2, qweight, scales, zeros, perm, bias, group_size, early_weights)
+        _run_w4a16(out, x2, qweight, scales, zeros, perm, bias, group_size, early_weights, r2)
     return out.view(*x.shape[:-1], N)
 
 
 def w4a16_gemm(
-    x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, *, early_weights: bool = False
+    x: torch.Tensor,
+    qw: QuantizedWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+    early_weights: bool = False,
 ) -> torch.Tensor:
     """``x @ dequantize(qw).T + bias`` with fp32 accumulation, rounded once to x's dtype.
+
+    ``residual`` (``[..., N]``, x's dtype, any strides, or None): returns ``residual + (that
+    product)`` with exactly the bits of that torch add (the product rounded, the sum in fp32,
+    rounded again), as a decoder layer's down projection adds its input back. The small-M
+    kernel adds it in its epilogue, one kernel fewer a layer at decode; elsewhere it is a torch
+    add after the GEMM.
 
     x ``[..., K]`` float16 / bfloat16, any strides (the kernels read it strided; a view of
     ``[..., K]`` is taken, which copies only when the leading dimensions cannot be merged);
@@ -209,4 +240,5 @@ def w4a16_gemm(
     values."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"qw: expected a QuantizedWeight (see quantize / from_gptq / from_awq), got {type(qw).__name__}")
-    return w4a16_gemm_raw(x, qw.qweight, qw.scales, qw.zeros, qw.perm, bias, qw.group_size, early_weights=early_weights)
+    return w4a16_gemm_raw(x, qw.qweight, qw.scales, qw.zeros, qw.perm, bias, qw.group_size, residual=residual,
+                          early_weights=early_weights)

@@ -718,17 +718,34 @@ class _CompiledPlan:
     (act order: the packed column k' reads x[:, perm[k']], so x is gathered once; a layout the
     kernels cannot read in 16-byte units is copied)."""
 
-    __slots__ = ("args", "group_size", "op")
+    __slots__ = ("args", "group_size", "op", "takes_residual")
 
-    def __init__(self, op, group_size: int, args: tuple):
-        self.op, self.group_size, self.args = op, group_size, args
+    def __init__(self, op, group_size: int, args: tuple, takes_residual: bool = False):
+        self.op, self.group_size, self.args, self.takes_residual = op, group_size, args, takes_residual
 
-    def __call__(self, x, qweight, scales, zeros, perm, bias, out) -> None:
+    def __call__(self, x, qweight, scales, zeros, perm, bias, out, residual=None) -> None:
         if perm is not None:
             x = x.index_select(1, perm)
         elif x.stride(1) != 1 or (x.shape[0] > 1 and (x.stride(0) % 8 or x.stride(0) < x.shape[1])) or x.data_ptr() % 16:
             x = x.clone(memory_format=torch.contiguous_format)
-        self.op(out, x, qweight, scales, zeros, bias, self.group_size, *self.args)
+        if residual is None:
+            self.op(out, x, qweight, scales, zeros, bias, self.group_size, *self.args)
+        else:
+            if residual.stride(-1) != 1:
+                residual = residual.contiguous()
+            self.op(out, x, qweight, scales, zeros, bias, self.group_size, *self.args, residual)
+
+
+def _run_plan(plan, x, qweight, scales, zeros, perm, bias, out, residual) -> None:
+    """One plan's launch, the residual added in its epilogue where the kernel takes one (the
+    small-M kernel), else by torch afterwards: the same bits either way (the GEMM's rounded
+    result plus the residual in fp32, rounded)."""
+    if residual is not None and getattr(plan, "takes_residual", False):
+        plan(x, qweight, scales, zeros, perm, bias, out, residual)
+        return
+    plan(x, qweight, scales, zeros, perm, bias, out)
+    if residual is not None:
+        out.add_(residual)
 
 
 class _TiledPlan:
@@ -747,14 +764,16 @@ class _TiledPlan:
 
 
 def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cfg: dict | None = None,
-                 early_weights: bool = False) -> None:
+                 early_weights: bool = False, residual: torch.Tensor | None = None) -> None:
     """x [M, K] (any strides), qweight int32 [N, K/8], scales [K/G, N], zeros uint8 [K/G, N] or
     None, perm int32 [K] or None, bias [N] or None, out [M, N] (unit last stride). ``cfg``:
     `w4a16_config`'s form (tests, tuning); ``cfg["kernel"]`` picks the kernel. None:
     :func:`select_config` (the tuning table, else the structural default). ``early_weights``:
     the caller's promise that the kernel enqueued right before this call did not write qweight,
     scales or zeros; the small-M kernel then reads them while that kernel finishes
-    (csrc/w4a16_mma.h). ``cfg["EARLY_WEIGHTS"]``, where given, overrides it."""
+    (csrc/w4a16_mma.h). ``cfg["EARLY_WEIGHTS"]``, where given, overrides it. ``residual`` [M, N]
+    of x's dtype or None: out = residual + the product (the product rounded, the sum rounded);
+    the small-M kernel adds it in its epilogue, the other kernels leave it to ``out.add_``."""
     M, K = x.shape
     N = qweight.shape[0]
     if M == 0 or N == 0:
@@ -770,7 +789,7 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
                early_weights)  # fmt: skip
         plan = _COMPILED_PLANS.get(key) or _SPLITK_PLANS.get(key) or _TILED_PLANS.get(key)
         if plan is not None:
-            plan(x, qweight, scales, zeros, perm, bias, out)
+            _run_plan(plan, x, qweight, scales, zeros, perm, bias, out, residual)
             return
     forced = cfg is not None
     cfg = dict(cfg) if forced else select_config(M, N, K, group_size, x)
@@ -794,10 +813,10 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         # csrc/w4a16_mma.h); off keeps the register kernel (a table entry's RING 0, A/B, tests).
         args = (cfg["SPLIT_K"], cfg["num_warps"], cfg["ROW_TILES"], counters, bool(cfg.get("RING", True)),
                 bool(cfg.get("EARLY_WEIGHTS", early_weights)))
-        plan = _CompiledPlan(_mma_op(), group_size, args)
+        plan = _CompiledPlan(_mma_op(), group_size, args, takes_residual=True)
         if key is not None:
             _COMPILED_PLANS[key] = plan
-        plan(x, qweight, scales, zeros, perm, bias, out)
+        _run_plan(plan, x, qweight, scales, zeros, perm, bias, out, residual)
         return
     if kernel == "wgmma":
         if not wgmma_supported(x, M, N, K, group_size):
@@ -818,7 +837,7 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
         plan = _CompiledPlan(_wgmma_op(), group_size, args)
         if key is not None:
             _COMPILED_PLANS[key] = plan
-        plan(x, qweight, scales, zeros, perm, bias, out)
+        _run_plan(plan, x, qweight, scales, zeros, perm, bias, out, residual)
         return
     G = 0 if group_size == -1 else group_size
     block_m, block_n, block_k = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
@@ -866,3 +885,5 @@ def launch_w4a16(x, qweight, scales, zeros, perm, bias, out, group_size: int, cf
             _TILED_PLANS.put(key, _TiledPlan(permute, launch, xp.shape))
     else:
         raise ValueError(f"cfg: kernel must be 'splitk', 'tiled', 'mma' or 'wgmma', got {kernel!r}")
+    if residual is not None:  # as _run_plan does for these kernels' plans
+        out.add_(residual)
