@@ -199,7 +199,11 @@ def test_overlap_generate_binds_to_the_model_and_its_copies(deferral_here, monke
 
     model = _model()
     ids = _prompt()
-    expected = _generate(model, ids, _static_cache(model), max_new_tokens=5, min_new_tokens=5)
+    # From a second model of the same seed: on CUDA `generate` compiles the static-cache forward
+    # and caches it on the model (`_compiled_call`), and a deep copy keeps calling the
+    # original's, so the copy's forwards would not be counted.
+    plain = _model()
+    expected = _generate(plain, ids, _static_cache(plain), max_new_tokens=5, min_new_tokens=5)
     assert generation.overlap_generate(model) and generation.overlap_generate(model)  # twice: one wrapper
     twin = copy.deepcopy(model)
     assert twin.generate.__self__ is twin, "a deep copy's generate must run the copy, not the original"
