@@ -24,7 +24,7 @@ scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
 
 from __future__ import annotations
 
-MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,8,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16,32,64,128,256,1024,4096 --budget-min 3.5  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --tokens 128,256,1024,4096  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16 --budget-min 3  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --shapes 8B-lm_head --tokens 1 --budget-min 1  # NVIDIA H200'
+MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,8,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16,32,64,128,256,1024,4096 --budget-min 3.5  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --tokens 128,256,1024,4096  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16 --budget-min 3  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --shapes 8B-lm_head --tokens 1 --budget-min 1  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --shapes 8B-lm_head --tokens 4,8,16,32 --budget-min 0.5  # NVIDIA H200'
 
 TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096, 128): [(1, None),
                                                           (8, None),
@@ -178,4 +178,8 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                  (256, ['wgmma', 128, 256, 0]),
                                                  (1024, None),
                                                  (4096, None)],
- ('NVIDIA H200', 'bfloat16', 128256, 4096, 128): [(1, ['mma', 1, 4, 2])]}
+ ('NVIDIA H200', 'bfloat16', 128256, 4096, 128): [(1, ['mma', 1, 4, 2]),
+                                                  (4, ['mma', 1, 4, 2]),
+                                                  (8, ['mma', 1, 4, 2]),
+                                                  (16, None),
+                                                  (32, ['wgmma', 128, 64, 0])]}
