@@ -7,7 +7,8 @@
 // zeros of the weight's group), s the scale of the weight's group, the product rounded once to T
 // (exactly dequantize()'s value); products summed in fp32, the bias added in fp32, one rounding
 // to T. A residual is added after that rounding, in fp32, and rounded again: the bits of
-// torch's `residual + gemm(...)`, one kernel fewer (a decoder layer's down projection). The weight is the package's one layout (torch-ext/machete_w4a16/_format.py): qweight
+// torch's `residual + gemm(...)`, one kernel fewer (a decoder layer's down projection). The
+// weight is the package's one layout (torch-ext/machete_w4a16/_format.py): qweight
 // int32 [n, k / 8], word j of a row holds columns 8j .. 8j + 7 with column 8j + c in nibble
 // slot (c / 2) + 4 (c % 2), i.e. the slots hold columns 0, 2, 4, 6, 1, 3, 5, 7 (AWQ's order):
 // one AND-OR of a word shifted by 4i makes the two 16-bit values of columns 8j + 2i and
