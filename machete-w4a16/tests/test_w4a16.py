@@ -869,19 +869,24 @@ def test_mma_after_the_kernel_that_writes_x(split, warps, row_tiles, ring, early
 @pytest.mark.parametrize("M", [1, 16, 200])
 def test_cuda_graph_capture(M):
     """Captured once, replayed on new inputs: the split-K partials / counters and launch plans
-    must be graph-safe (replays equal eager calls)."""
+    must be graph-safe (replays equal eager calls), with and without a residual."""
     x, qw, b = make(M, 4096, 4096, torch.bfloat16, 128, True, seed=11, bias=True)
-    static_x = x.clone()
-    w4.w4a16_gemm(static_x, qw, b)  # warm-up: compiles, makes the plan
+    static_x, static_r = x.clone(), torch.zeros(M, 4096, dtype=torch.bfloat16, device=DEVICE)
+    w4.w4a16_gemm(static_x, qw, b)  # warm-up: compiles, makes the plans
+    w4.w4a16_gemm(static_x, qw, b, residual=static_r)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = w4.w4a16_gemm(static_x, qw, b)
+        static_sum = w4.w4a16_gemm(static_x, qw, b, residual=static_r)
     for seed in (12, 13):
         new_x = torch.randn(M, 4096, generator=gen(seed)).bfloat16().to(DEVICE)
+        new_r = torch.randn(M, 4096, generator=gen(seed + 10)).bfloat16().to(DEVICE)
         static_x.copy_(new_x)
+        static_r.copy_(new_r)
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_out, w4.w4a16_gemm(new_x, qw, b))
+        assert torch.equal(static_sum, w4.w4a16_gemm(new_x, qw, b, residual=new_r))
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="needs a CUDA device")

@@ -230,7 +230,7 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     layer.register_load_state_dict_post_hook(_refuse_after_load)
     record_settings(layer, HIDDEN_ACTS)
     layer.fused_llm_residual_in_gemm = _takes_residual(kernels.machete.w4a16_gemm_raw)
-    layer.forward = types.MethodType(_make_forward(kernels), layer)
+    layer.forward = types.MethodType(_make_forward(kernels, layer.fused_llm_residual_in_gemm), layer)
     # The split-K counters now, not on a first call inside a captured graph (skinny-gemm's
     # reserve_workspaces says why): M 33-64 runs the Triton split-K kernel, K split per table.
     kernels.machete.reserve_workspaces(attn.q_proj.qweight.device)
@@ -243,7 +243,7 @@ def _takes_residual(gemm) -> bool:
     return "residual" in inspect.signature(gemm).parameters
 
 
-def _make_forward(k: Kernels):
+def _make_forward(k: Kernels, residual_in_gemm: bool):
     from .decoder import attend, attention_functions
 
     attention_functions()
@@ -260,7 +260,7 @@ def _make_forward(k: Kernels):
     def proj(p, x):  # a W4A16Linear's GEMM without its module call
         return gemm(x, p.qweight, p.scales, p.zeros, p.perm, p.bias, p.group_size)
 
-    if _takes_residual(k.machete.w4a16_gemm_raw):
+    if residual_in_gemm:
         def proj_plus(p, x, residual):  # residual + proj(p, x), in the GEMM's epilogue at decode
             return gemm(x, p.qweight, p.scales, p.zeros, p.perm, p.bias, p.group_size, residual=residual)
     else:

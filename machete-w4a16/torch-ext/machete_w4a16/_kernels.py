@@ -740,7 +740,7 @@ def _run_plan(plan, x, qweight, scales, zeros, perm, bias, out, residual) -> Non
     """One plan's launch, the residual added in its epilogue where the kernel takes one (the
     small-M kernel), else by torch afterwards: the same bits either way (the GEMM's rounded
     result plus the residual in fp32, rounded)."""
-    if residual is not None and getattr(plan, "takes_residual", False):
+    if residual is not None and isinstance(plan, _CompiledPlan) and plan.takes_residual:
         plan(x, qweight, scales, zeros, perm, bias, out, residual)
         return
     plan(x, qweight, scales, zeros, perm, bias, out)
