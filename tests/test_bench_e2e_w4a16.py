@@ -41,6 +41,24 @@ def test_needs_a_gpu_without_tiny(capsys):
     assert "CUDA GPU" in capsys.readouterr().out
 
 
+def test_tiny_attention_ab(tmp_path):
+    """--attention-ab: the kernelized models again with kernelize(split_kv_decode=False), in
+    the same rounds, and the ratios that compare them."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "torch-ext"), str(ROOT / "tools"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "fused_llm_dev.cli", "bench", "e2e", "--w4a16", "--quick", "--tiny",
+                           "--only", "decode-static", "--attention-ab", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (path,) = tmp_path.glob("e2e_w4a16_llamatiny_*.json")
+    result = json.loads(path.read_text())
+    assert {r["model"] for r in result["rows"]} == {*e2e_w4a16.MODELS, *e2e_w4a16.SDPA_MODELS}
+    assert result["ratios"] and all(
+        {"split-KV gain, bf16 kernelized", "split-KV gain, w4 kernelized", "w4/bf16 kernelized, SDPA attention"} <= set(row)
+        for row in result["ratios"])  # one a decode batch
+    assert "split-KV gain" in proc.stdout
+
+
 def test_tiny_quick_run(tmp_path):
     """The command as a user runs it on a CPU (a subprocess without TRITON_INTERPRET, which the
     package conftests set for this session: the 4-bit layers and the kernelized ops take their

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -195,6 +196,99 @@ def test_one_token_gqa_compiles_fullgraph():
     ref = fused_llm.decoder.one_token_gqa(attn, q, k, v, mask, {})
     got = torch.compile(fused_llm.decoder.one_token_gqa, fullgraph=True, dynamic=False)(attn, q, k, v, mask, {})
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+def _rope_package():
+    from fused_llm import packages
+
+    return packages.get_kernel("rope-triton")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_split_kv_attention_is_transformers_sdpa(dtype):
+    """decoder.split_kv_attention (rope-triton's decode_attention) against transformers'
+    sdpa_attention_forward on one-token inputs: grouped heads 8 / 2 and none, a padded batch's
+    boolean mask, a shared mask."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rope = _rope_package()
+    for B, H, H_kv, L, D in ((3, 8, 2, 13, 64), (2, 4, 4, 70, 32)):
+        attn = torch.nn.Module()
+        attn.num_key_value_groups, attn.scaling, attn.is_causal = H // H_kv, D**-0.5, True
+        q = torch.randn(B, H, 1, D, device=DEVICE, dtype=dtype)
+        k, v = (torch.randn(B, H_kv, L, D, device=DEVICE, dtype=dtype) for _ in range(2))
+        for mask in (torch.rand(B, 1, 1, L, device=DEVICE) > 0.3, torch.arange(L, device=DEVICE).view(1, 1, 1, L) < L - 3):
+            mask[..., 0] = True  # every row attends to something
+            ref, _ = sdpa_attention_forward(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
+            got = fused_llm.decoder.split_kv_attention(rope.decode_attention, attn, q, k, v, mask, {"position_ids": None})
+            assert got.shape == ref.shape == (B, 1, H, D) and got.is_contiguous()
+            torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_split_kv_attention_hands_back():
+    """Calls split_kv_attention does not take return None (the caller goes on to one_token_gqa
+    or transformers' function), and where the layers get it at all."""
+    rope = _rope_package()
+    attn = torch.nn.Module()
+    attn.scaling = 0.125
+    split = functools.partial(fused_llm.decoder.split_kv_attention, rope.decode_attention, attn)
+    q = torch.randn(1, 8, 1, 64, device=DEVICE, dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 5, 64, device=DEVICE, dtype=torch.bfloat16)
+    mask = torch.ones(1, 1, 1, 5, dtype=torch.bool, device=DEVICE)
+    assert split(q, kv, kv, mask, {}) is not None
+    assert split(q, kv, kv, None, {}) is None
+    assert split(q, kv, kv, torch.zeros(1, 1, 1, 5, device=DEVICE), {}) is None  # additive
+    assert split(q, kv, kv, mask[0], {}) is None  # not the static cache's 4-D form
+    assert split(q.float(), kv.float(), kv.float(), mask, {}) is None  # fp32
+    assert split(q, kv, kv[..., :32], mask, {}) is None  # V's head size differs
+    for d in (512, 48):  # above 256; not a power of two
+        qd, kvd = torch.randn(1, 8, 1, d, device=DEVICE).bfloat16(), torch.randn(1, 2, 5, d, device=DEVICE).bfloat16()
+        assert split(qd, kvd, kvd, mask, {}) is None
+    for name, value in (("softcap", 30.0), ("output_attentions", True), ("sinks", kv)):
+        assert split(q, kv, kv, mask, {name: value}) is None, name
+    on = fused_llm.decoder.split_kv_decode
+    assert on(rope, "cuda:0", None) is rope.decode_attention
+    assert on(rope, "cpu", None) is None and on(rope, "cuda:0", 4096) is None and on(None, "cuda:0", None) is None
+
+
+@pytest.mark.kernels_ci
+def test_fused_decoder_decodes_through_split_kv_attention(monkeypatch):
+    """Static-cache greedy decode of a kernelized GQA model with rope-triton's decode_attention
+    (on CPU the layers leave it off: forced here): each one-token step of each layer goes through
+    it, and each step's logits match the same model's full forward over the same tokens."""
+    model = tiny_llama(DEVICE, torch.bfloat16)
+    fused_llm.kernelize(model)
+    layers = [m for m in model.modules() if getattr(m, "fused_llm_decoder", False)]
+    rope = _rope_package()
+    expected = rope.decode_attention if DEVICE == "cuda" else None
+    assert layers and all(m.fused_llm_decode_attention is expected for m in layers)
+    calls = []
+    for m in layers:
+        m.fused_llm_decode_attention = lambda *a, **kw: calls.append(1) or rope.decode_attention(*a, **kw)
+    prompt = torch.randint(0, model.config.vocab_size, (2, 7), device=DEVICE)
+    with torch.inference_mode():
+        out = model.generate(prompt, max_new_tokens=4, do_sample=False, cache_implementation="static",
+                             output_logits=True, return_dict_in_generate=True)  # fmt: skip
+        full = model(out.sequences[:, :-1]).logits.float()[:, prompt.shape[1] - 1:]
+    assert len(calls) == 3 * len(layers)  # 3 one-token steps after the prefill
+    steps = torch.stack(out.logits, dim=1).float()
+    torch.testing.assert_close(steps, full, rtol=0.05, atol=0.05 * full.abs().max().item())
+
+
+def test_kernelize_split_kv_decode_option():
+    """kernelize(split_kv_decode=False) leaves the one-token attention to SDPA in every fused
+    layer; by default the layers take rope-triton's decode_attention on a GPU only, and the
+    report counts them."""
+    model = tiny_llama(DEVICE, torch.bfloat16)
+    report = fused_llm.kernelize(model)
+    layers = [m for m in model.modules() if getattr(m, "fused_llm_decoder", False)]
+    on_gpu = DEVICE == "cuda"
+    assert len(report.split_kv_decode) == (len(layers) if on_gpu else 0)
+    assert ("decode_attention (split-KV)" in str(report)) == on_gpu
+    other = tiny_llama(DEVICE, torch.bfloat16)
+    report = fused_llm.kernelize(other, split_kv_decode=False)
+    assert not report.split_kv_decode
+    assert all(m.fused_llm_decode_attention is None for m in other.modules() if getattr(m, "fused_llm_decoder", False))
 
 
 def test_fused_decoder_keeps_weights_shared():

@@ -61,6 +61,24 @@ def projection_ref(x, rms_w, w, cos, sin):
     return ((y * c) + (rotate_half(y) * s)).view(x.shape[0], -1)
 
 
+def make_decode_inputs(positions: int, batch: int, device, seed: int = 0, spare: int = 64):
+    """One decode token per sequence over a static cache of ``positions + spare`` slots whose
+    first ``positions`` hold tokens: q [B, 32, 1, 128] (a transposed [B, 1, 32, 128], as the
+    rotary leaves it), k / v [B, 8, L, 128], mask [1, 1, 1, L] bool (transformers' form); bf16."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    L = positions + spare
+    q = torch.randn(batch, 1, HQ, HEAD_DIM, generator=g, device=device, dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(batch, HK, L, HEAD_DIM, generator=g, device=device, dtype=torch.bfloat16)
+    v = torch.randn(batch, HK, L, HEAD_DIM, generator=g, device=device, dtype=torch.bfloat16)
+    mask = (torch.arange(L, device=device) < positions).view(1, 1, 1, L)
+    return q, k, v, mask
+
+
+def decode_ref(q, k, v, mask):
+    """SDPA with grouped heads (what the fused layers called before decode_attention)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
 class RopeTriton(Benchmark):
     seed = 0
 

@@ -8,6 +8,11 @@
    in one kernel, against the unfused sequence made of our RMSNorm (rmsnorm-fp8), cuBLAS
    (``F.linear``) and our in-place RoPE, and against eager / torch.compile of transformers'
    sequence. TFLOP/s = 2 M N K.
+3. ``rope-triton-decode-attention``: one decode token per sequence over a static cache (Llama-3
+   8B heads, bf16, a boolean mask over 64 spare slots), ``decode_attention`` against SDPA as
+   the fused layers called it (grouped heads, cuDNN where SDPA picks it), SDPA's flash kernel on
+   the valid slots only (no mask: a bound for a masked kernel), torch.compile of the
+   grouped-head math, and a copy of the valid K / V bytes.
 """
 
 from __future__ import annotations
@@ -177,6 +182,63 @@ def _unfused_unavailable() -> str | None:
     return _ours_unavailable() or _rms_unavailable()
 
 
+# --- decode attention ---------------------------------------------------------------------------
+
+DECODE_POSITIONS = (128, 540, 2070, 4128, 8192)
+DECODE_BATCHES = (1, 8)
+_decode_op, _decode_unavailable = package_loader("rope-triton", "decode_attention")
+
+
+def _decode_bytes(case: Case) -> int:
+    """The valid K / V slots read (masked slots are not loaded), q and the output."""
+    B, n = case["batch"], case["positions"]
+    return 2 * B * ref.HK * n * ref.HEAD_DIM * 2 + 2 * B * ref.HQ * ref.HEAD_DIM * 2
+
+
+def make_decode_ours(case: Case, seed: int) -> Fn:
+    op = _decode_op().decode_attention
+    q, k, v, mask = ref.make_decode_inputs(case["positions"], case["batch"], "cuda", seed)
+    return lambda: op(q, k, v, mask)
+
+
+def make_decode_sdpa(case: Case, seed: int) -> Fn:
+    q, k, v, mask = ref.make_decode_inputs(case["positions"], case["batch"], "cuda", seed)
+    return lambda: ref.decode_ref(q, k, v, mask)
+
+
+def make_decode_flash_valid(case: Case, seed: int) -> Fn:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    n = case["positions"]
+    q, k, v, _ = ref.make_decode_inputs(n, case["batch"], "cuda", seed)
+    kv, vv = k[:, :, :n], v[:, :, :n]
+
+    def run():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, kv, vv, enable_gqa=True)
+
+    return run
+
+
+def _grouped_math(q, k, v, mask):
+    B, H, _, D = q.shape
+    qg = q.reshape(B, k.shape[1], H // k.shape[1], D)  # query head h = K / V head h // G, row h % G
+    s = torch.einsum("bkgd,bkld->bkgl", qg.float(), k.float()) * D**-0.5
+    p = s.masked_fill(~mask.view(1, 1, 1, -1), float("-inf")).softmax(-1)
+    return torch.einsum("bkgl,bkld->bkgd", p, v.float()).to(q.dtype).reshape(B, H, 1, D)
+
+
+@functools.cache
+def _compiled_decode() -> Any:
+    return compile_static(_grouped_math)
+
+
+def make_decode_compile(case: Case, seed: int) -> Fn:
+    fn = _compiled_decode()
+    q, k, v, mask = ref.make_decode_inputs(case["positions"], case["batch"], "cuda", seed)
+    return lambda: fn(q, k, v, mask)
+
+
 def build_suites() -> list[Suite]:
     rope = Suite(
         name="rope-triton",
@@ -242,4 +304,24 @@ def build_suites() -> list[Suite]:
         x_param="tokens",
         group_param=None,
     )
-    return [rope, projection]
+    decode = Suite(
+        name="rope-triton-decode-attention",
+        description="one decode token over a static cache: 32 q / 8 kv heads, head_dim 128, bf16, a boolean mask",
+        cases=[Case.of(positions=n, batch=b) for b in DECODE_BATCHES for n in DECODE_POSITIONS],
+        quick_cases=[Case.of(positions=n, batch=1) for n in (540, 4128)],
+        providers=[
+            Provider("ours", make_decode_ours, unavailable=_decode_unavailable, note="decode_attention (split-KV + combine)"),
+            Provider("torch_eager", make_decode_sdpa, note="SDPA, grouped heads and the mask (cuDNN where SDPA picks it)"),
+            Provider("sdpa_flash_valid", make_decode_flash_valid, note="SDPA's flash kernel on the valid slots, no mask"),
+            Provider("torch_compile", make_decode_compile, note="torch.compile(dynamic=False) of the grouped-head math"),
+            same_bytes_copy(_decode_bytes),
+        ],
+        bytes_moved=_decode_bytes,
+        check=within_scale("decode attention"),
+        verify_case=Case.of(positions=300, batch=2),
+        reference="torch_eager",
+        ours="ours",
+        x_param="positions",
+        group_param="batch",
+    )
+    return [rope, projection, decode]

@@ -395,6 +395,26 @@ def _rope_triton_scenarios(module, dev: Device) -> list[Scenario]:
             Scenario("projection, sm90's configuration with pointer loads (persistent), bfloat16, 4096 tokens",
                      sm90_choice(4096, {"PROGRAMS": dev.sms})),
         ]  # fmt: skip
+
+    def decode_attention(B, H, H_kv, L, head_dim, dtype):  # decode_attention: q a transposed [B, 1, H, D] view, a shared mask
+        def launch():
+            q = _empty((B, 1, H, head_dim), dtype).transpose(1, 2)
+            k, v = _empty((B, H_kv, L, head_dim), dtype), _empty((B, H_kv, L, head_dim), dtype)
+            mask = _empty((1, L), "bool").expand(B, L)
+            m.launch_decode_attention(q, k, v, mask, _empty((B, H, 1, head_dim), dtype), head_dim**-0.5, sms=dev.sms)
+
+        return launch
+
+    # The split kernel's code differs by dtype, query heads a K / V head (the tile's live rows)
+    # and head size; the combine kernel's by the slices' power of two.
+    out += [
+        Scenario("decode attention, Llama-3 8B heads (32 / 8 of 128), bfloat16, 4160 slots",
+                 decode_attention(1, _HQ, _HK, 4160, D, "bfloat16")),
+        Scenario("decode attention, Llama-3 8B heads (32 / 8 of 128), float16, 592 slots",
+                 decode_attention(1, _HQ, _HK, 592, D, "float16")),
+        Scenario("decode attention, 16 heads of 64 without grouping, bfloat16, 8 sequences of 592 slots",
+                 decode_attention(8, 16, 16, 592, 64, "bfloat16")),
+    ]  # fmt: skip
     return out
 
 

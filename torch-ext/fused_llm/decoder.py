@@ -154,13 +154,15 @@ def refuse_fused(model: nn.Module, quantizer: str, kind: str) -> None:
                          "quantize the model first, then kernelize it")  # fmt: skip
 
 
-def record_settings(layer: nn.Module, activations: dict[str, str]) -> None:
+def record_settings(layer: nn.Module, activations: dict[str, str], rope=None) -> None:
     """What every fused forward (bf16, FP8, 4-bit) reads of the layer's config, read once at
     install rather than on every token step: ``fused_llm_activation`` (the MLP's activation by
-    the name its kernel uses, from ``activations``: gated-mlp's or swiglu-fp8's table) and
-    ``fused_llm_sliding_window`` (what `attend` passes to the attention) and
+    the name its kernel uses, from ``activations``: gated-mlp's or swiglu-fp8's table),
+    ``fused_llm_sliding_window`` (what `attend` passes to the attention),
     ``fused_llm_gqa_decode`` (`masked_gqa_sdpa` on the layer's device: a model moved to another
-    GPU after kernelize keeps the answer of the first)."""
+    GPU after kernelize keeps the answer of the first) and ``fused_llm_decode_attention``
+    (`split_kv_decode`: rope-triton's ``decode_attention`` from ``rope``, the loaded package, or
+    None)."""
     attn = layer.self_attn
     layer.fused_llm_activation = activations[layer.mlp.config.hidden_act]
     window = getattr(attn, "sliding_window", None)  # Qwen2 / Qwen3 keep it per layer
@@ -168,6 +170,7 @@ def record_settings(layer: nn.Module, activations: dict[str, str]) -> None:
         window = getattr(attn.config, "sliding_window", None)
     layer.fused_llm_sliding_window = window
     layer.fused_llm_gqa_decode = masked_gqa_sdpa(layer.input_layernorm.weight.device)
+    layer.fused_llm_decode_attention = split_kv_decode(rope, layer.input_layernorm.weight.device, window)
 
 
 def install(layer: nn.Module, kernels: Kernels) -> None:
@@ -175,7 +178,7 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     if getattr(layer, "fused_llm_decoder", False):
         return
     _fuse_qkv(layer.self_attn)
-    record_settings(layer, HIDDEN_ACTS)
+    record_settings(layer, HIDDEN_ACTS, kernels.rope)
     # The GEMM functions (use_skinny replaces them): attributes read once per call, so a layer
     # whose projections skinny-gemm does not serve runs exactly F.linear / addmm.
     layer.fused_llm_linear_qkv = F.linear
@@ -297,10 +300,45 @@ def one_token_gqa(attn, q, key, value, attention_mask, kwargs):
     return out.transpose(1, 2).contiguous()
 
 
-def attention_step(gqa_decode: bool | None) -> str:
+def split_kv_decode(rope, device: torch.device | str, sliding_window: int | None):
+    """rope-triton's ``decode_attention`` (split-KV, grouped heads read once, a boolean mask)
+    where the fused layers run it for one decode token: on a GPU, with a rope-triton build that
+    has it (a Hub build from before keeps SDPA), for layers without a sliding window (their
+    static cache wraps around). None elsewhere: on CPU the kernelized model's attention stays
+    transformers' (its bytes those of the plain model, which the tests compare)."""
+    if rope is None or sliding_window is not None or torch.device(device).type != "cuda":
+        return None
+    return getattr(rope, "decode_attention", None)
+
+
+def split_kv_attention(decode_attention, attn, q, key, value, attention_mask, kwargs):
+    """transformers' ``sdpa_attention_forward`` for one query token per sequence through
+    ``decode_attention`` (`split_kv_decode`): the same math over the same mask, scale and output
+    layout ``[B, 1, H, D]``. None where the call is not one it takes (no boolean mask of the
+    static cache's ``[B or 1, 1, 1, L]`` form, a dtype other than fp16 / bf16, a head size that
+    is not a power of two in 16-256, kwargs that change the attention): the caller goes on."""
+    m = attention_mask
+    if m is None or m.dtype != torch.bool or m.dim() != 4 or m.shape[1] != 1 or m.shape[2] != 1:
+        return None
+    D = q.shape[-1]
+    if q.dtype not in (torch.float16, torch.bfloat16) or D < 16 or D > 256 or D & (D - 1):
+        return None
+    if value.shape != key.shape or q.shape[1] % key.shape[1] or m.shape[-1] != key.shape[2]:
+        return None
+    for name in _SDPA_SPECIAL_KWARGS:
+        v = kwargs.get(name)
+        if v is not None and v is not False:
+            return None
+    return decode_attention(q, key, value, m, scale=attn.scaling).transpose(1, 2).contiguous()
+
+
+def attention_step(gqa_decode: bool | None, split_kv: bool = False) -> str:
     """The attention step as the kernelize reports name it: with the layer's
-    ``fused_llm_gqa_decode`` (None: the device is not known here)."""
+    ``fused_llm_gqa_decode`` (None: the device is not known here) and whether it has
+    ``fused_llm_decode_attention``."""
     base = "the model's attention interface"
+    if split_kv:
+        return base + "; one-token sdpa with a boolean mask: rope-triton decode_attention (split-KV, split_kv_attention)"
     if gqa_decode is None:
         return base + "; one-token sdpa with a mask: SDPA's grouped heads where cuDNN takes them (one_token_gqa)"
     return base + ("; one-token sdpa with a mask: SDPA's grouped heads, no repeat_kv (one_token_gqa)" if gqa_decode else "")
@@ -310,9 +348,10 @@ def attend(layer, q, key, value, position_embeddings, attention_mask, past_key_v
     """The attention step every fused layer (bf16, FP8, 4-bit) shares: Qwen3's per-head q / k
     norms, rope-triton's rotary on [B, H, S, D] q / k, the cache update, then the model's
     attention interface (sdpa / eager / flash, the config's) with the layer's sliding window;
-    one query token with sdpa, grouped K / V heads and a boolean mask goes to `one_token_gqa`
-    where the layer's device takes it (``fused_llm_gqa_decode``). Returns the attention output
-    [B, S, H, D]."""
+    one query token with sdpa and a boolean mask goes to rope-triton's split-KV
+    ``decode_attention`` on a GPU (`split_kv_attention`, ``fused_llm_decode_attention``), else,
+    with grouped K / V heads, to `one_token_gqa` where the layer's device takes it
+    (``fused_llm_gqa_decode``). Returns the attention output [B, S, H, D]."""
     attn = layer.self_attn
     if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm (over D) before the rotary
         q, key = attn.q_norm(q), attn.k_norm(key)
@@ -321,6 +360,10 @@ def attend(layer, q, key, value, position_embeddings, attention_mask, past_key_v
     if past_key_values is not None:
         key, value = past_key_values.update(key, value, attn.layer_idx)
     implementation = attn.config._attn_implementation
+    if q.shape[2] == 1 and implementation == "sdpa" and layer.fused_llm_decode_attention is not None:
+        out = split_kv_attention(layer.fused_llm_decode_attention, attn, q, key, value, attention_mask, kwargs)
+        if out is not None:
+            return out
     if q.shape[2] == 1 and implementation == "sdpa" and layer.fused_llm_gqa_decode:
         out = one_token_gqa(attn, q, key, value, attention_mask, kwargs)
         if out is not None:

@@ -185,7 +185,7 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     layer.fused_llm_fp8_scheme = attn.q_proj.scheme
     layer.fused_llm_qkv_fused = _fuse(attn, ("q_proj", "k_proj", "v_proj"), "fused_llm_qkv")
     layer.fused_llm_gate_up_fused = _fuse(mlp, ("gate_proj", "up_proj"), "fused_llm_gate_up")
-    record_settings(layer, HIDDEN_ACTS)
+    record_settings(layer, HIDDEN_ACTS, kernels.rope)
     if layer.fused_llm_fp8_scheme == "block" and attn.q_proj.weight.is_cuda:
         fp8.gemm_backend(attn.q_proj.weight.device, "block")  # the GPU probed now, not under torch.compile
     if attn.q_proj.weight.is_cuda:  # linear_fp8's split-K buffers made now, not inside a compiled CUDA graph

@@ -209,7 +209,7 @@ def steps(layer: nn.Module) -> list[tuple[str, str]]:
         ("QKV GEMM", "one machete-w4a16 w4a16_gemm of [W_q; W_k; W_v]" if qkv is None else
          f"three machete-w4a16 w4a16_gemm calls (not fused: {qkv})"),
         ("rotary", "rope-triton apply_rotary_transformers"),
-        ("attention", attention_step(layer.fused_llm_gqa_decode)),
+        ("attention", attention_step(layer.fused_llm_gqa_decode, layer.fused_llm_decode_attention is not None)),
         ("O GEMM", "machete-w4a16 w4a16_gemm"),
         ("residual add + RMSNorm", "rmsnorm-fp8 fused_add_rms_norm"),
         ("gate/up GEMM", "one machete-w4a16 w4a16_gemm of [W_gate; W_up] to [.., 2U]" if gate_up is None else
@@ -228,7 +228,7 @@ def install(layer: nn.Module, kernels: Kernels) -> None:
     attn = layer.self_attn
     _fuse_layer(layer)
     layer.register_load_state_dict_post_hook(_refuse_after_load)
-    record_settings(layer, HIDDEN_ACTS)
+    record_settings(layer, HIDDEN_ACTS, kernels.rope)
     layer.fused_llm_residual_in_gemm = _takes_residual(kernels.machete.w4a16_gemm_raw)
     layer.forward = types.MethodType(_make_forward(kernels, layer.fused_llm_residual_in_gemm), layer)
     # The split-K counters now, not on a first call inside a captured graph (skinny-gemm's

@@ -96,6 +96,9 @@ class KernelizeReport:
     # Whether the model's generate now runs inside fused_llm.overlapped_decode (overlap_decode=True
     # and a transformers generation model).
     overlapped_decode: bool = False
+    # Fused decoder layers whose one-token sdpa attention runs rope-triton's split-KV
+    # decode_attention (on a GPU, split_kv_decode=True; decoder.split_kv_decode says where not).
+    split_kv_decode: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -136,6 +139,8 @@ class KernelizeReport:
                       for n, name, (N, K), tokens in summary(self.skinny)]  # fmt: skip
             lines += [f"  {n:3d} x {name} [{N} x {K}] keeps F.linear (no skinny entry in the table)"
                       for n, name, (N, K), _ in summary(self.skinny_kept)]  # fmt: skip
+        if self.split_kv_decode:
+            lines.append(f"  one-token attention: rope-triton decode_attention (split-KV) in {len(self.split_kv_decode)} fused layers")
         if self.overlapped_decode:
             lines.append("  generate: the stop check deferred a step on CUDA (fused_llm.overlapped_decode)")
         return "kernelized:\n" + ("\n".join(lines) if lines else "  nothing")
@@ -208,6 +213,7 @@ def kernelize(
     fuse_decoder_layers: bool = True,
     skinny: bool = True,
     overlap_decode: bool = True,
+    split_kv_decode: bool = True,
 ) -> KernelizeReport:
     """Swap our kernels into ``model`` (in place) and report what was swapped.
 
@@ -227,6 +233,10 @@ def kernelize(
     ``skinny_gemm.linear`` (`fused_llm.skinny`); ``skinny=False`` leaves them all on cuBLAS (it
     does not undo an earlier call's routing, as ``fuse_decoder_layers=False`` does not unfuse
     layers).
+    With ``split_kv_decode`` (default), the fused layers on a GPU run the attention of one decode
+    token with a boolean mask (a static cache's) through rope-triton's ``decode_attention``
+    (split-KV: the cache cut over many programs, grouped K / V heads read once);
+    ``split_kv_decode=False`` leaves it to SDPA (cuDNN with grouped heads, `one_token_gqa`).
     With ``overlap_decode`` (default, inference modes), the model's ``generate`` reads its stop
     flag a step late on CUDA (`fused_llm.generation`: transformers' own deferred stop check, which
     it enables only on MPS), so its host work per token overlaps the GPU's (the same tokens).
@@ -280,6 +290,11 @@ def kernelize(
     report.fused_w4a16_decoders = [(name, type(layer).__name__, decoder_w4a16.describe(layer), tuple(decoder_w4a16.steps(layer)))
                                    for name, layer in w4_fusable]  # fmt: skip
     report.unfused_decoders = [(name, type(layer).__name__, reason) for name, layer, _, reason in layers if reason is not None]
+    for name, layer in fusable:
+        if not split_kv_decode:
+            layer.fused_llm_decode_attention = None
+        if getattr(layer, "fused_llm_decode_attention", None) is not None:
+            report.split_kv_decode.append(name)
     if skinny and not (mode & Mode.TRAINING):
         from . import skinny as routing
 

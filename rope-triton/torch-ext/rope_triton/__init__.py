@@ -13,6 +13,8 @@ tests the kernel code without a GPU).
 * :func:`apply_rotary_from_positions` — cos / sin computed in the kernel from integer positions
   and ``theta`` (optionally Llama-3 frequency scaling), no tables.
 * :func:`rms_norm_matmul_rope` — RMSNorm, the Q/K projection and RoPE in one kernel.
+* :func:`decode_attention` — the attention of one decode token over a static cache: grouped K / V
+  heads read once per sequence, a boolean mask, the cache split over many programs (split-KV).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "apply_rotary",
     "apply_rotary_from_positions",
     "apply_rotary_transformers",
+    "decode_attention",
     "inv_frequencies",
     "layers",
     "rms_norm_matmul_rope",
@@ -114,6 +117,24 @@ define_op(
     "(Tensor(a!) out, Tensor x, Tensor? rms_weight, Tensor w, Tensor cos, Tensor sin, float eps, int head_dim, "
     "str impl) -> ()",
     _rms_norm_matmul_rope, _returns_nothing,
+)
+
+
+def _run_decode_attention(out, q, k, v, mask, scale) -> None:
+    """q [B, H, 1, D], k / v [B, H_kv, L, D], mask [B, L] bool (a stride-0 batch where shared);
+    writes out [B, H, 1, D]."""
+    if q.shape[0] * q.shape[1] == 0:
+        return
+    if triton_enabled_for(q):
+        _triton_kernels().launch_decode_attention(q, k, v, mask, out, scale)
+    else:
+        _reference.decode_attention(q, k, v, mask, out, scale)
+
+
+define_op(
+    add_op_namespace_prefix("decode_attention"),
+    "(Tensor(a!) out, Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> ()",
+    _run_decode_attention, _returns_nothing,
 )
 
 
@@ -603,3 +624,73 @@ def rms_norm_matmul_rope(
             impl = "fused" if decode or prefill else "unfused"
     ops.rms_norm_matmul_rope(out, x2, rms_weight, w, c2, s2, eps, head_dim, impl)
     return out.view(*x.shape[:-1], w.shape[0])
+
+
+_ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_decode_attention(q, k, v, mask, scale) -> tuple[torch.Tensor, float]:
+    """The mask as a [B, L] bool view, and the scale, after checking every argument."""
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_tensor(t, name, _ATTENTION_DTYPES)
+        if t.dim() != 4:
+            shape = "[B, H, 1, D]" if name == "q" else "[B, H_kv, L, D]"
+            raise ValueError(f"{name}: expected a 4-D {shape} tensor, got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name}: the head dimension must be contiguous (stride 1), got strides {t.stride()}")
+    for t, name in ((k, "k"), (v, "v")):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: expected dtype {q.dtype} (q's), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (q's), got {t.device}")
+    B, H, S, D = q.shape
+    if S != 1:
+        raise ValueError(f"q: expected one query token ([B, H, 1, D]), got shape {tuple(q.shape)}")
+    if D < 16 or D > 256 or D & (D - 1):
+        raise ValueError(f"q: expected a head size that is a power of two in [16, 256], got {D}")
+    if k.shape[0] != B or k.shape[3] != D or k.shape[1] == 0 or H % k.shape[1]:
+        raise ValueError(f"k: expected [{B}, H_kv, L, {D}] with H_kv dividing q's {H} heads, got shape {tuple(k.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    L = k.shape[2]
+    if L == 0:
+        raise ValueError("k: expected at least one cache slot (L >= 1), got L = 0")
+    _check_tensor(mask, "mask", (torch.bool,))
+    if mask.device != q.device:
+        raise ValueError(f"mask: expected device {q.device} (q's), got {mask.device}")
+    four_d = mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1
+    if not ((four_d or mask.dim() == 2) and mask.shape[0] in (1, B) and mask.shape[-1] == L):
+        raise ValueError(f"mask: expected [B or 1, 1, 1, {L}] or [B or 1, {L}] (B = {B}), got shape {tuple(mask.shape)}")
+    mask2 = mask[:, 0, 0, :] if mask.dim() == 4 else mask
+    if scale is None:
+        scale = D**-0.5
+    elif not (_is_number(scale) and math.isfinite(scale)):
+        raise ValueError(f"scale: expected a finite float or None, got {scale!r}")
+    return mask2.expand(B, L), float(scale)
+
+
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *, scale: float | None = None
+) -> torch.Tensor:
+    """The attention of one query token per sequence over a cache: ``F.scaled_dot_product_attention(q,
+    k, v, attn_mask=mask, scale=scale, enable_gqa=True)`` for these shapes.
+
+    * ``q`` ``[B, H, 1, D]`` (any strides with a contiguous head dimension, e.g. a transposed
+      ``[B, 1, H, D]``), ``k`` / ``v`` ``[B, H_kv, L, D]`` with ``H_kv`` dividing ``H`` (query head
+      ``h`` reads K / V head ``h // (H / H_kv)``), fp16 or bf16, ``D`` a power of two in 16-256.
+    * ``mask`` bool, ``[B or 1, 1, 1, L]`` (transformers' static-cache mask) or ``[B or 1, L]``:
+      True attends. A query head with no slot to attend gets NaN, as SDPA's math kernel gives.
+    * ``scale`` defaults to ``D ** -0.5``.
+
+    Returns ``[B, H, 1, D]`` in q's dtype: softmax in fp32, the output rounded once. On CUDA /
+    ROCm the cache is cut into slices read by separate programs (each holds the ``H / H_kv``
+    query heads of one K / V head, so a slot is read once per sequence), and a second kernel
+    combines the slices by their log-sum-exp."""
+    mask2, scale = _check_decode_attention(q, k, v, mask, scale)
+    B, H, _, D = q.shape
+    out = torch.empty((B, H, 1, D), dtype=q.dtype, device=q.device)
+    if not torch.compiler.is_compiling():  # eager: the implementation itself (see _call)
+        _run_decode_attention(out, q, k, v, mask2, scale)
+    else:
+        ops.decode_attention(out, q, k, v, mask2, scale)
+    return out

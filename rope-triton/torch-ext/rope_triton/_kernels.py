@@ -988,3 +988,133 @@ def _launch_heads(x, g, w, cos, sin, out, eps: float, head_dim: int, cfg: RmsMat
         HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_G=g is not None, EVEN_K=K % block_k == 0,
         COMPILED=not _interpreting(), **cfg.launch_kwargs(),
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# One-token decode attention over a static cache (grouped K / V heads, a boolean mask)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _decode_attention_split_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, part_ptr, lse_ptr,
+    L, CHUNK, scale, H,
+    s_qb, s_qh, s_kb, s_kh, s_kl, s_vb, s_vh, s_vl, s_mb, s_ml,
+    GROUP: tl.constexpr, GROUP_P: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_L: tl.constexpr,
+    COMPILED: tl.constexpr,
+):  # fmt: skip
+    """One program: sequence b, K / V head h_kv, cache slots [s * CHUNK, (s + 1) * CHUNK). The
+    GROUP query heads that read this K / V head (GQA) are the rows of one tl.dot tile (padded to
+    GROUP_P >= 16 rows, the MMA's least), so each K / V slot is read once per sequence. Online
+    softmax over the slice in fp32; writes the slice's normalized output part [S, B, H, D] and
+    its log-sum-exp lse [S, B, H] (-inf where every slot of the slice is masked)."""
+    bh = tl.program_id(0)
+    s = tl.program_id(1)
+    H_kv = H // GROUP
+    b = bh // H_kv
+    h_kv = bh % H_kv
+    rows = tl.arange(0, GROUP_P)
+    d = tl.arange(0, HEAD_DIM)
+    live = rows < GROUP
+    heads = h_kv * GROUP + rows
+    b64 = b.to(tl.int64)
+    q = tl.load(q_ptr + b64 * s_qb + heads[:, None].to(tl.int64) * s_qh + d[None, :], mask=live[:, None], other=0.0)
+    k_head = k_ptr + b64 * s_kb + h_kv.to(tl.int64) * s_kh
+    v_head = v_ptr + b64 * s_vb + h_kv.to(tl.int64) * s_vh
+    m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_P], tl.float32)
+    acc = tl.zeros([GROUP_P, HEAD_DIM], tl.float32)
+    lo = s * CHUNK
+    hi = tl.minimum(lo + CHUNK, L)
+    for n0 in range(lo, hi, BLOCK_L):
+        pos = n0 + tl.arange(0, BLOCK_L)
+        valid = tl.load(mask_ptr + b64 * s_mb + pos.to(tl.int64) * s_ml, mask=pos < hi, other=0) != 0
+        k = tl.load(k_head + pos[:, None].to(tl.int64) * s_kl + d[None, :], mask=valid[:, None], other=0.0)
+        if COMPILED:
+            sc = tl.dot(q, tl.trans(k))
+        else:  # the interpreter multiplies 16-bit dot operands as raw bits (see _dot_t)
+            sc = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)))
+        sc = tl.where(valid[None, :], sc * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no valid slot yet: exp(-inf) = 0
+        p = tl.exp(sc - m_ref[:, None])
+        alpha = tl.exp(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + pos[:, None].to(tl.int64) * s_vl + d[None, :], mask=valid[:, None], other=0.0)
+        if COMPILED:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+        m_i = m_new
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+    B = tl.num_programs(0) // H_kv
+    row = (s * B + b).to(tl.int64) * H + heads
+    tl.store(part_ptr + row[:, None] * HEAD_DIM + d[None, :], out, mask=live[:, None])
+    tl.store(lse_ptr + row, lse, mask=live)
+
+
+@triton.jit
+def _decode_attention_combine_kernel(
+    part_ptr, lse_ptr, out_ptr, BH, S, s_ob, s_oh, H,
+    S_P: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    """out[b, h] = the slices' parts weighted by exp(lse - max lse), over their sum. A head
+    whose every slot is masked gets 0 / 0 = NaN, as SDPA's math gives for an all -inf row."""
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    sl = tl.arange(0, S_P)
+    d = tl.arange(0, HEAD_DIM)
+    lse = tl.load(lse_ptr + sl.to(tl.int64) * BH + bh, mask=sl < S, other=float("-inf"))
+    top = tl.max(lse, 0)
+    w = tl.exp(lse - tl.where(top == float("-inf"), 0.0, top))
+    part = tl.load(part_ptr + (sl.to(tl.int64) * BH + bh)[:, None] * HEAD_DIM + d[None, :], mask=(sl < S)[:, None], other=0.0)
+    out = tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(out_ptr + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
+# Slots a program reads at least, and the programs aimed for: about two per SM over every
+# sequence and K / V head. The probe of 2026-11-29 (H200, 32 / 8 heads, D 128, one sequence;
+# benchmarks/results/decode_attention_split_kv_probe_*) read 6.4 / 9.0 / 11.8 us a layer at 540 /
+# 2070 / 4128 valid slots with 64-slot blocks and 10-22 slices of 64-192 slots; cuDNN 13.8 / 15.1 /
+# 18.7 us in the same graphs.
+DECODE_BLOCK_L = 64
+DECODE_MIN_CHUNK = 64
+_DECODE_PROGRAMS_PER_SM = 2
+
+
+def decode_attention_slices(L: int, BH_kv: int, sms: int) -> tuple[int, int]:
+    """(slices, slots a slice) for L cache slots, BH_kv (sequence, K / V head) pairs and a GPU
+    of ``sms`` multiprocessors."""
+    want = max(1, triton.cdiv(_DECODE_PROGRAMS_PER_SM * sms, max(BH_kv, 1)))
+    slices = max(1, min(want, triton.cdiv(L, DECODE_MIN_CHUNK)))
+    chunk = triton.cdiv(triton.cdiv(L, slices), DECODE_BLOCK_L) * DECODE_BLOCK_L
+    return triton.cdiv(L, chunk), chunk
+
+
+def launch_decode_attention(q, k, v, mask, out, scale: float, sms: int | None = None) -> None:
+    """q [B, H, 1, D] (head dim contiguous), k / v [B, H_kv, L, D] (head dim contiguous), mask
+    [B, L] bool (a stride-0 batch where shared; True: attend), out [B, H, 1, D]; ``sms``: the
+    GPU's multiprocessors (default: q's device's; 4 in the interpreter)."""
+    B, H, _, D = q.shape
+    H_kv, L = k.shape[1], k.shape[2]
+    group = H // H_kv
+    if sms is None:
+        sms = 4 if _interpreting() else torch.cuda.get_device_properties(q.device).multi_processor_count
+    slices, chunk = decode_attention_slices(L, B * H_kv, sms)
+    part = torch.empty((slices, B, H, D), dtype=torch.float32, device=q.device)
+    lse = torch.empty((slices, B, H), dtype=torch.float32, device=q.device)
+    _decode_attention_split_kernel[(B * H_kv, slices)](
+        q, k, v, mask, part, lse,
+        L, chunk, scale, H,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        mask.stride(0), mask.stride(1),
+        GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, BLOCK_L=DECODE_BLOCK_L,
+        COMPILED=not _interpreting(), num_warps=4,
+    )  # fmt: skip
+    _decode_attention_combine_kernel[(B * H,)](
+        part, lse, out, B * H, slices, out.stride(0), out.stride(1), H,
+        S_P=triton.next_power_of_2(slices), HEAD_DIM=D, num_warps=4,
+    )  # fmt: skip

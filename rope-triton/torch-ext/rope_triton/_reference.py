@@ -95,3 +95,18 @@ def rms_matmul_rope(
     s = sin[:, None, :half].float()
     lo, hi = y[..., :half], y[..., half:]
     out.view(M, -1, head_dim).copy_(torch.cat((lo * c - hi * s, hi * c + lo * s), dim=-1))
+
+
+def decode_attention(q, k, v, mask, out, scale: float) -> None:
+    """q [B, H, 1, D], k / v [B, H_kv, L, D], mask [B, L] bool (True: attend), out [B, H, 1, D]:
+    softmax(q k^T * scale, masked) v in fp32 per query head h over K / V head h // (H / H_kv),
+    rounded once. A head with no slot to attend gets NaN (SDPA's math kernel does the same)."""
+    B, H, _, D = q.shape
+    H_kv = k.shape[1]
+    if B * H == 0:
+        return
+    qg = q[:, :, 0].float().reshape(B, H_kv, H // H_kv, D)
+    scores = torch.einsum("bkgd,bkld->bkgl", qg, k.float()) * scale
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    o = torch.einsum("bkgl,bkld->bkgd", scores.softmax(-1), v.float())
+    out.copy_(o.reshape(B, H, 1, D))

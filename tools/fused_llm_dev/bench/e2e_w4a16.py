@@ -10,6 +10,10 @@ One run, one process, the methods of ``bench.e2e``: a model with random weights 
 * ``w4 kernelized``: the same, then ``fused_llm.kernelize``: every decoder layer runs the fused
   4-bit layer (``fused_llm.decoder_w4a16``: one 4-bit GEMM for q / k / v and one for gate / up,
   rmsnorm-fp8, rope-triton, swiglu-fp8; the kernelize report in the output says step by step).
+* with ``--attention-ab``, the two kernelized models once more with ``kernelize(...,
+  split_kv_decode=False)``: their one-token attention left to SDPA (cuDNN) instead of
+  rope-triton's split-KV ``decode_attention``, timed in the same rounds (the ``split-KV gain``
+  ratios: SDPA ms / split-KV ms).
 
 Measured, the models taking turns round after round in alternating order, each figure the
 median over rounds (as ``bench.e2e``):
@@ -57,6 +61,9 @@ from ..models import build_model
 from . import e2e
 
 MODELS = ("bf16 eager", "bf16 kernelized", "w4 eager", "w4 kernelized")
+# --attention-ab: the kernelized models again with the one-token attention left to SDPA
+# (kernelize(split_kv_decode=False)), in the same rounds.
+SDPA_MODELS = ("bf16 kernelized, SDPA attention", "w4 kernelized, SDPA attention")
 # The issue's shapes (a subset of bench.e2e's), and bench.e2e's prompt and agreement batch.
 PREFILL = [(1, 512), (4, 2048)]
 DECODE_BATCHES = [1, 8]
@@ -86,7 +93,7 @@ def _hub_functions(model: nn.Module) -> list[nn.Module]:
     return list(found.values())
 
 
-def _kernelize_alone(name: str, model: nn.Module):
+def _kernelize_alone(name: str, model: nn.Module, **options):
     """``integration.kernelize(model)``, with the hub functions whose forward it swaps in place
     (the rotary function, where a fused layer declines a decoder layer: the report says why)
     given back and set for this model only while it runs (bench.e2e's _GLOBALS). The swap is
@@ -94,7 +101,7 @@ def _kernelize_alone(name: str, model: nn.Module):
     their own copy, and this keeps it so whatever order the models are built in."""
     fns = _hub_functions(model)
     before = {fn: fn.__dict__.get("forward") for fn in fns}
-    report = integration.kernelize(model)
+    report = integration.kernelize(model, **options)
     swapped = {}
     for fn, old in before.items():
         new = fn.__dict__.get("forward")
@@ -130,6 +137,10 @@ def build_models(args, device: torch.device, dtype: torch.dtype) -> tuple[dict, 
     models["w4 eager"] = w4
     models["w4 kernelized"] = copy.deepcopy(w4)
     reports["w4 kernelize"] = str(_kernelize_alone("w4 kernelized", models["w4 kernelized"]))
+    if getattr(args, "attention_ab", False):
+        for name, base in zip(SDPA_MODELS, (eager, w4)):
+            models[name] = copy.deepcopy(base)
+            reports[name] = str(_kernelize_alone(name, models[name], split_kv_decode=False))
     return models, reports
 
 
@@ -272,9 +283,14 @@ def ratios(result: dict) -> list[dict]:
         row = dict(stage=stage, setting=setting, batch=batch, tokens=tokens)
         row.update({f"{name} ms": round(v, 3) for name, v in ms.items()})
         for label, bf16, w4 in (("w4/bf16 eager", "bf16 eager", "w4 eager"),
-                                ("w4/bf16 kernelized", "bf16 kernelized", "w4 kernelized")):  # fmt: skip
+                                ("w4/bf16 kernelized", "bf16 kernelized", "w4 kernelized"),
+                                ("w4/bf16 kernelized, SDPA attention", *SDPA_MODELS)):  # fmt: skip
             if bf16 in ms and w4 in ms:
                 row[label] = round(ms[bf16] / ms[w4], 3)
+        for label, sdpa, split in (("split-KV gain, bf16 kernelized", SDPA_MODELS[0], "bf16 kernelized"),
+                                   ("split-KV gain, w4 kernelized", SDPA_MODELS[1], "w4 kernelized")):  # fmt: skip
+            if sdpa in ms and split in ms:
+                row[label] = round(ms[sdpa] / ms[split], 3)
         out.append(row)
     return out
 
@@ -313,6 +329,10 @@ def print_summary(result: dict) -> None:
         table.add_row(r["stage"], setting, str(r["batch"]), str(r["tokens"]), *(f"{r.get(c, float('nan')):.3f}" for c in cols))
     console.print("w4/bf16: speed ratio, bf16 ms / 4-bit ms (> 1: the 4-bit model is faster)")
     console.print(table)
+    for r in ratios(result):  # --attention-ab
+        extra = {k: v for k, v in r.items() if "SDPA attention" in k or k.startswith("split-KV gain")}
+        if extra:
+            console.print(f"{r['stage']} {r['setting']} batch {r['batch']}: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
     for r in result["rows"]:
         if r.get("gpu_ms") is not None:
             console.print(f"{r['stage']} batch {r['batch']} {r['model']}: {r['ms']:.3f} ms a step, {r['gpu_ms']:.3f} ms of it "
@@ -346,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lm-head", action="store_true", help="quantize lm_head too (quantize_w4a16 leaves it 16-bit; "
                         "the weight-bytes target counts it)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="fewer decode steps, repetitions and rounds")
+    parser.add_argument("--attention-ab", action="store_true",
+                        help="also the two kernelized models with the one-token attention left to SDPA "
+                        "(kernelize(split_kv_decode=False)), in the same rounds")  # fmt: skip
     parser.add_argument("--only", type=_stages,
                         help="stages, comma-separated: prefill, decode-dynamic, decode-static, decode-overlap, decode (the three "
                         "decode stages); default: all (split a full run over several 10-minute GPU calls)")
@@ -360,6 +383,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args)
     finally:
-        for name in MODELS:  # the swapped hub functions of this run's models
+        for name in (*MODELS, *SDPA_MODELS):  # the swapped hub functions of this run's models
             e2e._GLOBALS.pop(name, None)
     return e2e.finish(result, args.out, write, print_summary)
