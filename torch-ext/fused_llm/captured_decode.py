@@ -82,6 +82,8 @@ def ineligible_reason(model, input_ids, logits_processor, stopping_criteria, gen
 
     if not model.__dict__.get(FLAG):
         return "not enabled for this model"
+    if not all(hasattr(model, name) for name in ("_prefill", "_optimize_model_for_decode", "_valid_auto_compile_criteria")):
+        return "a transformers without the generate internals this was written against (5.22)"
     if input_ids.device.type not in DEVICE_TYPES:
         return f"device {input_ids.device.type}"
     if model.training:
@@ -269,7 +271,8 @@ def sample(model, input_ids, logits_processor, stopping_criteria, generation_con
     suppressed = logits_processor[0].eos_token_id.reshape(-1) if len(logits_processor) and min_len > length else None
     capacity = cache.layers[0].max_cache_len + 1
     key = _key(model, cache, batch, capacity, mask is not None, positions is not None,
-               0 if eos_ids is None else eos_ids.numel(), 0 if suppressed is None else suppressed.numel(), logits_to_keep, generation_config)  # fmt: skip
+               0 if eos_ids is None else eos_ids.numel(), 0 if suppressed is None else suppressed.numel(),
+               logits_to_keep, generation_config)  # fmt: skip
     states: collections.OrderedDict = model.__dict__.setdefault(_STATES, collections.OrderedDict())
     state = states.pop(key, None)
     if state is None:
