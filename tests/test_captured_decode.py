@@ -209,6 +209,18 @@ def test_transformers_sample_restored_after_the_context():
     assert GenerationMixin.__dict__["_sample"] is before
 
 
+def test_kernelize_marks_and_unmarks():
+    import fused_llm
+
+    model = _model()
+    report = fused_llm.kernelize(model)
+    assert report.overlapped_decode and report.captured_decode
+    assert model.__dict__.get(captured_decode.FLAG) is True
+    report = fused_llm.kernelize(model, capture_decode=False)
+    assert not report.captured_decode
+    assert captured_decode.FLAG not in model.__dict__
+
+
 def test_kernelize_report_line():
     from fused_llm.integration import KernelizeReport
 

@@ -315,10 +315,13 @@ def kernelize(
         from . import generation
 
         report.overlapped_decode = generation.overlap_generate(model)
-        if capture_decode and report.overlapped_decode:
-            from . import captured_decode
+    if not (mode & Mode.TRAINING):
+        from . import captured_decode
 
+        if capture_decode and report.overlapped_decode:
             report.captured_decode = captured_decode.enable(model)
+        else:  # an earlier call's marking is undone, as split_kv_decode=False undoes its attention
+            captured_decode.disable(model)
     return report
 
 
