@@ -209,7 +209,7 @@ def test_transformers_sample_restored_after_the_context():
     assert GenerationMixin.__dict__["_sample"] is before
 
 
-def test_kernelize_marks_and_unmarks():
+def test_kernelize_marks_and_unmarks(restore_hub_functions):
     import fused_llm
 
     model = _model()
