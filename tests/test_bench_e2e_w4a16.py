@@ -41,22 +41,26 @@ def test_needs_a_gpu_without_tiny(capsys):
     assert "CUDA GPU" in capsys.readouterr().out
 
 
-def test_tiny_attention_ab(tmp_path):
-    """--attention-ab: the kernelized models again with kernelize(split_kv_decode=False), in
-    the same rounds, and the ratios that compare them."""
+def test_tiny_attention_and_capture_ab(tmp_path):
+    """--attention-ab / --capture-ab: the kernelized models again with
+    kernelize(split_kv_decode=False) / kernelize(capture_decode=False), in the same rounds, and
+    the ratios that compare them."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "torch-ext"), str(ROOT / "tools"), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-m", "fused_llm_dev.cli", "bench", "e2e", "--w4a16", "--quick", "--tiny",
-                           "--only", "decode-static", "--attention-ab", "--out", str(tmp_path)],
+                           "--only", "decode-static", "--attention-ab", "--capture-ab", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = tmp_path.glob("e2e_w4a16_llamatiny_*.json")
     result = json.loads(path.read_text())
-    assert {r["model"] for r in result["rows"]} == {*e2e_w4a16.MODELS, *e2e_w4a16.SDPA_MODELS}
-    assert result["ratios"] and all(
-        {"split-KV gain, bf16 kernelized", "split-KV gain, w4 kernelized", "w4/bf16 kernelized, SDPA attention"} <= set(row)
-        for row in result["ratios"])  # one a decode batch
-    assert "split-KV gain" in proc.stdout
+    assert {r["model"] for r in result["rows"]} == {*e2e_w4a16.MODELS, *e2e_w4a16.AB_MODELS}
+    expected = {"split-KV gain, bf16 kernelized", "split-KV gain, w4 kernelized", "w4/bf16 kernelized, SDPA attention",
+                "captured-decode gain, bf16 kernelized", "captured-decode gain, w4 kernelized",
+                "w4/bf16 kernelized, transformers' loop"}  # fmt: skip
+    assert result["ratios"] and all(expected <= set(row) for row in result["ratios"])  # one a decode batch
+    assert "split-KV gain" in proc.stdout and "captured-decode gain" in proc.stdout
+    assert "replayed from one CUDA graph" in result["reports"]["w4 kernelize"]
+    assert "replayed from one CUDA graph" not in result["reports"][e2e_w4a16.LOOP_MODELS[1]]
 
 
 def test_tiny_quick_run(tmp_path):

@@ -30,7 +30,7 @@ INTEGRATION_IMPORTS = {"torch", "kernels", "transformers", "safetensors"}
 # transformers' KernelConfig, where the kernel packages are, the 4-bit model paths and the fused
 # 4-bit decoder layer, the FP8 model paths and the fused FP8 decoder layer.
 INTEGRATION_MODULES = {"__init__", "integration", "decoder", "skinny", "transformers_config", "packages", "w4a16",
-                       "decoder_w4a16", "fp8", "decoder_fp8", "generation"}
+                       "decoder_w4a16", "fp8", "decoder_fp8", "generation", "captured_decode"}
 # kernelize swaps transformers' rotary function process-wide; conftest.py puts it back.
 pytestmark = pytest.mark.usefixtures("restore_hub_functions")
 

@@ -31,8 +31,8 @@ _EXPORTS = {
     "quantize_fp8": "fp8",
     "overlapped_decode": "generation",
 }
-_SUBMODULES = ("decoder", "decoder_fp8", "decoder_w4a16", "fp8", "generation", "integration", "packages", "skinny",
-               "transformers_config", "w4a16")
+_SUBMODULES = ("captured_decode", "decoder", "decoder_fp8", "decoder_w4a16", "fp8", "generation", "integration", "packages",
+               "skinny", "transformers_config", "w4a16")
 
 __all__ = [
     "LAYERS", "KernelizeReport", "get_kernel", "kernel_config", "kernel_mapping", "kernel_packages", "kernelize",

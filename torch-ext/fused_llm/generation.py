@@ -23,7 +23,10 @@ Usage::
         out = model.generate(ids, past_key_values=StaticCache(...), max_new_tokens=256)
 
 ``fused_llm.kernelize`` makes a model's ``generate`` run inside it (``overlap_generate``; its
-option ``overlap_decode``, on by default).
+option ``overlap_decode``, on by default). Inside it, too, ``GenerationMixin._sample`` is
+``fused_llm.captured_decode``'s for the models marked for it (kernelize's ``capture_decode``):
+their greedy steps replayed from one CUDA graph; every other model and call keeps
+transformers' ``_sample``.
 
 The tokens are the same as without it (tests/test_generation.py); a generate that stops on
 ``max_new_tokens`` runs no extra step. A streamer receives each token one step later (the host
@@ -36,6 +39,8 @@ import contextlib
 import threading
 import types
 from collections.abc import Iterator
+
+from . import captured_decode
 
 # Device types whose generate defers the stop check inside the context: transformers' own (MPS)
 # and CUDA. CPU stays synchronous (its "device" work runs on the host thread anyway).
@@ -80,6 +85,7 @@ def _enter() -> None:
         is_croppable=StaticLayer.__dict__.get("is_croppable"),
     )
     check.is_supported = staticmethod(_is_supported)
+    captured_decode.install()
     StaticLayer.crop = _static_layer_crop
     # Only the plain full-attention layer: its subclasses (sliding window, indexed) keep more
     # state than a length, which _static_layer_crop does not step back.
@@ -91,6 +97,7 @@ def _exit() -> None:
     from transformers.generation import utils as gen_utils
 
     gen_utils.DeferredStopCheck.is_supported = _saved.pop("is_supported")
+    captured_decode.uninstall()
     for name in ("crop", "is_croppable"):
         value = _saved.pop(name)
         if value is None:

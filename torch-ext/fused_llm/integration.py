@@ -96,6 +96,9 @@ class KernelizeReport:
     # Whether the model's generate now runs inside fused_llm.overlapped_decode (overlap_decode=True
     # and a transformers generation model).
     overlapped_decode: bool = False
+    # Whether its greedy static-cache decode steps on CUDA are replayed from a CUDA graph
+    # (capture_decode=True with overlapped_decode: fused_llm.captured_decode).
+    captured_decode: bool = False
     # Fused decoder layers whose one-token sdpa attention runs rope-triton's split-KV
     # decode_attention (on a GPU, split_kv_decode=True; decoder.split_kv_decode says where not).
     split_kv_decode: list[str] = field(default_factory=list)
@@ -143,6 +146,8 @@ class KernelizeReport:
             lines.append(f"  one-token attention: rope-triton decode_attention (split-KV) in {len(self.split_kv_decode)} fused layers")
         if self.overlapped_decode:
             lines.append("  generate: the stop check deferred a step on CUDA (fused_llm.overlapped_decode)")
+        if self.captured_decode:
+            lines.append("  generate: greedy static-cache decode steps replayed from one CUDA graph (fused_llm.captured_decode)")
         return "kernelized:\n" + ("\n".join(lines) if lines else "  nothing")
 
 
@@ -214,6 +219,7 @@ def kernelize(
     skinny: bool = True,
     overlap_decode: bool = True,
     split_kv_decode: bool = True,
+    capture_decode: bool = True,
 ) -> KernelizeReport:
     """Swap our kernels into ``model`` (in place) and report what was swapped.
 
@@ -240,6 +246,9 @@ def kernelize(
     With ``overlap_decode`` (default, inference modes), the model's ``generate`` reads its stop
     flag a step late on CUDA (`fused_llm.generation`: transformers' own deferred stop check, which
     it enables only on MPS), so its host work per token overlaps the GPU's (the same tokens).
+    With ``capture_decode`` as well (default), its greedy decode steps on CUDA with a static
+    cache are replayed from one CUDA graph (`fused_llm.captured_decode`: the same tokens, the
+    host's per-step work reduced to a replay); other calls keep transformers' loop.
     Kernelize after loading the weights and moving the model: the fused layer makes the q / k
     / v weights views of one fused tensor at this point, and the skinny routing looks up the
     GPU the weights are on."""
@@ -306,6 +315,13 @@ def kernelize(
         from . import generation
 
         report.overlapped_decode = generation.overlap_generate(model)
+    if not (mode & Mode.TRAINING):
+        from . import captured_decode
+
+        if capture_decode and report.overlapped_decode:
+            report.captured_decode = captured_decode.enable(model)
+        else:  # an earlier call's marking is undone, as split_kv_decode=False undoes its attention
+            captured_decode.disable(model)
     return report
 
 

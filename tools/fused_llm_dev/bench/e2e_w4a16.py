@@ -13,7 +13,11 @@ One run, one process, the methods of ``bench.e2e``: a model with random weights 
 * with ``--attention-ab``, the two kernelized models once more with ``kernelize(...,
   split_kv_decode=False)``: their one-token attention left to SDPA (cuDNN) instead of
   rope-triton's split-KV ``decode_attention``, timed in the same rounds (the ``split-KV gain``
-  ratios: SDPA ms / split-KV ms).
+  ratios: SDPA ms / split-KV ms);
+* with ``--capture-ab``, the two kernelized models once more with ``kernelize(...,
+  capture_decode=False)``: their greedy static-cache decode steps run by transformers' loop
+  instead of replayed from one CUDA graph (``fused_llm.captured_decode``), in the same rounds
+  (the ``captured-decode gain`` ratios: loop ms / captured ms).
 
 Measured, the models taking turns round after round in alternating order, each figure the
 median over rounds (as ``bench.e2e``):
@@ -61,9 +65,21 @@ from ..models import build_model
 from . import e2e
 
 MODELS = ("bf16 eager", "bf16 kernelized", "w4 eager", "w4 kernelized")
-# --attention-ab: the kernelized models again with the one-token attention left to SDPA
-# (kernelize(split_kv_decode=False)), in the same rounds.
-SDPA_MODELS = ("bf16 kernelized, SDPA attention", "w4 kernelized, SDPA attention")
+# Same-round A/B runs of a kernelize option: the two kernelized models again with it off.
+# The flag's attribute: (the copies' name suffix, kernelize's options, the gain ratio's label).
+AB_OPTIONS = {
+    "attention_ab": ("SDPA attention", dict(split_kv_decode=False), "split-KV gain"),
+    "capture_ab": ("transformers' loop", dict(capture_decode=False), "captured-decode gain"),
+}
+
+
+def ab_models(suffix: str) -> tuple[str, str]:
+    return f"bf16 kernelized, {suffix}", f"w4 kernelized, {suffix}"
+
+
+SDPA_MODELS = ab_models(AB_OPTIONS["attention_ab"][0])
+LOOP_MODELS = ab_models(AB_OPTIONS["capture_ab"][0])
+AB_MODELS = (*SDPA_MODELS, *LOOP_MODELS)
 # The issue's shapes (a subset of bench.e2e's), and bench.e2e's prompt and agreement batch.
 PREFILL = [(1, 512), (4, 2048)]
 DECODE_BATCHES = [1, 8]
@@ -137,10 +153,11 @@ def build_models(args, device: torch.device, dtype: torch.dtype) -> tuple[dict, 
     models["w4 eager"] = w4
     models["w4 kernelized"] = copy.deepcopy(w4)
     reports["w4 kernelize"] = str(_kernelize_alone("w4 kernelized", models["w4 kernelized"]))
-    if getattr(args, "attention_ab", False):
-        for name, base in zip(SDPA_MODELS, (eager, w4)):
-            models[name] = copy.deepcopy(base)
-            reports[name] = str(_kernelize_alone(name, models[name], split_kv_decode=False))
+    for flag, (suffix, options, _) in AB_OPTIONS.items():
+        if getattr(args, flag, False):
+            for name, base in zip(ab_models(suffix), (eager, w4)):
+                models[name] = copy.deepcopy(base)
+                reports[name] = str(_kernelize_alone(name, models[name], **options))
     return models, reports
 
 
@@ -282,15 +299,15 @@ def ratios(result: dict) -> list[dict]:
     for (stage, setting, batch, tokens), ms in by.items():
         row = dict(stage=stage, setting=setting, batch=batch, tokens=tokens)
         row.update({f"{name} ms": round(v, 3) for name, v in ms.items()})
-        for label, bf16, w4 in (("w4/bf16 eager", "bf16 eager", "w4 eager"),
-                                ("w4/bf16 kernelized", "bf16 kernelized", "w4 kernelized"),
-                                ("w4/bf16 kernelized, SDPA attention", *SDPA_MODELS)):  # fmt: skip
+        pairs = [("w4/bf16 eager", "bf16 eager", "w4 eager"), ("w4/bf16 kernelized", "bf16 kernelized", "w4 kernelized")]
+        pairs += [(f"w4/bf16 kernelized, {suffix}", *ab_models(suffix)) for suffix, _, _ in AB_OPTIONS.values()]
+        for label, bf16, w4 in pairs:
             if bf16 in ms and w4 in ms:
                 row[label] = round(ms[bf16] / ms[w4], 3)
-        for label, sdpa, split in (("split-KV gain, bf16 kernelized", SDPA_MODELS[0], "bf16 kernelized"),
-                                   ("split-KV gain, w4 kernelized", SDPA_MODELS[1], "w4 kernelized")):  # fmt: skip
-            if sdpa in ms and split in ms:
-                row[label] = round(ms[sdpa] / ms[split], 3)
+        for suffix, _, gain in AB_OPTIONS.values():  # option off ms / on ms
+            for off, on in zip(ab_models(suffix), ("bf16 kernelized", "w4 kernelized")):
+                if off in ms and on in ms:
+                    row[f"{gain}, {on}"] = round(ms[off] / ms[on], 3)
         out.append(row)
     return out
 
@@ -329,8 +346,9 @@ def print_summary(result: dict) -> None:
         table.add_row(r["stage"], setting, str(r["batch"]), str(r["tokens"]), *(f"{r.get(c, float('nan')):.3f}" for c in cols))
     console.print("w4/bf16: speed ratio, bf16 ms / 4-bit ms (> 1: the 4-bit model is faster)")
     console.print(table)
-    for r in ratios(result):  # --attention-ab
-        extra = {k: v for k, v in r.items() if "SDPA attention" in k or k.startswith("split-KV gain")}
+    for r in ratios(result):  # --attention-ab, --capture-ab
+        extra = {k: v for k, v in r.items()
+                 if any(suffix in k or k.startswith(gain) for suffix, _, gain in AB_OPTIONS.values())}  # fmt: skip
         if extra:
             console.print(f"{r['stage']} {r['setting']} batch {r['batch']}: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
     for r in result["rows"]:
@@ -369,6 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attention-ab", action="store_true",
                         help="also the two kernelized models with the one-token attention left to SDPA "
                         "(kernelize(split_kv_decode=False)), in the same rounds")  # fmt: skip
+    parser.add_argument("--capture-ab", action="store_true",
+                        help="also the two kernelized models with their decode steps run by transformers' loop "
+                        "(kernelize(capture_decode=False)), in the same rounds")  # fmt: skip
     parser.add_argument("--only", type=_stages,
                         help="stages, comma-separated: prefill, decode-dynamic, decode-static, decode-overlap, decode (the three "
                         "decode stages); default: all (split a full run over several 10-minute GPU calls)")
@@ -383,6 +404,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args)
     finally:
-        for name in (*MODELS, *SDPA_MODELS):  # the swapped hub functions of this run's models
+        for name in (*MODELS, *AB_MODELS):  # the swapped hub functions of this run's models
             e2e._GLOBALS.pop(name, None)
     return e2e.finish(result, args.out, write, print_summary)
