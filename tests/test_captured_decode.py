@@ -2,7 +2,7 @@
 
 What must hold on any device: the same tokens as transformers' own loop (the bench's kwargs,
 an EOS that stops rows, left padding, ``min_length``, a second call reusing the captured step,
-no EOS at all), the static cache's length after the call as transformers leaves it, and every
+no EOS at all, a streamer handed the same tokens), the static cache's length after the call as transformers leaves it, and every
 call it does not support handed to transformers' ``_sample``. On the CPU the step function runs
 without a graph (the tests put the CPU among its device types); on a GPU it is captured, and
 ``fused-llm bench e2e`` measures its speed.
@@ -147,6 +147,40 @@ def test_no_eos_and_reuse_of_the_step():
     torch.testing.assert_close(outs[1], ref, rtol=0, atol=0)
     torch.testing.assert_close(outs[0], ref[:, : ids.shape[1] + 5], rtol=0, atol=0)
     torch.testing.assert_close(outs[2], ref[:, : ids.shape[1] + 9], rtol=0, atol=0)
+
+
+class _Collect:
+    """A streamer that keeps what it is handed."""
+
+    def __init__(self):
+        self.items, self.ended = [], 0
+
+    def put(self, value):
+        self.items.append(value.clone())
+
+    def end(self):
+        self.ended += 1
+
+
+@pytest.mark.parametrize("new_tokens", [1, 9])
+def test_streamer_gets_the_same_tokens(new_tokens):
+    model = _model()
+    ids = _prompt()
+    eos = _eos_at(model, ids, 5)
+    streams, outs = [], []
+    for capture in (False, True):
+        (captured_decode.enable if capture else captured_decode.disable)(model)
+        streamer = _Collect()
+        with torch.inference_mode(), generation.overlapped_decode():
+            outs.append(model.generate(ids, past_key_values=_cache(model), do_sample=False, max_new_tokens=new_tokens,
+                                       eos_token_id=eos, pad_token_id=0, streamer=streamer))  # fmt: skip
+        streams.append(streamer)
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    assert streams[0].ended == streams[1].ended == 1
+    assert _states(model) == (new_tokens > 1)  # the captured step ran (one new token needs none)
+    assert len(streams[1].items) == len(streams[0].items)
+    for ours, ref in zip(streams[1].items, streams[0].items):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=0)
 
 
 def test_one_new_token_needs_no_step():

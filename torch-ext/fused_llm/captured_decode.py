@@ -12,11 +12,12 @@ compiled without CUDA graphs, the logits' last row in fp32, the ``min_length`` /
 EOS criterion, the positions and the sequence) works on device buffers of fixed address and is
 captured once into a CUDA graph; every later step is one ``replay``. The host reads the
 finished flag after a step only where an EOS could have been chosen, and counts the steps
-to ``max_length`` itself. The prefill and the first token are ``generate``'s own code.
+to ``max_length`` itself. A streamer gets each token after its step (one 8-byte copy to the
+host a step, as transformers' synchronous loop hands it). The prefill and the first token are ``generate``'s own code.
 
 It takes over ``_sample`` only where it gives the same result as transformers' loop, and hands
 everything else back to it: greedy (``do_sample=False``, one beam) on CUDA, a ``StaticCache``
-of plain full-attention layers, no streamer, no ``return_dict_in_generate``, not distributed,
+of plain full-attention layers, no ``return_dict_in_generate``, not distributed,
 no ``inputs_embeds``, logits processors only ``MinLengthLogitsProcessor`` /
 ``MinNewTokensLengthLogitsProcessor`` and stopping criteria only ``MaxLengthCriteria`` /
 ``EosTokenCriteria`` (exact types), model inputs only ``past_key_values``, ``attention_mask``
@@ -90,8 +91,6 @@ def ineligible_reason(model, input_ids, logits_processor, stopping_criteria, gen
         return "training mode"
     if synced_gpus or (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return "distributed"
-    if streamer is not None:
-        return "a streamer"
     if generation_config.do_sample or (generation_config.num_beams or 1) != 1:
         return "not greedy"
     if generation_config.return_dict_in_generate:
@@ -257,8 +256,12 @@ def sample(model, input_ids, logits_processor, stopping_criteria, generation_con
         next_tokens = next_tokens * unfinished + pad_token_id * (1 - unfinished)
     input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
     unfinished = unfinished & ~stopping_criteria(input_ids, None)
+    if streamer is not None:
+        streamer.put(next_tokens.cpu())
     length = input_ids.shape[1]
     if length >= max_length or (has_eos and unfinished.max() == 0):
+        if streamer is not None:
+            streamer.end()
         return input_ids
 
     cache = model_kwargs["past_key_values"]
@@ -330,9 +333,13 @@ def sample(model, input_ids, logits_processor, stopping_criteria, generation_con
             else:
                 state.run()
             length += 1
+            if streamer is not None:
+                streamer.put(state.tok[:, 0].cpu())
             # The token of this step was chosen at position length - 1: an EOS only if not suppressed there.
             if has_eos and length - 1 >= min_len and not bool(state.unfinished.any()):
                 break
+    if streamer is not None:
+        streamer.end()
     return state.seq[:, :length].clone()
 
 
