@@ -13,7 +13,8 @@ EOS criterion, the positions and the sequence) works on device buffers of fixed 
 captured once into a CUDA graph; every later step is one ``replay``. The host reads the
 finished flag after a step only where an EOS could have been chosen, and counts the steps
 to ``max_length`` itself. A streamer gets each token after its step (one 8-byte copy to the
-host a step, as transformers' synchronous loop hands it). The prefill and the first token are ``generate``'s own code.
+host a step, as transformers' synchronous loop hands it). The prefill and the first token are
+``generate``'s own code.
 
 It takes over ``_sample`` only where it gives the same result as transformers' loop, and hands
 everything else back to it: greedy (``do_sample=False``, one beam) on CUDA, a ``StaticCache``
