@@ -4,8 +4,8 @@ without ``fused_llm.captured_decode``, in one run (GPU only):
     python benchmarks/captured_decode_check.py [--layers 2] [--rounds 3] [--out FILE.json]
 
 Each model generates greedily from a 1 x 128 prompt with a static cache; the tokens of 64 new
-tokens are compared, and the time a step is the difference of a 64- and a 16-token generate
-over 48, the median of ``--rounds``, each after one warm-up generate.
+tokens are compared, and the time a step is ``fused-llm bench e2e``'s (the difference of a 64-
+and a 16-token generate over 48), the median of ``--rounds``, after one warm-up generate.
 """
 
 from __future__ import annotations
@@ -18,15 +18,11 @@ import time
 import torch
 
 
-def _generate_ms(model, ids, new_tokens: int, cache) -> tuple[torch.Tensor, float]:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
+def _tokens(model, ids, new_tokens: int, cache) -> torch.Tensor:
     with torch.inference_mode():
         cache.reset()
-        out = model.generate(ids, past_key_values=cache, do_sample=False, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, pad_token_id=0)  # fmt: skip
-    torch.cuda.synchronize()
-    return out, (time.perf_counter() - t0) * 1e3
+        return model.generate(ids, past_key_values=cache, do_sample=False, max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, pad_token_id=0)  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -41,6 +37,7 @@ def main(argv=None) -> None:
 
     import fused_llm
     from fused_llm import captured_decode
+    from fused_llm_dev.bench.e2e import _step_ms
     from fused_llm_dev.models import build_model
 
     result = {"metadata": {"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
@@ -56,10 +53,9 @@ def main(argv=None) -> None:
         runs = {}
         for capture in (False, True):
             (captured_decode.enable if capture else captured_decode.disable)(model)
-            _generate_ms(model, ids, 64, cache)
-            tokens = _generate_ms(model, ids, 64, cache)[0]
-            steps = [(_generate_ms(model, ids, 64, cache)[1] - _generate_ms(model, ids, 16, cache)[1]) / 48
-                     for _ in range(args.rounds)]  # fmt: skip
+            _tokens(model, ids, 64, cache)  # warm-up: the compile and the capture
+            tokens = _tokens(model, ids, 64, cache)
+            steps = [_step_ms(model, ids, 16, 64, cache) for _ in range(args.rounds)]
             runs[capture] = (tokens, steps)
         states = model.__dict__.get(captured_decode._STATES, {})
         result[kind] = {

@@ -75,7 +75,7 @@ def disable(model) -> None:
     model.__dict__.pop(_CALL, None)
 
 
-def ineligible_reason(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
+def ineligible_reason(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                       model_kwargs) -> str | None:  # fmt: skip
     """Why this ``_sample`` call must run transformers' loop instead (None: it need not)."""
     from transformers.cache_utils import StaticCache, StaticLayer
@@ -233,7 +233,7 @@ def sample(model, input_ids, logits_processor, stopping_criteria, generation_con
     (see the module docstring); any other call goes to transformers' own."""
     from transformers.generation.stopping_criteria import EosTokenCriteria
 
-    reason = ineligible_reason(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
+    reason = ineligible_reason(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                model_kwargs)  # fmt: skip
     if reason is not None:
         return _ORIGINAL_SAMPLE(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,

@@ -66,11 +66,13 @@ from . import e2e
 
 MODELS = ("bf16 eager", "bf16 kernelized", "w4 eager", "w4 kernelized")
 # Same-round A/B runs of a kernelize option: the two kernelized models again with it off.
-# The flag's attribute: (the copies' name suffix, kernelize's options, the gain ratio's label).
+# The flag's attribute: (the copies' name suffix, kernelize's options, the gain ratio's label,
+# what the copies run instead, for --help).
 AB_OPTIONS = {
-    "attention_ab": ("SDPA attention", dict(split_kv_decode=False), "split-KV gain"),
-    "capture_ab": ("transformers' loop", dict(capture_decode=False), "captured-decode gain"),
-}
+    "attention_ab": ("SDPA attention", dict(split_kv_decode=False), "split-KV gain", "the one-token attention left to SDPA"),
+    "capture_ab": ("transformers' loop", dict(capture_decode=False), "captured-decode gain",
+                   "their decode steps run by transformers' loop"),
+}  # fmt: skip
 
 
 def ab_models(suffix: str) -> tuple[str, str]:
@@ -153,7 +155,7 @@ def build_models(args, device: torch.device, dtype: torch.dtype) -> tuple[dict, 
     models["w4 eager"] = w4
     models["w4 kernelized"] = copy.deepcopy(w4)
     reports["w4 kernelize"] = str(_kernelize_alone("w4 kernelized", models["w4 kernelized"]))
-    for flag, (suffix, options, _) in AB_OPTIONS.items():
+    for flag, (suffix, options, _, _) in AB_OPTIONS.items():
         if getattr(args, flag, False):
             for name, base in zip(ab_models(suffix), (eager, w4)):
                 models[name] = copy.deepcopy(base)
@@ -300,11 +302,11 @@ def ratios(result: dict) -> list[dict]:
         row = dict(stage=stage, setting=setting, batch=batch, tokens=tokens)
         row.update({f"{name} ms": round(v, 3) for name, v in ms.items()})
         pairs = [("w4/bf16 eager", "bf16 eager", "w4 eager"), ("w4/bf16 kernelized", "bf16 kernelized", "w4 kernelized")]
-        pairs += [(f"w4/bf16 kernelized, {suffix}", *ab_models(suffix)) for suffix, _, _ in AB_OPTIONS.values()]
+        pairs += [(f"w4/bf16 kernelized, {suffix}", *ab_models(suffix)) for suffix, *_ in AB_OPTIONS.values()]
         for label, bf16, w4 in pairs:
             if bf16 in ms and w4 in ms:
                 row[label] = round(ms[bf16] / ms[w4], 3)
-        for suffix, _, gain in AB_OPTIONS.values():  # option off ms / on ms
+        for suffix, _, gain, _ in AB_OPTIONS.values():  # option off ms / on ms
             for off, on in zip(ab_models(suffix), ("bf16 kernelized", "w4 kernelized")):
                 if off in ms and on in ms:
                     row[f"{gain}, {on}"] = round(ms[off] / ms[on], 3)
@@ -348,7 +350,7 @@ def print_summary(result: dict) -> None:
     console.print(table)
     for r in ratios(result):  # --attention-ab, --capture-ab
         extra = {k: v for k, v in r.items()
-                 if any(suffix in k or k.startswith(gain) for suffix, _, gain in AB_OPTIONS.values())}  # fmt: skip
+                 if any(suffix in k or k.startswith(gain) for suffix, _, gain, _ in AB_OPTIONS.values())}  # fmt: skip
         if extra:
             console.print(f"{r['stage']} {r['setting']} batch {r['batch']}: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
     for r in result["rows"]:
@@ -384,12 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lm-head", action="store_true", help="quantize lm_head too (quantize_w4a16 leaves it 16-bit; "
                         "the weight-bytes target counts it)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="fewer decode steps, repetitions and rounds")
-    parser.add_argument("--attention-ab", action="store_true",
-                        help="also the two kernelized models with the one-token attention left to SDPA "
-                        "(kernelize(split_kv_decode=False)), in the same rounds")  # fmt: skip
-    parser.add_argument("--capture-ab", action="store_true",
-                        help="also the two kernelized models with their decode steps run by transformers' loop "
-                        "(kernelize(capture_decode=False)), in the same rounds")  # fmt: skip
+    for flag, (_, options, _, instead) in AB_OPTIONS.items():
+        (option,) = options
+        parser.add_argument("--" + flag.replace("_", "-"), action="store_true",
+                            help=f"also the two kernelized models with {instead} (kernelize({option}=False)), in the same rounds")  # fmt: skip
     parser.add_argument("--only", type=_stages,
                         help="stages, comma-separated: prefill, decode-dynamic, decode-static, decode-overlap, decode (the three "
                         "decode stages); default: all (split a full run over several 10-minute GPU calls)")
