@@ -109,7 +109,7 @@ def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
     """The GEMV at M = 1 with few rows and long K steps (1-16 rows x 2-8 KiB of each row a step:
     2K-16K fp32 accumulators in 16-bit, 8-64 registers a thread at 8 warps; twice the columns
     in FP8), no K split: the grid has N / BLOCK_N programs; 1-3 stages (one: plain loads, as
-    Inductor's reductions run), 8 warps (quick) or 4 / 8 / 16. The shape of Inductor's M = 1
+    Inductor's reductions run), 8 / 16 warps (quick) or 4 / 8 / 16. The shape of Inductor's M = 1
     reduction, which read 2304 x 16384 bf16 at 27.5 us where cuBLAS took 31.9 (H100,
     2026-11-24, results/INDEX.md), and on the H200 at 99% of the read floor where the table's
     launch (4 rows x 4096 columns, 8 warps) read 90% (2026-11-29): hence also one and two rows a
@@ -120,7 +120,7 @@ def gemv_candidates(kernel, K: int, elem: int, quick: bool) -> list:
     out = []
     for bn, kb in ((1, 4096), (1, 8192), (2, 4096), (2, 8192), (4, 4096), (4, 8192), (8, 2048), (8, 4096), (16, 2048)):
         bk = min(kb // elem, pow2_floor(K))
-        for warps, stages in itertools.product((8,) if quick else (4, 8, 16), (1, 2, 3)):
+        for warps, stages in itertools.product((8, 16) if quick else (4, 8, 16), (1, 2, 3)):
             out.append(kernel.SkinnyConfig(1, bn, max(32, bk), 1, warps, stages))
     return out
 
