@@ -1,8 +1,10 @@
-"""fused_llm.captured_decode: greedy static-cache decode steps replayed from one CUDA graph.
+"""fused_llm.captured_decode: static-cache decode steps (greedy or sampled) replayed from one
+CUDA graph.
 
 What must hold on any device: the same tokens as transformers' own loop (the bench's kwargs,
 an EOS that stops rows, left padding, ``min_length``, a second call reusing the captured step,
-no EOS at all, a streamer handed the same tokens), the static cache's length after the call as transformers leaves it, and every
+no EOS at all, a streamer handed the same tokens; sampled, the same draws for the same seed),
+the static cache's length after the call as transformers leaves it, and every
 call it does not support handed to transformers' ``_sample``. On the CPU the step function runs
 without a graph (the tests put the CPU among its device types); on a GPU it is captured, and
 ``fused-llm bench e2e`` measures its speed.
@@ -207,10 +209,10 @@ def test_one_new_token_needs_no_step():
 
 
 @pytest.mark.parametrize("kwargs, reason", [
-    (dict(do_sample=True, top_k=3), "not greedy"),
+    (dict(do_sample=True, typical_p=0.9), "logits processors"),
     (dict(repetition_penalty=1.3), "logits processors"),
     (dict(return_dict_in_generate=True), "return_dict_in_generate"),
-    (dict(num_beams=2), "not greedy"),
+    (dict(num_beams=2), "beam search"),
 ])  # fmt: skip
 def test_unsupported_calls_keep_transformers_loop(monkeypatch, kwargs, reason):
     model = _model()
@@ -230,6 +232,60 @@ def test_unsupported_calls_keep_transformers_loop(monkeypatch, kwargs, reason):
     if kwargs.get("num_beams", 1) == 1:
         assert reasons and reasons[0] is not None and reasons[0].startswith(reason), reasons
     assert _states(model) == 0
+
+
+def _both_sampled(model, ids, seed: int, **kwargs):
+    """(transformers' tokens, captured tokens) of one sampled generate call, the default
+    generator seeded alike before each (the draws must be the same ones)."""
+    outs = []
+    for capture in (False, True):
+        (captured_decode.enable if capture else captured_decode.disable)(model)
+        torch.manual_seed(seed)
+        with torch.inference_mode(), generation.overlapped_decode():
+            outs.append(model.generate(ids, past_key_values=_cache(model), do_sample=True, pad_token_id=0, **kwargs))
+    return outs
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(max_new_tokens=16, min_new_tokens=16),  # the model's defaults: top-k 50
+    dict(max_new_tokens=16, temperature=0.7, top_k=5),
+    dict(max_new_tokens=16, temperature=1.3, top_p=0.8, top_k=0),
+    dict(max_new_tokens=16, min_p=0.2, top_k=0),
+    dict(max_new_tokens=12, min_new_tokens=6, top_k=3),  # an EOS suppressed, then allowed
+])  # fmt: skip
+def test_sampling_same_draws(kwargs):
+    """Sampled decode (transformers' temperature / top-k / top-p / min-p warpers and
+    torch.multinomial on the default generator inside the step): the same tokens as
+    transformers' loop for the same seed, in a batch of two rows, with an EOS where one is set."""
+    model = _model()
+    ids = _prompt(batch=2)
+    if "min_new_tokens" in kwargs and kwargs["min_new_tokens"] < kwargs["max_new_tokens"]:
+        kwargs = {**kwargs, "eos_token_id": _first_new_token(model, ids, 2)}
+    ref, ours = _both_sampled(model, ids, 1234, **kwargs)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+    assert _states(model) == 1  # the step ran: the call was not handed back
+
+
+def test_sampling_settings_key_the_step():
+    """A temperature or a top-k is a constant of the captured step: a call with other settings
+    on the same cache makes a step of its own, and each gives transformers' tokens."""
+    model = _model()
+    ids = _prompt()
+    settings = [dict(temperature=0.5, top_k=4), dict(temperature=2.0, top_k=4), dict(temperature=0.5, top_k=4)]
+
+    def run(i, kwargs, cache):
+        torch.manual_seed(7 + i)
+        with torch.inference_mode(), generation.overlapped_decode():
+            cache.reset()
+            return model.generate(ids, past_key_values=cache, do_sample=True, max_new_tokens=10, pad_token_id=0, **kwargs)
+
+    captured_decode.disable(model)
+    refs = [run(i, kwargs, _cache(model)) for i, kwargs in enumerate(settings)]
+    captured_decode.enable(model)
+    cache = _cache(model)
+    for i, kwargs in enumerate(settings):
+        torch.testing.assert_close(run(i, kwargs, cache), refs[i], rtol=0, atol=0)
+    assert _states(model) == 2  # the third call reused the first call's step
 
 
 def test_dynamic_cache_keeps_transformers_loop():

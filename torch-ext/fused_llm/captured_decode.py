@@ -1,4 +1,4 @@
-"""Greedy decode steps of ``generate`` replayed from one CUDA graph.
+"""Decode steps of ``generate`` (greedy or sampled) replayed from one CUDA graph.
 
 Each step of transformers' ``generate`` runs on the host: inputs prepared, a causal mask built,
 the compiled forward called (dynamo's guards, the AOT wrappers, cudagraph trees' input checks),
@@ -9,7 +9,10 @@ the kernelized 4-bit model's GPU time (2.2 ms): the host, not the kernels, sets 
 Here the whole step (transformers' own ``prepare_inputs_for_generation`` and mask, the forward
 compiled without CUDA graphs, the logits' last row in fp32, the ``min_length`` /
 ``min_new_tokens`` suppression of the EOS ids, the argmax, the padding of finished rows, the
-EOS criterion, the positions and the sequence) works on device buffers of fixed address and is
+EOS criterion, the positions and the sequence; when sampling, transformers' own temperature /
+top-k / top-p / min-p warpers and ``torch.multinomial`` on the default generator, which a CUDA
+graph advances by the captured amount each replay, as the eager steps would) works on device
+buffers of fixed address and is
 captured once into a CUDA graph; every later step is one ``replay``. The host reads the
 finished flag after a step only where an EOS could have been chosen, and counts the steps
 to ``max_length`` itself. A streamer gets each token after its step (one 8-byte copy to the
@@ -17,16 +20,18 @@ host a step, as transformers' synchronous loop hands it). The prefill and the fi
 ``generate``'s own code.
 
 It takes over ``_sample`` only where it gives the same result as transformers' loop, and hands
-everything else back to it: greedy (``do_sample=False``, one beam) on CUDA, a ``StaticCache``
+everything else back to it: one beam, greedy or sampled, on CUDA, a ``StaticCache``
 of plain full-attention layers, no ``return_dict_in_generate``, not distributed,
 no ``inputs_embeds``, logits processors only ``MinLengthLogitsProcessor`` /
-``MinNewTokensLengthLogitsProcessor`` and stopping criteria only ``MaxLengthCriteria`` /
+``MinNewTokensLengthLogitsProcessor`` followed (when sampling) by ``TemperatureLogitsWarper``,
+``TopKLogitsWarper``, ``TopPLogitsWarper``, ``MinPLogitsWarper``, and stopping criteria only ``MaxLengthCriteria`` /
 ``EosTokenCriteria`` (exact types), model inputs only ``past_key_values``, ``attention_mask``
 (2D), ``position_ids``, ``logits_to_keep`` and ``use_cache``.
 
 The captured graph is kept on the model (at most ``MAX_GRAPHS``), keyed by everything it holds
 the address or the shape of: the cache's tensors, the batch, the sequence capacity, the
-parameters' and buffers' storage, the EOS / padding structure. A generate whose key differs
+parameters' and buffers' storage, the EOS / padding structure, and the warpers' settings (a
+temperature or a top-p is a constant of the captured kernels). A generate whose key differs
 captures anew. Weights changed in place are seen by the graph (same addresses); weights
 replaced by new tensors change the key.
 
@@ -43,7 +48,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-# Device types whose greedy steps are captured. The CPU runs the same step function without a
+# Device types whose decode steps are captured. The CPU runs the same step function without a
 # graph when a test adds it here (the tests compare tokens against transformers' loop).
 DEVICE_TYPES = ("cuda",)
 # Captured graphs kept per model: each holds a private memory pool (the step's activations and
@@ -56,7 +61,7 @@ _MODEL_INPUTS = frozenset({"past_key_values", "attention_mask", "position_ids", 
 
 
 def enable(model) -> bool:
-    """Mark ``model`` for captured greedy decode (inside ``overlapped_decode``). Returns whether
+    """Mark ``model`` for captured decode steps (inside ``overlapped_decode``). Returns whether
     it did: only transformers generation models."""
     try:
         from transformers import GenerationMixin
@@ -92,8 +97,8 @@ def ineligible_reason(model, input_ids, logits_processor, stopping_criteria, gen
         return "training mode"
     if synced_gpus or (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return "distributed"
-    if generation_config.do_sample or (generation_config.num_beams or 1) != 1:
-        return "not greedy"
+    if (generation_config.num_beams or 1) != 1:
+        return "beam search"
     if generation_config.return_dict_in_generate:
         return "return_dict_in_generate"
     if model.config.is_encoder_decoder or generation_config.is_assistant:
@@ -114,13 +119,17 @@ def ineligible_reason(model, input_ids, logits_processor, stopping_criteria, gen
     positions = model_kwargs.get("position_ids")
     if positions is not None and (positions.ndim != 2 or positions.shape != input_ids.shape):
         return "position_ids not 2D of input_ids' shape"
-    if any(type(p) not in (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor) for p in logits_processor):
+    min_length_types = (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
+    kinds = [0 if type(p) in min_length_types else 1 if type(p) in _warper_types() else 2 for p in logits_processor]
+    if 2 in kinds or kinds != sorted(kinds) or (1 in kinds and not generation_config.do_sample):
+        # Other processors, or a warper before a min-length processor (the step applies them in
+        # that order), or a warper without sampling.
         return f"logits processors {[type(p).__name__ for p in logits_processor]}"
     if any(type(c) not in (MaxLengthCriteria, EosTokenCriteria) for c in stopping_criteria):
         return f"stopping criteria {[type(c).__name__ for c in stopping_criteria]}"
     if stopping_criteria.max_length is None:
         return "no max_length"
-    suppressed = {tuple(sorted(p.eos_token_id.reshape(-1).tolist())) for p in logits_processor}
+    suppressed = {tuple(sorted(p.eos_token_id.reshape(-1).tolist())) for p in logits_processor if type(p) in min_length_types}
     if len(suppressed) > 1:
         return "processors suppress different ids"
     eos = [c for c in stopping_criteria if isinstance(c, EosTokenCriteria)]
@@ -131,6 +140,30 @@ def ineligible_reason(model, input_ids, logits_processor, stopping_criteria, gen
     if stopping_criteria.max_length > cache.layers[0].max_cache_len + 1:
         return "max_length beyond the cache"
     return None
+
+
+def _warper_types() -> tuple:
+    """The sampling warpers the captured step calls: transformers' own, whose ``__call__`` reads
+    nothing but the scores and their settings, and runs on the device without a host sync."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    return (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper)
+
+
+def _split_processors(logits_processor) -> tuple[list, list]:
+    """(the min-length processors, the warpers) of an eligible call's list, in its order."""
+    warpers = _warper_types()
+    return [p for p in logits_processor if type(p) not in warpers], [p for p in logits_processor if type(p) in warpers]
+
+
+def _warpers_key(warpers: list) -> tuple:
+    """What a warper bakes into the captured kernels: its type and settings."""
+    return tuple((type(w).__name__, tuple(sorted((k, repr(v)) for k, v in vars(w).items()))) for w in warpers)
 
 
 @dataclass
@@ -153,12 +186,12 @@ class _Step:
 
 
 def _key(model, cache, batch: int, capacity: int, has_mask: bool, has_positions: bool, n_eos: int, n_suppressed: int,
-         logits_to_keep, generation_config) -> tuple:  # fmt: skip
+         logits_to_keep, generation_config, sampling: tuple) -> tuple:  # fmt: skip
     layers = tuple((layer.keys.data_ptr(), layer.values.data_ptr(), layer.cumulative_length.data_ptr()) for layer in cache.layers)
     storage = tuple(t.data_ptr() for t in model.parameters()) + tuple(t.data_ptr() for t in model.buffers())
     compile_settings = (generation_config.disable_compile, repr(generation_config.compile_config))
     return (id(cache), layers, hash(storage), batch, capacity, has_mask, has_positions, n_eos, n_suppressed, logits_to_keep,
-            torch.is_inference_mode_enabled(), compile_settings)  # fmt: skip
+            torch.is_inference_mode_enabled(), compile_settings, sampling)  # fmt: skip
 
 
 def _forward(model, model_kwargs, generation_config):
@@ -183,7 +216,14 @@ def _forward(model, model_kwargs, generation_config):
     return cached[1]
 
 
-def _make_step(model, state: _Step, forward, cache, logits_to_keep, has_eos: bool):
+def _next_tokens(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
+    """transformers' token selection: a draw from the softmax, or the argmax."""
+    if do_sample:
+        return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+    return torch.argmax(scores, dim=-1)
+
+
+def _make_step(model, state: _Step, forward, cache, logits_to_keep, has_eos: bool, warpers: list, do_sample: bool):
     def run():
         kwargs = {"past_key_values": cache, "use_cache": True}
         if state.mask2d is not None:
@@ -198,7 +238,9 @@ def _make_step(model, state: _Step, forward, cache, logits_to_keep, has_eos: boo
         if state.suppressed is not None:
             suppress = torch.isin(state.vocab, state.suppressed) & (state.pos < state.min_len)
             scores = torch.where(suppress, -math.inf, scores)
-        next_tokens = torch.argmax(scores, dim=-1)
+        for warper in warpers:  # after the min-length processors, as transformers' list has them
+            scores = warper(state.seq, scores)
+        next_tokens = _next_tokens(scores, do_sample)
         if has_eos:
             next_tokens = next_tokens * state.unfinished + state.pad * (1 - state.unfinished)
         state.seq.index_copy_(1, state.pos.view(1), next_tokens[:, None])
@@ -229,7 +271,7 @@ def _capture(state: _Step) -> None:
 
 def sample(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus: bool = False,
            streamer=None, **model_kwargs):  # fmt: skip
-    """``GenerationMixin._sample`` for greedy decode with its steps replayed from a CUDA graph
+    """``GenerationMixin._sample`` with its decode steps (greedy or sampled) replayed from a CUDA graph
     (see the module docstring); any other call goes to transformers' own."""
     from transformers.generation.stopping_criteria import EosTokenCriteria
 
@@ -252,7 +294,7 @@ def sample(model, input_ids, logits_processor, stopping_criteria, generation_con
     model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs, is_encoder_decoder=False)
     scores = logits_processor(input_ids, outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=device))
     del outputs
-    next_tokens = torch.argmax(scores, dim=-1)
+    next_tokens = _next_tokens(scores, generation_config.do_sample)
     if has_eos:
         next_tokens = next_tokens * unfinished + pad_token_id * (1 - unfinished)
     input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
@@ -270,13 +312,15 @@ def sample(model, input_ids, logits_processor, stopping_criteria, generation_con
     positions = model_kwargs.get("position_ids")
     logits_to_keep = model_kwargs.get("logits_to_keep")
     eos_ids = next((c.eos_token_id for c in stopping_criteria if isinstance(c, EosTokenCriteria)), None)
+    min_length, warpers = _split_processors(logits_processor)
     min_len = max((p.min_length if hasattr(p, "min_length") else p.prompt_length_to_skip + p.min_new_tokens
-                   for p in logits_processor), default=0)  # fmt: skip
-    suppressed = logits_processor[0].eos_token_id.reshape(-1) if len(logits_processor) and min_len > length else None
+                   for p in min_length), default=0)  # fmt: skip
+    suppressed = min_length[0].eos_token_id.reshape(-1) if min_length and min_len > length else None
     capacity = cache.layers[0].max_cache_len + 1
+    sampling = (bool(generation_config.do_sample), _warpers_key(warpers))
     key = _key(model, cache, batch, capacity, mask is not None, positions is not None,
                0 if eos_ids is None else eos_ids.numel(), 0 if suppressed is None else suppressed.numel(),
-               logits_to_keep, generation_config)  # fmt: skip
+               logits_to_keep, generation_config, sampling)  # fmt: skip
     states: collections.OrderedDict = model.__dict__.setdefault(_STATES, collections.OrderedDict())
     state = states.pop(key, None)
     if state is None:
@@ -318,7 +362,8 @@ def sample(model, input_ids, logits_processor, stopping_criteria, generation_con
 
     with model._optimize_model_for_decode():
         if state.run is None:
-            state.run = _make_step(model, state, _forward(model, model_kwargs, generation_config), cache, logits_to_keep, has_eos)
+            state.run = _make_step(model, state, _forward(model, model_kwargs, generation_config), cache, logits_to_keep, has_eos,
+                                   warpers, bool(generation_config.do_sample))  # fmt: skip
         while length < max_length:
             if state.graph:
                 state.graph.replay()

@@ -25,7 +25,7 @@ Usage::
 ``fused_llm.kernelize`` makes a model's ``generate`` run inside it (``overlap_generate``; its
 option ``overlap_decode``, on by default). Inside it, too, ``GenerationMixin._sample`` is
 ``fused_llm.captured_decode``'s for the models marked for it (kernelize's ``capture_decode``):
-their greedy steps replayed from one CUDA graph; every other model and call keeps
+their decode steps (greedy or sampled) replayed from one CUDA graph; every other model and call keeps
 transformers' ``_sample``.
 
 The tokens are the same as without it (tests/test_generation.py); a generate that stops on

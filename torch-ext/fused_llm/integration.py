@@ -96,7 +96,7 @@ class KernelizeReport:
     # Whether the model's generate now runs inside fused_llm.overlapped_decode (overlap_decode=True
     # and a transformers generation model).
     overlapped_decode: bool = False
-    # Whether its greedy static-cache decode steps on CUDA are replayed from a CUDA graph
+    # Whether its static-cache decode steps on CUDA (greedy or sampled) are replayed from a CUDA graph
     # (capture_decode=True with overlapped_decode: fused_llm.captured_decode).
     captured_decode: bool = False
     # Fused decoder layers whose one-token sdpa attention runs rope-triton's split-KV
@@ -147,7 +147,7 @@ class KernelizeReport:
         if self.overlapped_decode:
             lines.append("  generate: the stop check deferred a step on CUDA (fused_llm.overlapped_decode)")
         if self.captured_decode:
-            lines.append("  generate: greedy static-cache decode steps replayed from one CUDA graph (fused_llm.captured_decode)")
+            lines.append("  generate: static-cache decode steps replayed from one CUDA graph (fused_llm.captured_decode)")
         return "kernelized:\n" + ("\n".join(lines) if lines else "  nothing")
 
 
@@ -246,7 +246,7 @@ def kernelize(
     With ``overlap_decode`` (default, inference modes), the model's ``generate`` reads its stop
     flag a step late on CUDA (`fused_llm.generation`: transformers' own deferred stop check, which
     it enables only on MPS), so its host work per token overlaps the GPU's (the same tokens).
-    With ``capture_decode`` as well (default), its greedy decode steps on CUDA with a static
+    With ``capture_decode`` as well (default), its decode steps (greedy or sampled) on CUDA with a static
     cache are replayed from one CUDA graph (`fused_llm.captured_decode`: the same tokens, the
     host's per-step work reduced to a replay); other calls keep transformers' loop.
     Kernelize after loading the weights and moving the model: the fused layer makes the q / k
