@@ -24,8 +24,8 @@ everything else back to it: one beam, greedy or sampled, on CUDA, a ``StaticCach
 of plain full-attention layers, no ``return_dict_in_generate``, not distributed,
 no ``inputs_embeds``, logits processors only ``MinLengthLogitsProcessor`` /
 ``MinNewTokensLengthLogitsProcessor`` followed (when sampling) by ``TemperatureLogitsWarper``,
-``TopKLogitsWarper``, ``TopPLogitsWarper``, ``MinPLogitsWarper``, and stopping criteria only ``MaxLengthCriteria`` /
-``EosTokenCriteria`` (exact types), model inputs only ``past_key_values``, ``attention_mask``
+``TopKLogitsWarper``, ``TopPLogitsWarper``, ``MinPLogitsWarper``, and stopping criteria only
+``MaxLengthCriteria`` / ``EosTokenCriteria`` (exact types), model inputs only ``past_key_values``, ``attention_mask``
 (2D), ``position_ids``, ``logits_to_keep`` and ``use_cache``.
 
 The captured graph is kept on the model (at most ``MAX_GRAPHS``), keyed by everything it holds
