@@ -44,16 +44,17 @@ def test_needs_a_gpu_without_tiny(capsys):
 def test_tiny_attention_and_capture_ab(tmp_path):
     """--attention-ab / --capture-ab: the kernelized models again with
     kernelize(split_kv_decode=False) / kernelize(capture_decode=False), in the same rounds, and
-    the ratios that compare them."""
+    the ratios that compare them; with --sample, every decode sampled (the rows say so)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "torch-ext"), str(ROOT / "tools"), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-m", "fused_llm_dev.cli", "bench", "e2e", "--w4a16", "--quick", "--tiny",
-                           "--only", "decode-static", "--attention-ab", "--capture-ab", "--out", str(tmp_path)],
+                           "--only", "decode-static", "--attention-ab", "--capture-ab", "--sample", "--out", str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (path,) = tmp_path.glob("e2e_w4a16_llamatiny_*.json")
+    (path,) = tmp_path.glob("e2e_w4a16_llamatiny_*_sampled_*.json")
     result = json.loads(path.read_text())
     assert {r["model"] for r in result["rows"]} == {*e2e_w4a16.MODELS, *e2e_w4a16.AB_MODELS}
+    assert result["sampled"] == e2e.SAMPLED and all(r["setting"].endswith(", sampled") for r in result["rows"])
     expected = {"split-KV gain, bf16 kernelized", "split-KV gain, w4 kernelized", "w4/bf16 kernelized, SDPA attention",
                 "captured-decode gain, bf16 kernelized", "captured-decode gain, w4 kernelized",
                 "w4/bf16 kernelized, transformers' loop"}  # fmt: skip

@@ -127,10 +127,17 @@ class Clock:
         return statistics.median(times)
 
 
-def _generate_ms(model, prompt, new_tokens: int, cache=None, sync=_sync) -> float:
+# Sampled decode (``sample=True``): Llama-3-Instruct's generation settings (temperature 0.6,
+# top-p 0.9; top-k 50 is transformers' default), what a chat model's generate runs.
+SAMPLED = dict(do_sample=True, temperature=0.6, top_p=0.9)
+
+
+def _generate_ms(model, prompt, new_tokens: int, cache=None, sync=_sync, sample: bool = False) -> float:
     """Wall time of one ``generate``; ``cache``: a StaticCache (reset first), else the dynamic
-    cache; ``sync``: the device synchronization (a Clock's on a CPU)."""
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    cache; ``sync``: the device synchronization (a Clock's on a CPU); ``sample``: sampled
+    (SAMPLED), else greedy."""
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+    kwargs.update(SAMPLED if sample else dict(do_sample=False))
     if cache is not None:
         kwargs["past_key_values"] = cache
     with torch.inference_mode():
@@ -143,11 +150,11 @@ def _generate_ms(model, prompt, new_tokens: int, cache=None, sync=_sync) -> floa
     return (time.perf_counter() - t0) * 1e3
 
 
-def _step_ms(model, prompt, n1: int, n2: int, cache=None, sync=_sync) -> float:
+def _step_ms(model, prompt, n1: int, n2: int, cache=None, sync=_sync, sample: bool = False) -> float:
     """Decode time per token: the difference of two generate lengths, so the prefill and the
     fixed cost of generate cancel."""
-    t1 = _generate_ms(model, prompt, n1, cache, sync)
-    t2 = _generate_ms(model, prompt, n2, cache, sync)
+    t1 = _generate_ms(model, prompt, n1, cache, sync, sample)
+    t2 = _generate_ms(model, prompt, n2, cache, sync, sample)
     return (t2 - t1) / (n2 - n1)
 
 
@@ -179,14 +186,14 @@ def prefill_ms(runners: dict, ids, reps: int, rounds: int) -> dict[str, tuple[fl
 
 
 def decode_times(models: dict, prompt, n1: int, n2: int, rounds: int, static: bool, clock: Clock | None = None,
-                 gpu: dict | None = None) -> dict[str, list[float]]:
+                 gpu: dict | None = None, sample: bool = False) -> dict[str, list[float]]:
     """ms per decode step of each model, one figure per round (rounds_of): ``generate`` with the
     dynamic cache, or with a static cache (``static``; on a GPU transformers compiles the decode
     forward and captures it in CUDA graphs): one ``StaticCache`` per model sized for n2 serves
     both lengths (a cache sized per length recompiled for each). Warm-ups first: one, or two
     with a static cache (the first compiles). ``gpu`` (a dict, on a GPU): filled with each
     model's GPU time per step and costliest kernels after the rounds (decode_gpu_ms, the same
-    caches and graphs)."""
+    caches and graphs). ``sample``: sampled decode (SAMPLED), else greedy."""
     sync = clock.sync if clock is not None else _sync
     caches = {name: None for name in models}
     if static:
@@ -196,16 +203,16 @@ def decode_times(models: dict, prompt, n1: int, n2: int, rounds: int, static: bo
     for name, model in models.items():
         with _running(name):
             for _ in range(2 if static else 1):
-                _step_ms(model, prompt, n1, n2, caches[name], sync)
-    times = rounds_of(models, rounds, lambda name, m: _step_ms(m, prompt, n1, n2, caches[name], sync))
+                _step_ms(model, prompt, n1, n2, caches[name], sync, sample)
+    times = rounds_of(models, rounds, lambda name, m: _step_ms(m, prompt, n1, n2, caches[name], sync, sample))
     if gpu is not None and prompt.is_cuda:
         for name, model in models.items():
             with _running(name):
-                gpu[name] = decode_gpu_ms(model, prompt, n1, n2, caches[name])
+                gpu[name] = decode_gpu_ms(model, prompt, n1, n2, caches[name], sample=sample)
     return times
 
 
-def decode_gpu_ms(model, prompt, n1: int, n2: int, cache=None, top: int = 12) -> dict:
+def decode_gpu_ms(model, prompt, n1: int, n2: int, cache=None, top: int = 12, sample: bool = False) -> dict:
     """GPU time per decode step: the CUDA kernels' summed durations (torch.profiler) over a
     ``generate`` of n2 tokens minus one of n1, / (n2 - n1), as ``ms``, and the ``top`` kernels'
     share of it (``kernels``: name -> ms per step). Next to the wall time per step it splits a
@@ -219,7 +226,7 @@ def decode_gpu_ms(model, prompt, n1: int, n2: int, cache=None, top: int = 12) ->
 
     def kernel_us(new_tokens: int) -> tuple[Counter, float]:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            _generate_ms(model, prompt, new_tokens, cache)
+            _generate_ms(model, prompt, new_tokens, cache, sample=sample)
         per_name: Counter = Counter()
         spans = []
         for e in prof.events():

@@ -15,7 +15,7 @@ One run, one process, the methods of ``bench.e2e``: a model with random weights 
   rope-triton's split-KV ``decode_attention``, timed in the same rounds (the ``split-KV gain``
   ratios: SDPA ms / split-KV ms);
 * with ``--capture-ab``, the two kernelized models once more with ``kernelize(...,
-  capture_decode=False)``: their greedy static-cache decode steps run by transformers' loop
+  capture_decode=False)``: their static-cache decode steps run by transformers' loop
   instead of replayed from one CUDA graph (``fused_llm.captured_decode``), in the same rounds
   (the ``captured-decode gain`` ratios: loop ms / captured ms).
 
@@ -32,7 +32,9 @@ median over rounds (as ``bench.e2e``):
   inside ``fused_llm.overlapped_decode()`` (``decode-overlap``: generate reads its stop flag a
   step late, so its host work per step overlaps the GPU's instead of following it). The
   kernelized models' generate is overlapped in both static stages (``kernelize``'s
-  ``overlap_decode``); ``decode-overlap`` puts the eager models on the same footing;
+  ``overlap_decode``); ``decode-overlap`` puts the eager models on the same footing; greedy,
+  or with ``--sample`` sampled at Llama-3-Instruct's settings (``bench.e2e.SAMPLED``: the
+  temperature / top-k / top-p warpers and ``torch.multinomial`` in every step);
 * speed ratios 4-bit vs bf16 (> 1: the 4-bit model is faster), eager and kernelized;
 * weight bytes: every Linear weight of the bf16 model against the 4-bit model's (the packed
   codes, scales and zeros of the quantized ones plus the Linear weights left 16-bit), the
@@ -268,8 +270,9 @@ def run(args) -> dict:
             prompt = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=gen).to(device)
             gpu: dict[str, dict] | None = {} if static else None
             with overlap():
-                times = e2e.decode_times(models, prompt, n1, n2, rounds, static=static, clock=clock, gpu=gpu)
-            add("decode", settings[stage], batch, 1, times, gpu)
+                times = e2e.decode_times(models, prompt, n1, n2, rounds, static=static, clock=clock, gpu=gpu,
+                                         sample=args.sample)  # fmt: skip
+            add("decode", settings[stage] + (", sampled" if args.sample else ""), batch, 1, times, gpu)
     if any(stage in stages for stage in ("decode-static", "decode-overlap")):
         e2e.release_compiled(models.values())
     ids = torch.randint(0, cfg.vocab_size, (agree_b, agree_t), generator=gen).to(device)
@@ -285,6 +288,7 @@ def run(args) -> dict:
         versions=e2e.versions(),
         model=args.model, layers=2 if args.tiny else args.layers, tiny=args.tiny, dtype=args.dtype, quick=args.quick,
         only=args.only, group_size=args.group_size, zero_point=args.zero_point, lm_head_quantized=args.lm_head,
+        sampled=e2e.SAMPLED if args.sample else None,
         prompt=prompt_len, steps=[n1, n2],
         reports=reports, rows=rows, weights=weights, top1_agreement_with_bf16_eager=agree,
     )  # fmt: skip
@@ -320,7 +324,8 @@ def write(result: dict, out_dir: Path) -> Path:
     part = "_" + result["only"].replace(",", "+") if result.get("only") else ""
     size = "tiny" if result["tiny"] else f"{result['layers']}L"
     quant = f"g{result['group_size']}{'z' if result['zero_point'] else ''}{'-head' if result['lm_head_quantized'] else ''}"
-    stem = out_dir / f"e2e_w4a16_{result['model']}{size}_{result['dtype']}_{quant}{'_quick' if result['quick'] else ''}{e2e.prompt_tag(result)}{part}_{gpu}"
+    sampled = "_sampled" if result.get("sampled") else ""
+    stem = out_dir / f"e2e_w4a16_{result['model']}{size}_{result['dtype']}_{quant}{'_quick' if result['quick'] else ''}{e2e.prompt_tag(result)}{part}{sampled}_{gpu}"
     result["ratios"] = ratios(result)
     wt = result["weights"]
     return e2e.write_files(
@@ -390,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
         (option,) = options
         parser.add_argument("--" + flag.replace("_", "-"), action="store_true",
                             help=f"also the two kernelized models with {instead} (kernelize({option}=False)), in the same rounds")  # fmt: skip
+    parser.add_argument("--sample", action="store_true",
+                        help="sampled decode (temperature 0.6, top-p 0.9, top-k 50: Llama-3-Instruct's settings) "
+                        "instead of greedy; the prefill stage is the same either way")  # fmt: skip
     parser.add_argument("--only", type=_stages,
                         help="stages, comma-separated: prefill, decode-dynamic, decode-static, decode-overlap, decode (the three "
                         "decode stages); default: all (split a full run over several 10-minute GPU calls)")
