@@ -79,23 +79,25 @@ def test_bench_kwargs_same_tokens():
         assert isinstance(state.graph, torch.cuda.CUDAGraph)
 
 
-def _eos_at(model, ids, step: int) -> int:
-    """A token the model emits at ``step`` (greedy, no EOS): made the EOS, it stops there."""
+def _greedy_tokens(model, ids) -> list[int]:
+    """The first row's 12 greedy tokens after the prompt, with no EOS (transformers' loop)."""
     captured_decode.disable(model)
     with torch.inference_mode():
         out = model.generate(ids, past_key_values=_cache(model), do_sample=False, max_new_tokens=12, eos_token_id=None,
                              pad_token_id=0)  # fmt: skip
-    return int(out[0, ids.shape[1] + step])
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _eos_at(model, ids, step: int) -> int:
+    """A token the model emits at ``step`` (greedy, no EOS): made the EOS, it stops there."""
+    return _greedy_tokens(model, ids)[step]
 
 
 def _first_new_token(model, ids, step: int) -> int:
     """The token of the first step >= ``step`` that the model did not emit before it: made the EOS,
     generate stops at that step, not earlier (a tiny random model repeats tokens: on the H200 the
     token of step 5 was also step 0's, and the captured step never ran)."""
-    captured_decode.disable(model)
-    with torch.inference_mode():
-        out = model.generate(ids, past_key_values=_cache(model), do_sample=False, max_new_tokens=12, eos_token_id=None,
-                             pad_token_id=0)[0, ids.shape[1]:].tolist()  # fmt: skip
+    out = _greedy_tokens(model, ids)
     for s in range(max(step, 1), len(out)):
         if out[s] not in out[:s]:
             return out[s]

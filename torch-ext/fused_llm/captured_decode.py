@@ -119,8 +119,8 @@ def ineligible_reason(model, input_ids, logits_processor, stopping_criteria, gen
     positions = model_kwargs.get("position_ids")
     if positions is not None and (positions.ndim != 2 or positions.shape != input_ids.shape):
         return "position_ids not 2D of input_ids' shape"
-    min_length_types = (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor)
-    kinds = [0 if type(p) in min_length_types else 1 if type(p) in _warper_types() else 2 for p in logits_processor]
+    min_length_types, warper_types = (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor), _warper_types()
+    kinds = [0 if type(p) in min_length_types else 1 if type(p) in warper_types else 2 for p in logits_processor]
     if 2 in kinds or kinds != sorted(kinds) or (1 in kinds and not generation_config.do_sample):
         # Other processors, or a warper before a min-length processor (the step applies them in
         # that order), or a warper without sampling.
@@ -285,7 +285,8 @@ def sample(model, input_ids, logits_processor, stopping_criteria, generation_con
     pad_token_id = generation_config._pad_token_tensor
     if pad_token_id is not None:
         pad_token_id = pad_token_id.to(device)
-    has_eos = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
+    eos_ids = next((c.eos_token_id for c in stopping_criteria if isinstance(c, EosTokenCriteria)), None)
+    has_eos = eos_ids is not None
     max_length = stopping_criteria.max_length
     unfinished = torch.ones(batch, dtype=torch.long, device=device)
 
@@ -311,7 +312,6 @@ def sample(model, input_ids, logits_processor, stopping_criteria, generation_con
     mask = model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")
     logits_to_keep = model_kwargs.get("logits_to_keep")
-    eos_ids = next((c.eos_token_id for c in stopping_criteria if isinstance(c, EosTokenCriteria)), None)
     min_length, warpers = _split_processors(logits_processor)
     min_len = max((p.min_length if hasattr(p, "min_length") else p.prompt_length_to_skip + p.min_new_tokens
                    for p in min_length), default=0)  # fmt: skip
@@ -398,16 +398,10 @@ def install() -> None:
     from transformers import GenerationMixin
 
     _ORIGINAL_SAMPLE = GenerationMixin.__dict__["_sample"]
-    GenerationMixin._sample = _sample_method
+    GenerationMixin._sample = sample  # (model, input_ids, ...): _sample's signature, model as self
 
 
 def uninstall() -> None:
     from transformers import GenerationMixin
 
     GenerationMixin._sample = _ORIGINAL_SAMPLE
-
-
-def _sample_method(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                   streamer=None, **model_kwargs):  # fmt: skip
-    return sample(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
-                  **model_kwargs)  # fmt: skip

@@ -395,8 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
         (option,) = options
         parser.add_argument("--" + flag.replace("_", "-"), action="store_true",
                             help=f"also the two kernelized models with {instead} (kernelize({option}=False)), in the same rounds")  # fmt: skip
+    settings = ", ".join(f"{k} {v}" for k, v in e2e.SAMPLED.items() if k != "do_sample")
     parser.add_argument("--sample", action="store_true",
-                        help="sampled decode (temperature 0.6, top-p 0.9, top-k 50: Llama-3-Instruct's settings) "
+                        help=f"sampled decode ({settings}, transformers' default top_k 50: Llama-3-Instruct's settings) "
                         "instead of greedy; the prefill stage is the same either way")  # fmt: skip
     parser.add_argument("--only", type=_stages,
                         help="stages, comma-separated: prefill, decode-dynamic, decode-static, decode-overlap, decode (the three "
