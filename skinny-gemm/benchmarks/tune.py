@@ -67,14 +67,17 @@ BACK_TO_BACK = replace(METHOD, predecessor_bytes=0)
 QUICK_TMA = {(64, 4, 4), (64, 2, 8), (64, 4, 3), (64, 2, 4), (32, 4, 6), (128, 2, 4), (128, 1, 6), (32, 8, 2)}
 
 
-def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool, tma: list | None = None) -> list:
+def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool, tma: list | None = None,
+               mma: list | None = None) -> list:
     """The sweep: BLOCK_M the smallest dot tile holding M (at M = 1 also the GEMV, at 2 the
     GEMV of ``two_token_gemv_candidates``), BLOCK_N 32 /
     64 / 128 weight rows, 128 / 256 / 512 bytes of each row per K step, K slices for ~1 / 2 / 4
     / 8 programs per SM, 3 / 4 / 6 stages (quick: the default plus 12 neighbours); with 16-bit
     at M <= 16, also every launch shape of the compiled Hopper kernel in ``tma`` (the build's
     ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 16 bytes,
-    each at the K split of ``tma_split`` and its neighbours (blocks from ~0.7 to ~2.6 an SM)."""
+    each at the K split of ``tma_split`` and its neighbours (blocks from ~0.7 to ~2.6 an SM), and
+    every launch of the compiled tensor-core GEMV in ``mma`` (the build's ``mma_configs()`` on a
+    capability >= 8.0 GPU) where K is a multiple of 32."""
     default = kernel.skinny_config(M, N, K, elem, sms)
     if quick:  # the neighbourhood of the winners of the H100 sweeps (2026-11-24)
         block_ns, kbytes, per_sm, stages = (32, 64), (256,), (1, 2, 4), (4,)
@@ -102,6 +105,8 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
                 blocks = -(-N // c.tile_n) * split
                 if split == base or (1 <= split <= 8 and 0.7 * sms <= blocks <= 2.6 * sms):
                     out.add(kernel.TmaConfig(c.tile_n, c.boxes_k, c.stages, split))
+    if mma and M <= 16 and elem == 2 and K % 32 == 0:
+        out |= set(mma)
     return sorted(out, key=lambda c: c.as_list())
 
 
@@ -147,7 +152,7 @@ def two_token_gemv_candidates(kernel, K: int, quick: bool) -> list:
 
 
 def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, margin: float, log, tma: list | None = None,
-             method: Method = METHOD):
+             method: Method = METHOD, mma: list | None = None):
     """(cuBLAS us, best skinny us, the entry: the best config or None, the best config). dtype
     ``fp8``: per-token x and per-channel w scales against cuBLAS's rowwise GEMM; ``fp8-tensor``:
     both scales per tensor against its per-tensor GEMM. Timed with ``method`` (default: in a
@@ -186,7 +191,7 @@ def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, marg
     expected = cublas(0)().float()
     t_cublas = time_us(cublas, nbytes, method).median_us
     best, best_cfg = float("inf"), None
-    for cfg in candidates(kernel, M, N, K, 1 if fp8 else 2, sms, quick, tma):
+    for cfg in candidates(kernel, M, N, K, 1 if fp8 else 2, sms, quick, tma, mma):
         try:
             got = ours(cfg)(0)().float()
             err = (got - expected).abs().max().item()
@@ -248,14 +253,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def dry_run(args, kernel, sms: int, out=print, tma: list | None = None) -> int:
+def dry_run(args, kernel, sms: int, out=print, tma: list | None = None, mma: list | None = None) -> int:
     """Print every point's candidates; return the number of points."""
     points = 0
     for dtype in args.dtypes:
         for shape in args.shapes:
             N, K = ref.SHAPES[shape]
             for M in args.tokens:
-                cands = candidates(kernel, M, N, K, 2 if dtype == "bfloat16" else 1, sms, args.quick, tma)
+                cands = candidates(kernel, M, N, K, 2 if dtype == "bfloat16" else 1, sms, args.quick, tma, mma)
                 points += 1
                 out(f"{dtype} {shape} [N={N}, K={K}] M={M}: {len(cands)} configurations: " + " ".join(str(c.as_list()) for c in cands))
     out(f"{points} points")
@@ -264,7 +269,7 @@ def dry_run(args, kernel, sms: int, out=print, tma: list | None = None) -> int:
 
 # A measured point as main() prints it: "<gpu> <dtype key> <shape> M=<m>: cuBLAS .. -> skinny|cuBLAS".
 LOG_LINE = re.compile(r"^(?P<gpu>.+) (?P<name>\S+) (?P<shape>\S+) M=(?P<m>\d+): cuBLAS [\d.]+ us, best skinny [\d.]+ us "
-                      r"\([\d.]+x\) (?P<best>\[[\d, ]+\]|None) -> (?P<pick>skinny|cuBLAS)$")
+                      r"\([\d.]+x\) (?P<best>\[[-\d, ]+\]|None) -> (?P<pick>skinny|cuBLAS)$")
 
 
 def from_log(path: str) -> int:
@@ -301,8 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     sms = args.sms or (torch.cuda.get_device_properties(0).multi_processor_count if gpu else 132)
     # The compiled Hopper kernel's launches, where this build and GPU have it.
     tma = kernel.tma_configs() if gpu is not None and torch.cuda.get_device_capability(0) == (9, 0) else []
+    # The compiled tensor-core GEMV's launches, where this build and GPU have it.
+    mma = kernel.mma_configs() if gpu is not None and torch.cuda.get_device_capability(0) >= (8, 0) else []
     if args.dry_run:
-        dry_run(args, kernel, sms, tma=tma)
+        dry_run(args, kernel, sms, tma=tma, mma=mma)
         return 0
     if gpu is None:
         raise SystemExit("tune.py measures on a GPU; none is visible (--dry-run lists the sweep without one)")
@@ -320,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             chosen_by_m = {}
             for M in args.tokens:
                 t_cublas, t_best, chosen, best = tune_one(kernel, dtype, shape, M, sms, args.quick, args.margin, print, tma,
-                                                          BACK_TO_BACK if args.back_to_back else METHOD)
+                                                          BACK_TO_BACK if args.back_to_back else METHOD, mma)
                 chosen_by_m[M] = chosen
                 print(f"{gpu} {name} {shape} M={M}: cuBLAS {t_cublas:.1f} us, best skinny {t_best:.1f} us "
                       f"({t_cublas / t_best:.3f}x) {best} -> {'skinny' if chosen else 'cuBLAS'}", flush=True)  # fmt: skip

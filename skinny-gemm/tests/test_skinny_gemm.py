@@ -423,7 +423,7 @@ def _bad_cases():
         ("out dtype", lambda: sg.gemm(x, w, out=out.half()), TypeError, "out: expected dtype torch.bfloat16, got torch.float16"),
         ("out strides", lambda: sg.gemm(x, w, out=torch.empty(32, 4, dtype=torch.bfloat16, device=DEVICE).t()), ValueError, r"out: expected a contiguous tensor, got strides \(1, 4\)"),
         ("deterministic", lambda: sg.gemm(x, w, deterministic=1), TypeError, "deterministic: expected True or False, got 1"),
-        ("config type", lambda: sg.gemm(x, w, config=[16, 32, 32, 1]), TypeError, "config: expected a SkinnyConfig, a TmaConfig or None, got list"),
+        ("config type", lambda: sg.gemm(x, w, config=[16, 32, 32, 1]), TypeError, "config: expected a SkinnyConfig, a TmaConfig, an MmaConfig or None, got list"),
         ("config M", lambda: sg.SkinnyConfig(4, 32, 32, 1), ValueError, r"SkinnyConfig.BLOCK_M: expected 1 or 2 \(GEMV\) or a power of two >= 16 \(tl.dot\), got 4"),
         ("config K", lambda: sg.SkinnyConfig(16, 32, 48, 1), ValueError, "SkinnyConfig.BLOCK_K: expected a power of two >= 32, got 48"),
         ("config N", lambda: sg.SkinnyConfig(16, 8, 32, 1), ValueError, r"SkinnyConfig.BLOCK_N: expected a power of two >= 16 with a tl.dot tile \(BLOCK_M 16\), got 8"),

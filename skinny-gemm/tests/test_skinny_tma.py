@@ -70,7 +70,7 @@ def test_config_forms():
         (lambda: sg.TmaConfig(64, 2, 9), ValueError, r"TmaConfig.stages: expected one of \[2, 3, 4, 5, 6, 7, 8\], got 9"),
         (lambda: sg.TmaConfig(64, 2, 6, 9), ValueError, r"TmaConfig.split: expected one of \[0, 1, .*, 8\], got 9"),
         (lambda: sg.TmaConfig(64.0), TypeError, "TmaConfig.tile_n: expected an int, got 64.0"),
-        (lambda: _config.config_from_list([1, 2, 3]), ValueError, r"config: expected 6 ints \(SkinnyConfig\) or \[0, tile_n"),
+        (lambda: _config.config_from_list([1, 2, 3]), ValueError, r"config: expected 6 ints \(SkinnyConfig\), \[0, tile_n"),
     ],
     ids=["tile_n", "boxes_k", "stages", "split", "type", "list"],
 )

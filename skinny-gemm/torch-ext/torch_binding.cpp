@@ -9,6 +9,9 @@
 //                  bool pdl=True) -> ()
 //   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most K slices),
 //                                       flattened)
+//   skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll,
+//              int warps) -> ()          (the plain-load tensor-core GEMV: csrc/skinny_mma.h)
+//   skinny_mma_configs() -> int[]      (the compiled (row_groups, unroll, warps), flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -25,6 +28,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "common/binding_utils.h"
+#include "skinny_mma.h"
 #include "skinny_tma.h"
 
 namespace sg = fused_llm::skinny_gemm;
@@ -177,6 +181,98 @@ void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
   run_tma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, tile_n, boxes_k, stages, split, pdl);
 }
 
+std::string mma_compiled_list() {
+  const sg::SkinnyMmaConfig* configs = nullptr;
+  const int n = sg::skinny_mma_compiled_configs(&configs);
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    s += (i ? ", (" : "(") + std::to_string(configs[i].row_groups) + ", " + std::to_string(configs[i].unroll) + ", " +
+         std::to_string(configs[i].warps) + ")";
+  }
+  return s;
+}
+
+void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                int64_t row_groups, int64_t unroll, int64_t warps) {
+  using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
+  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
+  TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(M <= sg::kMmaMaxM, msg("x: the mma kernel takes at most ", sg::kMmaMaxM, " rows (tokens), got ", M));
+  TORCH_CHECK(M == 0 || (K >= sg::kMmaChunkK && K % sg::kMmaChunkK == 0),
+              msg("x: K must be a positive multiple of ", sg::kMmaChunkK, " (the kernel's chunks), got ", K));
+  TORCH_CHECK(x.stride(1) == 1 && (M <= 1 || x.stride(0) % 8 == 0) && aligned16(x),
+              msg("x: expected unit-stride rows, a row stride that is a multiple of 8 and a 16-byte aligned base, "
+                  "got strides [", x.stride(0), ", ", x.stride(1), "]"));
+  TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.scalar_type() == x.scalar_type(),
+              msg("w: expected a ", x.scalar_type(), " [N, ", K, "] tensor, got ", w.scalar_type(), " ", shape_str(w)));
+  check_same_device(w, "w", x);
+  const int64_t N = w.size(0);
+  TORCH_CHECK(N <= INT32_MAX, msg("w: expected at most 2^31 - 1 rows, got ", N));
+  TORCH_CHECK(w.stride(1) == 1 && w.stride(0) % 8 == 0 && aligned16(w),
+              msg("w: expected unit-stride rows, a row stride that is a multiple of 8 and a 16-byte aligned base, "
+                  "got strides [", w.stride(0), ", ", w.stride(1), "]"));
+  if (bias.has_value()) {
+    const auto t = bias->scalar_type();
+    TORCH_CHECK((t == x.scalar_type() || t == at::kFloat) && bias->dim() == 1 && bias->size(0) == N &&
+                    bias->is_contiguous(),
+                msg("bias: expected a contiguous [", N, "] tensor of x's dtype or float32, got ", t, " ",
+                    shape_str(*bias)));
+    check_same_device(*bias, "bias", x);
+  }
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(),
+              msg("out: expected dtype ", x.scalar_type(), " (x's), got ", out.scalar_type()));
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.size(1) == N,
+              msg("out: expected a [", M, ", ", N, "] tensor, got ", shape_str(out)));
+  check_last_dim_contiguous(out, "out");
+  check_same_device(out, "out", x);
+  TORCH_CHECK(M <= 1 || out.stride(0) >= N, msg("out: expected a row stride >= N = ", N, ", got ", out.stride(0)));
+  TORCH_CHECK(!ranges_overlap(out, x) && !ranges_overlap(out, w) && !(bias.has_value() && ranges_overlap(out, *bias)),
+              msg("out: overlaps x, w or bias in memory (the output must be separate)"));
+  const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
+  sg::SkinnyMmaParams p;
+  p.config = {static_cast<int>(small(row_groups) ? row_groups : 0), static_cast<int>(small(unroll) ? unroll : 0),
+              static_cast<int>(small(warps) ? warps : 0)};
+  TORCH_CHECK(sg::skinny_mma_config_supported(p.config),
+              msg("config: (row_groups, unroll, warps) = (", row_groups, ", ", unroll, ", ", warps,
+                  ") is not compiled; compiled: ", mma_compiled_list()));
+  if (M == 0 || N == 0) return;
+
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto* props = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(props->major >= 8,
+              msg("skinny_mma: needs a GPU of capability 8.0 or above (mma.sync bf16), got ", props->major, ".",
+                  props->minor));
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.dtype = dtype_of(x.scalar_type());
+  p.x = x.data_ptr();
+  p.x_row_stride = M == 1 ? K : x.stride(0);  // a single row's stride is never used
+  p.w = w.data_ptr();
+  p.w_row_stride = w.stride(0);
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.bias_dtype = bias.has_value() ? dtype_of(bias->scalar_type()) : p.dtype;
+  p.out = out.data_ptr();
+  p.out_row_stride = M == 1 ? N : out.stride(0);
+  const cudaError_t err = sg::skinny_mma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, msg("skinny_mma: kernel launch failed: ", cudaGetErrorString(err)));
+}
+
+std::vector<int64_t> skinny_mma_configs() {
+  const sg::SkinnyMmaConfig* configs = nullptr;
+  const int n = sg::skinny_mma_compiled_configs(&configs);
+  std::vector<int64_t> flat;
+  for (int i = 0; i < n; ++i) {
+    flat.push_back(configs[i].row_groups);
+    flat.push_back(configs[i].unroll);
+    flat.push_back(configs[i].warps);
+  }
+  return flat;
+}
+
 std::vector<int64_t> skinny_tma_configs() {
   const sg::SkinnyTmaConfig* configs = nullptr;
   const int n = sg::skinny_tma_compiled_configs(&configs);
@@ -202,6 +298,9 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "int tile_n, int boxes_k, int stages, int split, bool pdl=True) -> ()");
   ops.impl("skinny_tma_fp8", c10::kCUDA, &skinny_tma_fp8);
   ops.def("skinny_tma_configs() -> int[]", &skinny_tma_configs);
+  ops.def("skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll, int warps) -> ()");
+  ops.impl("skinny_mma", c10::kCUDA, &skinny_mma);
+  ops.def("skinny_mma_configs() -> int[]", &skinny_mma_configs);
 #else
   (void)ops;  // CPU / ROCm: the namespace only (see the top of this file)
 #endif

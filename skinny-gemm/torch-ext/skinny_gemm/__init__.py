@@ -6,7 +6,10 @@ rows on the MMA's wide side (swap AB), a deterministic split-K reduction (or an 
 ``deterministic=False``), the FP8 scales, bias and output rounding in an fp32 epilogue. On CUDA
 builds a compiled Hopper kernel (capability 9.0, fp16 / bf16 and FP8 e4m3fn, 1-16 tokens: TMA
 weight ring, K slices summed in a thread-block cluster; ``csrc/skinny_tma.h``) runs where a
-:class:`TmaConfig` asks for it (or the tuning table names one). On CPU the ops run a
+:class:`TmaConfig` asks for it, and a tensor-core GEMV (capability >= 8.0, fp16 / bf16, 1-16
+tokens: W and x read with plain 16-byte loads straight into mma.sync fragments;
+``csrc/skinny_mma.h``) where an :class:`MmaConfig` does (or the tuning table names one of
+them). On CPU the ops run a
 plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1``
 is set before the first call, in which case CPU tensors go through the Triton kernel in
 Triton's interpreter (how CI tests the kernel code without a GPU).
@@ -35,12 +38,23 @@ import torch
 import torch.nn.functional as F
 
 from . import _reference, _tuning
-from ._config import TMA_MAX_M, SkinnyConfig, TmaConfig, config_from_list, skinny_config, tma_split
+from ._config import (
+    MMA_CHUNK_K,
+    MMA_MAX_M,
+    TMA_MAX_M,
+    MmaConfig,
+    SkinnyConfig,
+    TmaConfig,
+    config_from_list,
+    skinny_config,
+    tma_split,
+)
 from ._light_ops import define_op
 from ._triton_launch import device_name, triton_enabled_for, workspace_device, zeroed_buffer
 from ._ops import add_op_namespace_prefix, ops
 
 __all__ = [
+    "MmaConfig",
     "SkinnyConfig",
     "TmaConfig",
     "dispatch_buckets",
@@ -50,6 +64,7 @@ __all__ = [
     "layers",
     "linear",
     "linear_fp8",
+    "mma_configs",
     "reserve_workspaces",
     "skinny_config",
     "tma_configs",
@@ -164,21 +179,95 @@ def _run_tma(out, x, w, bias, cfg: TmaConfig, x_scale=None, w_scale=None) -> Non
         ops.skinny_tma_fp8(out, x, w, x_scale, w_scale, bias, cfg.tile_n, cfg.boxes_k, cfg.stages, split)
 
 
+# ---------------------------------------------------------------------------------------------
+# The compiled tensor-core GEMV (CUDA builds: torch-ext/torch_binding.cpp, csrc/skinny_mma.cu)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _mma_op():
+    """The CUDA build's ``skinny_mma`` op, or None (CPU / ROCm builds)."""
+    return getattr(ops, "skinny_mma", None)
+
+
+@functools.cache
+def _compiled_mma() -> tuple[tuple[int, int, int], ...]:
+    """The (row_groups, unroll, warps) the build compiled (its binding's list)."""
+    flat = list(ops.skinny_mma_configs()) if _mma_op() is not None else []
+    return tuple(tuple(flat[i : i + 3]) for i in range(0, len(flat), 3))
+
+
+def mma_configs() -> list[MmaConfig]:
+    """The :class:`MmaConfig` launches this build has code for; empty on CPU / ROCm builds."""
+    return [MmaConfig(rg, u, wp) for rg, u, wp in _compiled_mma()]
+
+
+@functools.cache
+def _mma_capable(index: int) -> bool:
+    """Whether the compiled GEMV runs on CUDA device ``index``: a CUDA build, capability >= 8.0."""
+    return torch.version.hip is None and _mma_op() is not None and torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+def _mma_refusal(x: torch.Tensor, w: torch.Tensor) -> str | None:
+    """Why the compiled GEMV cannot take x [M, K] and w [N, K] (on one GPU), as an error naming
+    the argument; None where it can. x's own strides and alignment are no reason (_run_mma
+    copies x: <= 16 rows)."""
+    M, K = x.shape
+    if not _mma_capable(x.device.index):
+        return (
+            "config: an MmaConfig runs the compiled tensor-core GEMV, which needs a CUDA build of skinny-gemm and a GPU "
+            f"of capability 8.0 or above; got {x.device} "
+            f"({'no compiled kernel in this build' if _mma_op() is None else 'an older GPU'})"
+        )
+    if x.dtype not in _DTYPES:
+        return f"x: an MmaConfig multiplies float16 or bfloat16, got {x.dtype}"
+    if not 1 <= M <= MMA_MAX_M:
+        return f"x: an MmaConfig takes 1 to {MMA_MAX_M} rows (tokens), got {M}"
+    if K % MMA_CHUNK_K:
+        return f"x: an MmaConfig needs K a multiple of {MMA_CHUNK_K} (the kernel's chunks of K), got K = {K}"
+    if w.stride(0) % 8 or w.data_ptr() % 16:
+        return (
+            f"w: an MmaConfig needs a row stride that is a multiple of 8 elements and a 16-byte aligned base, got row "
+            f"stride {w.stride(0)} at address {w.data_ptr()} (pass w.contiguous(), or a SkinnyConfig)"
+        )
+    return None
+
+
+def _run_mma(out, x, w, bias, cfg: MmaConfig) -> None:
+    """The compiled GEMV with ``cfg`` (x [M, K] 16-bit on a GPU, K > 0): what it cannot take is
+    an error naming the argument (_mma_refusal), x copied where only its layout is off."""
+    refusal = _mma_refusal(x, w)
+    if refusal is not None:
+        raise ValueError(refusal)
+    if not (x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0):
+        x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, rows of K
+    if (cfg.row_groups, cfg.unroll, cfg.warps) not in _compiled_mma():
+        compiled = ", ".join(f"({rg}, {u}, {wp})" for rg, u, wp in _compiled_mma())
+        raise ValueError(f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps): {compiled}")
+    ops.skinny_mma(out, x, w, bias, cfg.row_groups, cfg.unroll, cfg.warps)
+
+
 def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:
     """x [M, K], w [N, K], scales fp32 [M] / [1] and [N] / [1] or None, bias [N] or None;
-    writes out [M, N]. ``config``: a SkinnyConfig, a TmaConfig or None (eager calls), or its
-    ``as_list()`` (the ops' ``int[] config``; empty: the default choice)."""
+    writes out [M, N]. ``config``: a SkinnyConfig, a TmaConfig, an MmaConfig or None (eager
+    calls), or its ``as_list()`` (the ops' ``int[] config``; empty: the default choice)."""
     if x.shape[0] == 0 or out.shape[1] == 0:
         return
-    if config is None or isinstance(config, (SkinnyConfig, TmaConfig)):
+    if config is None or isinstance(config, (SkinnyConfig, TmaConfig, MmaConfig)):
         cfg = config  # an eager call's, checked once when it was made (~7 us a construction on a CI-class CPU)
     else:
         cfg = config_from_list(config) if len(config) else None
     if isinstance(cfg, TmaConfig) and x.is_cuda and x.shape[1] > 0:
         _run_tma(out, x, w, bias, cfg, x_scale, w_scale)
         return
-    if x.shape[1] == 0 or not triton_enabled_for(x) or isinstance(cfg, TmaConfig):
-        # K = 0 (out is the bias or zeros), CPU; a TmaConfig off the GPU: the same semantics in torch
+    if isinstance(cfg, MmaConfig) and x.is_cuda and x.shape[1] > 0:
+        if x_scale is not None:
+            raise ValueError(f"config: an MmaConfig multiplies float16 or bfloat16, got {x.dtype} (gemm_fp8)")
+        _run_mma(out, x, w, bias, cfg)
+        return
+    if x.shape[1] == 0 or not triton_enabled_for(x) or isinstance(cfg, (TmaConfig, MmaConfig)):
+        # K = 0 (out is the bias or zeros), CPU; a compiled kernel's config off the GPU: the same
+        # semantics in torch
         _reference.skinny_gemm(x, w, bias, out, x_scale, w_scale)
         return
     _triton_kernels().launch_skinny(x, w, bias, out, x_scale, w_scale, deterministic, cfg)
@@ -263,8 +352,8 @@ def _check_flags(deterministic, config) -> list[int]:
         raise TypeError(f"deterministic: expected True or False, got {deterministic!r}")
     if config is None:
         return []
-    if not isinstance(config, (SkinnyConfig, TmaConfig)):
-        raise TypeError(f"config: expected a SkinnyConfig, a TmaConfig or None, got {type(config).__name__}")
+    if not isinstance(config, (SkinnyConfig, TmaConfig, MmaConfig)):
+        raise TypeError(f"config: expected a SkinnyConfig, a TmaConfig, an MmaConfig or None, got {type(config).__name__}")
     return config.as_list()
 
 
@@ -311,7 +400,7 @@ def gemm(
     out: torch.Tensor | None = None,
     *,
     deterministic: bool = True,
-    config: SkinnyConfig | TmaConfig | None = None,
+    config: SkinnyConfig | TmaConfig | MmaConfig | None = None,
 ) -> torch.Tensor:
     """``x @ w.T + bias`` with the skinny split-K kernel, fp32 accumulation, one rounding.
 
@@ -321,7 +410,9 @@ def gemm(
     results may vary between runs). ``config`` replaces the default :func:`skinny_config`: a
     :class:`SkinnyConfig` (the Triton kernel), or a :class:`TmaConfig` (the compiled Hopper
     kernel: capability 9.0 GPUs of a CUDA build, 1-16 tokens, K a multiple of 8, w rows 16-byte
-    aligned; its reduction is always the ordered one; on CPU the plain-torch path). Any M (0
+    aligned; its reduction is always the ordered one; on CPU the plain-torch path), or an
+    :class:`MmaConfig` (the compiled tensor-core GEMV: capability >= 8.0, 1-16 tokens, K a
+    multiple of 32, w rows 16-byte aligned; deterministic; on CPU the plain-torch path). Any M (0
     included), N, K (odd sizes masked). Returns out ``[..., N]``."""
     _check_x(x, _DTYPES)
     N = _check_w(w, x)
@@ -430,6 +521,9 @@ def gemm_fp8(
     e4m3fn with K a multiple of 16). Returns ``[..., N]``."""
     x2, M, N, xs, ws = _check_fp8_args(x, w, x_scale, w_scale, bias, out_dtype)
     cfg = _check_flags(deterministic, config)
+    if isinstance(config, MmaConfig):
+        raise ValueError(f"config: an MmaConfig multiplies float16 or bfloat16, got {x.dtype} (use gemm, or a "
+                         "SkinnyConfig / TmaConfig)")  # fmt: skip
     _check_no_grad(x, w, bias)
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
@@ -461,7 +555,7 @@ def _table_rows(device: torch.device, dtype: torch.dtype, N: int, K: int, per_te
 
 def dispatch_buckets(
     w: torch.Tensor, dtype: torch.dtype | None = None, per_tensor: bool = False
-) -> list[tuple[int, SkinnyConfig | TmaConfig | None]]:
+) -> list[tuple[int, SkinnyConfig | TmaConfig | MmaConfig | None]]:
     """The M buckets ``linear`` / ``linear_fp8`` dispatch by for weight ``w`` ``[N, K]`` on its
     device and x in ``dtype`` (default: w's; ``per_tensor``: FP8 with both scales per tensor):
     ``[(m_max, config or None), ...]`` in increasing ``m_max``, as :func:`dispatch_config` reads
@@ -473,7 +567,9 @@ def dispatch_buckets(
     return [(m_max, config_from_list(cfg) if cfg is not None else None) for m_max, cfg in rows or ()]
 
 
-def dispatch_config(x: torch.Tensor, w: torch.Tensor, per_tensor: bool = False) -> SkinnyConfig | TmaConfig | None:
+def dispatch_config(
+    x: torch.Tensor, w: torch.Tensor, per_tensor: bool = False
+) -> SkinnyConfig | TmaConfig | MmaConfig | None:
     """The configuration ``linear`` / ``linear_fp8`` run the skinny kernel with for x ``[..., K]``
     and w ``[N, K]``, or None where they run cuBLAS: the tuning table's entry for this GPU
     (``torch.cuda.get_device_name``; ``"cpu"`` for CPU tensors, which only tests use), x's
@@ -489,8 +585,9 @@ def dispatch_config(x: torch.Tensor, w: torch.Tensor, per_tensor: bool = False) 
     for m_max, fields in rows:
         if M <= m_max:
             cfg = _table_config(fields) if fields is not None else None
-            if (isinstance(cfg, TmaConfig) and x.is_cuda and w.dtype == x.dtype and not torch.compiler.is_compiling()
-                    and _tma_refusal(_rows(x), w) is not None):  # fmt: skip
+            refusal = _tma_refusal if isinstance(cfg, TmaConfig) else _mma_refusal if isinstance(cfg, MmaConfig) else None
+            if (refusal is not None and x.is_cuda and w.dtype == x.dtype and not torch.compiler.is_compiling()
+                    and refusal(_rows(x), w) is not None):  # fmt: skip
                 return None
             return cfg
     return None
@@ -499,10 +596,10 @@ def dispatch_config(x: torch.Tensor, w: torch.Tensor, per_tensor: bool = False) 
 # The table's configurations as SkinnyConfig objects, made once each: a construction checks
 # every field (~7 us of host time on a CI-class CPU, measured with the launch stubbed out), on
 # every eager linear call otherwise.
-_TABLE_CONFIGS: dict[tuple[int, ...], SkinnyConfig | TmaConfig] = {}
+_TABLE_CONFIGS: dict[tuple[int, ...], SkinnyConfig | TmaConfig | MmaConfig] = {}
 
 
-def _table_config(fields) -> SkinnyConfig | TmaConfig:
+def _table_config(fields) -> SkinnyConfig | TmaConfig | MmaConfig:
     if torch.compiler.is_compiling():  # a graph constant; a global dict read would be guarded on
         return config_from_list(fields)
     key = tuple(fields)

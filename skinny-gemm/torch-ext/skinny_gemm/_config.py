@@ -1,6 +1,7 @@
 """The launch configurations of the skinny kernels and the default choice (plain Python: no
 Triton needed, so the public functions can check a ``config`` argument on any variant):
-:class:`SkinnyConfig` for the Triton kernel, :class:`TmaConfig` for the compiled Hopper one."""
+:class:`SkinnyConfig` for the Triton kernel, :class:`TmaConfig` for the compiled Hopper one,
+:class:`MmaConfig` for the compiled plain-load tensor-core GEMV."""
 
 from __future__ import annotations
 
@@ -108,15 +109,55 @@ class TmaConfig:
         return [0, self.tile_n, self.boxes_k, self.stages, self.split]
 
 
-def config_from_list(fields) -> SkinnyConfig | TmaConfig:
+# The compiled GEMV's choices (csrc/skinny_mma.h): groups of 8 weight rows a block, 32-column
+# chunks of K a step, warps a block (each a contiguous range of K). Which combinations a build has
+# code for is the binding's list (``skinny_mma_configs``), checked when a call reaches a GPU.
+MMA_ROW_GROUPS = (1, 2)
+MMA_UNROLL = (1, 2, 4)
+MMA_WARPS = (4, 8, 16)
+MMA_MAX_M = 16
+MMA_CHUNK_K = 32
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """One launch of the compiled plain-load tensor-core GEMV (``csrc/skinny_mma.h``: capability
+    >= 8.0, fp16 / bf16, 1-16 tokens, K a multiple of 32): each block multiplies ``8 *
+    row_groups`` weight rows by the tokens over all of K, its ``warps`` warps each streaming a
+    contiguous range of K with plain 16-byte loads straight into mma.sync fragments, ``unroll``
+    32-column chunks a step (the next step's loads in flight during this step's mmas); the warps'
+    tiles summed in a fixed order in shared memory. Its table / op form is ``[-1, row_groups,
+    unroll, warps]``."""
+
+    row_groups: int = 1
+    unroll: int = 2
+    warps: int = 8
+
+    def __post_init__(self):
+        for name, allowed in (("row_groups", MMA_ROW_GROUPS), ("unroll", MMA_UNROLL), ("warps", MMA_WARPS)):
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise TypeError(f"MmaConfig.{name}: expected an int, got {value!r}")
+            if value not in allowed:
+                raise ValueError(f"MmaConfig.{name}: expected one of {list(allowed)}, got {value}")
+
+    def as_list(self) -> list[int]:
+        """The form the ops and the tuning table take (``int[] config``)."""
+        return [-1, self.row_groups, self.unroll, self.warps]
+
+
+def config_from_list(fields) -> SkinnyConfig | TmaConfig | MmaConfig:
     """An ``int[] config`` (an op argument, a table entry) as its configuration: six ints a
-    :class:`SkinnyConfig`, ``[0, ...]`` with four more a :class:`TmaConfig`."""
+    :class:`SkinnyConfig`, ``[0, ...]`` with four more a :class:`TmaConfig`, ``[-1, ...]`` with
+    three more an :class:`MmaConfig`."""
     fields = [int(f) for f in fields]
     if len(fields) == 5 and fields[0] == 0:
         return TmaConfig(*fields[1:])
+    if len(fields) == 4 and fields[0] == -1:
+        return MmaConfig(*fields[1:])
     if len(fields) != 6:
-        raise ValueError(f"config: expected 6 ints (SkinnyConfig) or [0, tile_n, boxes_k, stages, split] "
-                         f"(TmaConfig), got {fields}")  # fmt: skip
+        raise ValueError(f"config: expected 6 ints (SkinnyConfig), [0, tile_n, boxes_k, stages, split] "
+                         f"(TmaConfig) or [-1, row_groups, unroll, warps] (MmaConfig), got {fields}")  # fmt: skip
     return SkinnyConfig(*fields)
 
 

@@ -13,14 +13,16 @@ dtype runs cuBLAS, and so does an M past a shape's last bucket.
 ``TABLE[(gpu_name, dtype, N, K)]`` is a list of ``(m_max, config)`` M buckets in increasing
 order (M <= 1, 2, 4, 8, 16, 32, 64): a call with M tokens takes the first bucket with
 ``M <= m_max``; ``config`` is ``[BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages]``
-for the skinny kernel, or None where cuBLAS won. ``gpu_name`` is
+for the Triton kernel, ``[0, tile_n, boxes_k, stages, split]`` for the compiled Hopper kernel,
+``[-1, row_groups, unroll, warps]`` for the compiled tensor-core GEMV (on the H200 since
+2026-11-29: 8B QKV at 2-8 tokens), or None where cuBLAS won. ``gpu_name`` is
 ``torch.cuda.get_device_name()``; ``dtype`` ``"bfloat16"``, ``"float16"``,
 ``"float8_e4m3fn"`` or ``"float8_e4m3fnuz"`` (x's and w's).
 """
 
 from __future__ import annotations
 
-MADE_BY = "python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1 --dtypes bfloat16  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16,fp8,fp8-tensor --tokens 1,4,16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down  # NVIDIA H100 80GB HBM3, 2026-11-28 (this header line added by hand: the run stopped at its 330 s limit after 41 of 45 points, before writing the table) (41 points, written from its log); python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8-tensor --tokens 1,4,16 --shapes 8B-o,8B-down  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 1,4,16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200, 2026-11-28, each call after another kernel (the default since then); 12 points, written from its log with --from-log (the next run's merge had dropped them); python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8,fp8-tensor --tokens 1,4,16 --shapes 405B-tp8-qkv  # NVIDIA H200, 2026-11-28, each call after another kernel; by hand, 2026-11-28: the H100's bfloat16 and float8_e4m3fn/tensor entries of the compiled kernel (tag 0) set to None (cuBLAS): they were timed back to back, where the kernel's start overlaps its previous call; in a layer on the H200 the same kernel read 0.89-1.04x cuBLAS (skinny-gemm/benchmarks/results/INDEX.md); an H100 run of this script (in a layer, its default now) re-measures them; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 2,4,8 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8-tensor --tokens 2,4,8 --shapes 405B-tp8-qkv  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --tokens 1,2 --dtypes bfloat16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200"
+MADE_BY = "python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down --tokens 1,4,16,64  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --tokens 1 --dtypes bfloat16  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16,fp8,fp8-tensor --tokens 1,4,16 --shapes 405B-tp8-qkv,405B-tp8-down,8B-qkv,8B-o,8B-down  # NVIDIA H100 80GB HBM3, 2026-11-28 (this header line added by hand: the run stopped at its 330 s limit after 41 of 45 points, before writing the table) (41 points, written from its log); python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8-tensor --tokens 1,4,16 --shapes 8B-o,8B-down  # NVIDIA H100 80GB HBM3; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 1,4,16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200, 2026-11-28, each call after another kernel (the default since then); 12 points, written from its log with --from-log (the next run's merge had dropped them); python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8,fp8-tensor --tokens 1,4,16 --shapes 405B-tp8-qkv  # NVIDIA H200, 2026-11-28, each call after another kernel; by hand, 2026-11-28: the H100's bfloat16 and float8_e4m3fn/tensor entries of the compiled kernel (tag 0) set to None (cuBLAS): they were timed back to back, where the kernel's start overlaps its previous call; in a layer on the H200 the same kernel read 0.89-1.04x cuBLAS (skinny-gemm/benchmarks/results/INDEX.md); an H100 run of this script (in a layer, its default now) re-measures them; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 2,4,8 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --dtypes fp8-tensor --tokens 2,4,8 --shapes 405B-tp8-qkv  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --tokens 1,2 --dtypes bfloat16 --shapes 405B-tp8-qkv,8B-qkv,8B-o,8B-down  # NVIDIA H200; python skinny-gemm/benchmarks/tune.py --quick --dtypes bfloat16 --tokens 2,4,8 --shapes 405B-tp8-qkv,8B-qkv  # NVIDIA H200"
 
 TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 3]),
                                                       (4, None),
@@ -78,8 +80,8 @@ TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('
  ('NVIDIA H100 80GB HBM3', 'float8_e4m3fn/tensor', 16384, 6656): [(1, None), (4, None), (16, None)],
  ('NVIDIA H200', 'bfloat16', 2304, 16384): [(1, [1, 2, 2048, 1, 8, 1]),
                                             (2, None),
-                                            (4, [16, 64, 128, 4, 4, 4]),
-                                            (8, [16, 64, 128, 4, 4, 4]),
+                                            (4, None),
+                                            (8, [0, 64, 2, 4, 4]),
                                             (16, [16, 64, 128, 4, 4, 4])],
  ('NVIDIA H200', 'bfloat16', 4096, 4096): [(1, [1, 4, 2048, 1, 8, 3]),
                                            (2, [2, 2, 1024, 1, 4, 1]),
@@ -92,9 +94,9 @@ TABLE: dict[tuple[str, str, int, int], list[tuple[int, list[int] | None]]] = {('
                                             (8, None),
                                             (16, None)],
  ('NVIDIA H200', 'bfloat16', 6144, 4096): [(1, [1, 4, 4096, 1, 8, 1]),
-                                           (2, None),
-                                           (4, None),
-                                           (8, None),
+                                           (2, [-1, 2, 4, 4]),
+                                           (4, [-1, 2, 4, 4]),
+                                           (8, [-1, 2, 4, 4]),
                                            (16, None)],
  ('NVIDIA H200', 'float8_e4m3fn', 2304, 16384): [(1, [1, 4, 4096, 1, 8, 2]),
                                                  (4, [16, 64, 256, 4, 4, 4]),

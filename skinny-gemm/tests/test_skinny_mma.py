@@ -1,0 +1,285 @@
+"""skinny-gemm's compiled tensor-core GEMV (``MmaConfig``: csrc/skinny_mma.cu) against fp64
+references of ``x @ w.T (+ bias)`` on the same fp16 / bf16 inputs.
+
+The kernel runs on capability >= 8.0 GPUs of a CUDA build; everywhere else the tests check the
+configuration, the dispatch and the fallbacks (an MmaConfig on CPU runs the plain-torch path).
+
+Tolerance, per output element (``assert_gemm_close``): one ulp of the output dtype at the
+reference's magnitude (one rounding) plus 1e-4 of the output's scale (fp32 sums in the MMA's
+order; the warps' K ranges added in warp order).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import pytest
+import torch
+import torch.nn.functional as F
+from skinny_gemm_testing import assert_fully_written, assert_only_declared_outputs_mutate, opcheck, poison_
+from test_skinny_gemm import (  # noqa: F401
+    DEVICE,
+    _gpu_key,
+    assert_gemm_close,
+    gen,
+    make,
+    make_fp8,
+    reference,
+    sg,
+    table,
+)
+
+_config = import_module(sg.__name__ + "._config")
+
+MMA = (
+    DEVICE == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 0)
+    and bool(sg.mma_configs())
+)  # fmt: skip
+needs_mma = pytest.mark.skipif(not MMA, reason="the compiled GEMV: a CUDA build on a capability >= 8.0 GPU")
+
+
+def run_mma(x, w, bias=None, cfg=None, out=None):
+    """gemm with an MmaConfig (default: MmaConfig()) on a poisoned output."""
+    out = poison_(torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=DEVICE)) if out is None else out
+    return sg.gemm(x, w, bias, out=out, config=cfg or sg.MmaConfig())
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration (any device)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kernels_ci
+def test_config_forms():
+    """An MmaConfig's op / table form is [-1, row_groups, unroll, warps] and parses back."""
+    cfg = sg.MmaConfig(2, 4, 8)
+    assert cfg.as_list() == [-1, 2, 4, 8]
+    assert _config.config_from_list(cfg.as_list()) == cfg
+    assert _config.config_from_list([-1, 1, 2, 8]) == sg.MmaConfig()
+
+
+@pytest.mark.kernels_ci
+@pytest.mark.parametrize(
+    "make_it, exc, match",
+    [
+        (lambda: sg.MmaConfig(3), ValueError, r"MmaConfig.row_groups: expected one of \[1, 2\], got 3"),
+        (lambda: sg.MmaConfig(1, 8), ValueError, r"MmaConfig.unroll: expected one of \[1, 2, 4\], got 8"),
+        (lambda: sg.MmaConfig(1, 2, 32), ValueError, r"MmaConfig.warps: expected one of \[4, 8, 16\], got 32"),
+        (lambda: sg.MmaConfig(1.0), TypeError, "MmaConfig.row_groups: expected an int, got 1.0"),
+        (lambda: _config.config_from_list([-1, 2]), ValueError, r"\[-1, row_groups, unroll, warps\] \(MmaConfig\)"),
+    ],
+    ids=["row_groups", "unroll", "warps", "type", "list"],
+)
+def test_config_errors(make_it, exc, match):
+    with pytest.raises(exc, match=match):
+        make_it()
+
+
+@pytest.mark.kernels_ci
+def test_off_gpu_an_mma_config_is_the_reference_path():
+    """Off a capable GPU's kernel (CPU here) an MmaConfig computes the same function in torch."""
+    if DEVICE == "cuda":
+        pytest.skip("CPU semantics")
+    x, w, b = make(5, 40, 256, torch.bfloat16, seed=2, bias=True)
+    assert_gemm_close(run_mma(x, w, b), reference(x, w, b), "MmaConfig on CPU")
+    assert sg.mma_configs() == []  # a CPU build has no compiled kernel
+
+
+@pytest.mark.kernels_ci
+def test_fp8_refuses_an_mma_config():
+    """The GEMV multiplies 16-bit operands: gemm_fp8 names config before anything runs."""
+    x, w, xs, ws = make_fp8(3, 32, 64, torch.float8_e4m3fn, seed=1)
+    with pytest.raises(ValueError, match="config: an MmaConfig multiplies float16 or bfloat16, got torch.float8_e4m3fn"):
+        sg.gemm_fp8(x, w, xs, ws, config=sg.MmaConfig())
+
+
+@pytest.mark.kernels_ci
+def test_table_entry_dispatch(table):
+    """A table entry of the GEMV: dispatch_buckets gives the MmaConfig; dispatch_config gives it
+    where the kernel can run (and on CPU, whose path computes the same function) and linear runs
+    gemm with it; where it cannot (K not a multiple of 32, a misaligned w) cuBLAS."""
+    N, K = 48, 256
+    x, w, b = make(5, N, K, torch.bfloat16, seed=3, bias=True)
+    entry = [-1, 2, 1, 4]
+    table[(_gpu_key(), "bfloat16", N, K)] = [(8, entry)]
+    runs = DEVICE == "cpu" or MMA
+    assert sg.dispatch_config(x, w) == (sg.MmaConfig(2, 1, 4) if runs else None)
+    assert sg.dispatch_buckets(w) == [(8, sg.MmaConfig(2, 1, 4))]
+    got = sg.linear(x, w, b)
+    if runs:
+        assert torch.equal(got, sg.gemm(x, w, b, config=sg.MmaConfig(2, 1, 4)))
+    else:
+        assert torch.equal(got, F.linear(x, w, b)), "a GPU without the kernel: cuBLAS"
+    if DEVICE == "cuda":
+        wide = torch.empty(N, K + 1, dtype=w.dtype, device=DEVICE)[:, 1:]  # rows 2 bytes off 16-byte alignment
+        wide.copy_(w)
+        assert sg.dispatch_config(x, wide) is None
+        assert torch.equal(sg.linear(x, wide, b), F.linear(x, wide, b)), "a w the 16-byte loads cannot read: cuBLAS"
+        x48, w48, _ = make(5, N, 48, torch.bfloat16, seed=4)
+        table[(_gpu_key(), "bfloat16", N, 48)] = [(8, entry)]
+        assert sg.dispatch_config(x48, w48) is None, "K = 48: no multiple of 32"
+
+
+# ---------------------------------------------------------------------------------------------
+# Values (a capability >= 8.0 GPU)
+# ---------------------------------------------------------------------------------------------
+
+# The issue's Llama-405B TP8 QKV and Llama-3-8B shapes; N off the 8- and 16-row groups (1000 =
+# 62 x 16 + 8, 17); K not a multiple of a warp's range or a step (4128 = 129 chunks: ranges of
+# 17 / 9 / 33 chunks, a remainder of single chunks), one chunk (32), fewer chunks than warps (96).
+SHAPES = [(2304, 16384), (6144, 4096), (1000, 4128), (96, 224), (130, 96), (17, 32)]
+
+
+@needs_mma
+@pytest.mark.parametrize("N, K", SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_values(N, K, M, dtype):
+    x, w, b = make(M, N, K, dtype, seed=M * 7 + N, bias=M % 2 == 1)
+    assert_gemm_close(run_mma(x, w, b), reference(x, w, b), f"MmaConfig() {M}x{N}x{K}")
+
+
+@needs_mma
+def test_every_compiled_config():
+    """Every compiled launch at 8 and 16 tokens (one and two x rows a lane), with an fp32 bias,
+    at a K with a remainder of single chunks and an N off the row groups."""
+    x16, w, _ = make(16, 1000, 4128, torch.bfloat16, seed=4)
+    b = torch.randn(1000, generator=gen(5)).to(DEVICE)
+    for cfg in sg.mma_configs():
+        for x in (x16[:1], x16[:8], x16):
+            assert_gemm_close(run_mma(x, w, b, cfg), reference(x, w, b), f"{cfg} M={x.shape[0]}")
+
+
+@needs_mma
+def test_layouts_and_out():
+    """x strided or misaligned (copied first), 3-D x, a w with a row stride past K, out= given
+    (fully written), M = 0 (nothing launched), and an uncompiled configuration (an error naming
+    config, out untouched)."""
+    x, w, b = make(6, 512, 1024, torch.bfloat16, seed=6, bias=True)
+    ref = reference(x, w, b)
+    strided = torch.empty(6, 2048, dtype=x.dtype, device=DEVICE)[:, ::2]
+    strided.copy_(x)
+    assert_gemm_close(run_mma(strided, w, b), ref, "strided x")
+    shifted = torch.empty(6 * 1024 + 1, dtype=x.dtype, device=DEVICE)[1:].view(6, 1024)
+    shifted.copy_(x)
+    assert_gemm_close(run_mma(shifted, w, b), ref, "misaligned x")
+    wide = torch.empty(512, 1024 + 64, dtype=w.dtype, device=DEVICE)[:, :1024]
+    wide.copy_(w)
+    assert_gemm_close(run_mma(x, wide, b), ref, "w row stride 1088")
+    y = sg.gemm(x.view(2, 3, 1024), w, b, config=sg.MmaConfig())
+    assert_gemm_close(y.view(6, 512), ref, "3-D x")
+    assert sg.gemm(x[:0], w, config=sg.MmaConfig()).shape == (0, 512)
+    out = poison_(torch.empty(6, 512, dtype=x.dtype, device=DEVICE))
+    compiled = {(c.row_groups, c.unroll, c.warps) for c in sg.mma_configs()}
+    missing = next(
+        sg.MmaConfig(rg, u, wp)
+        for rg in _config.MMA_ROW_GROUPS for u in _config.MMA_UNROLL for wp in _config.MMA_WARPS
+        if (rg, u, wp) not in compiled
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="config: MmaConfig.* is not compiled in this build"):
+        sg.gemm(x, w, out=out, config=missing)
+    assert torch.isnan(out.float()).all()
+
+
+@needs_mma
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x, w: sg.gemm(torch.randn(17, 64, device=DEVICE).bfloat16(), w, config=sg.MmaConfig()),
+         r"x: an MmaConfig takes 1 to 16 rows \(tokens\), got 17"),
+        (lambda x, w: sg.gemm(x[:, :48], w[:, :48].contiguous(), config=sg.MmaConfig()),
+         "x: an MmaConfig needs K a multiple of 32"),
+        (lambda x, w: sg.gemm(x, w, config=sg.MmaConfig()),
+         r"w: an MmaConfig needs a row stride that is a multiple of 8 elements"),
+    ],
+    ids=["M", "K", "w stride"],
+)
+def test_bad_input(call, match):
+    x, w, _ = make(4, 32, 64, torch.bfloat16, seed=7)
+    w = torch.cat([w, w[:, :4]], dim=1)[:, :64] if "stride" in match else w  # row stride 68
+    out = poison_(torch.empty(4, 32, dtype=x.dtype, device=DEVICE))
+    with pytest.raises(ValueError, match=match):
+        call(x, w)
+    assert torch.isnan(out.float()).all()
+
+
+@needs_mma
+def test_binding_checks():
+    """The compiled op's own checks (direct torch.ops callers), each before anything is written."""
+    x, w, _ = make(4, 32, 64, torch.bfloat16, seed=8)
+    out = poison_(torch.empty(4, 32, dtype=x.dtype, device=DEVICE))
+    op = sg.ops.skinny_mma
+    cases = [
+        ((out, x, w, None, 3, 2, 8), r"config: \(row_groups, unroll, warps\) = \(3, 2, 8\) is not compiled"),
+        ((out, x, w, None, 2**32 + 1, 2, 8), r"config: .* = \(4294967297, 2, 8\) is not compiled"),
+        ((out, x[:, :48], w[:, :48], None, 1, 2, 8), "x: K must be a positive multiple of 32"),
+        ((out, x, w.half(), None, 1, 2, 8), r"w: expected a BFloat16 \[N, 64\] tensor"),
+        ((out[:, :16], x, w, None, 1, 2, 8), r"out: expected a \[4, 32\] tensor"),
+        ((out.half(), x, w, None, 1, 2, 8), r"out: expected dtype BFloat16 \(x's\), got Half"),
+        ((out, x.float(), w, None, 1, 2, 8), "x: expected dtype bfloat16 or float16"),
+        ((out, x, w, torch.zeros(31, device=DEVICE), 1, 2, 8), r"bias: expected a contiguous \[32\] tensor"),
+    ]
+    for args, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            op(*args)
+    assert torch.isnan(out.float()).all()
+
+
+@needs_mma
+def test_deterministic():
+    """The warps' K ranges are summed in warp order: repeated calls are bitwise equal."""
+    x, w, _ = make(16, 2304, 16384, torch.bfloat16, seed=9)
+    first = run_mma(x, w)
+    for _ in range(5):
+        assert torch.equal(run_mma(x, w), first)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library contract, torch.compile, CUDA graphs
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_mma
+def test_opcheck():
+    x, w, b = make(5, 200, 512, torch.bfloat16, seed=10, bias=True)
+    out = torch.empty(5, 200, dtype=torch.bfloat16, device=DEVICE)
+    args = (out, x, w, b, True, sg.MmaConfig().as_list())
+    opcheck(sg.ops.skinny_gemm, args)
+    poison_(out)
+    assert_only_declared_outputs_mutate(sg.ops.skinny_gemm, args)
+    assert_gemm_close(out, reference(x, w, b), "after opcheck")
+
+
+@needs_mma
+def test_torch_compile_fullgraph(table):
+    x, w, b = make(6, 256, 512, torch.float16, seed=11, bias=True)
+    table[(_gpu_key(), "float16", 256, 512)] = [(8, [-1, 1, 2, 4])]
+
+    def block(x):
+        return [sg.gemm(x, w, b, config=sg.MmaConfig(2, 1, 8)) + 1, sg.linear(x * 2, w)]
+
+    with torch.no_grad():
+        got = torch.compile(block, fullgraph=True, dynamic=False)(x)
+        expected = block(x)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+@needs_mma
+@pytest.mark.parametrize("M", [1, 16])
+def test_cuda_graph_capture(M):
+    """Captured once, replayed on new inputs: equal to eager calls."""
+    x, w, b = make(M, 2304, 16384, torch.bfloat16, seed=12, bias=True)
+    static_x = x.clone()
+    cfg = sg.MmaConfig()
+    sg.gemm(static_x, w, b, config=cfg)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = sg.gemm(static_x, w, b, config=cfg)
+    for seed in (13, 14):
+        new_x = torch.randn(M, 16384, generator=gen(seed)).bfloat16().to(DEVICE)
+        static_x.copy_(new_x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, sg.gemm(new_x, w, b, config=cfg))
+        assert_fully_written(static_out, "graph replay")
