@@ -8,6 +8,8 @@ per-channel scales and bf16 out (suite ``skinny-gemm-fp8``), and with one scale 
 * ``ours``: ``gemm`` / ``gemm_fp8`` (the skinny kernel, default configuration, ordered split-K
   reduction); ``ours_atomic``: the atomic reduction; ``ours_tma`` (capability 9.0 GPUs of a CUDA
   build, 1-16 tokens): ``gemm`` / ``gemm_fp8`` with the compiled Hopper kernel's default ``TmaConfig()``;
+  ``ours_mma`` (capability >= 8.0 GPUs of a CUDA build, 1-16 tokens, bf16 suite): ``gemm`` with the
+  compiled tensor-core GEMV's default ``MmaConfig()``;
   ``linear``: the dispatching entry point (with the committed tuning table: cuBLAS wherever the
   table has no entry);
 * ``cublas``: ``F.linear`` / ``torch._scaled_mm`` (the reference: the issue's targets are
@@ -99,9 +101,9 @@ def _tma_unavailable() -> str | None:
     return None if _ours().tma_configs() else "this build of skinny-gemm has no compiled kernel (not a CUDA build)"
 
 
-def _check_tma_tokens(M: int) -> None:
+def _check_tma_tokens(M: int, what: str = "the compiled Hopper kernel") -> None:
     if M > 16:
-        raise ValueError(f"the compiled kernel takes 1-16 tokens, not {M}: not timed")
+        raise ValueError(f"{what} takes 1-16 tokens, not {M}: not timed")
 
 
 def make_tma(case: Case, seed: int) -> Fn:
@@ -110,6 +112,24 @@ def make_tma(case: Case, seed: int) -> Fn:
     _check_tma_tokens(x.shape[0])
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device="cuda")
     cfg = kernel.TmaConfig()
+    return lambda: kernel.gemm(x, w, out=out, config=cfg)
+
+
+def _mma_unavailable() -> str | None:
+    reason = _ours_unavailable()
+    if reason is not None:
+        return reason
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) < (8, 0):
+        return "the compiled tensor-core GEMV runs on capability >= 8.0 GPUs"
+    return None if _ours().mma_configs() else "this build of skinny-gemm has no compiled GEMV (not a CUDA build)"
+
+
+def make_mma(case: Case, seed: int) -> Fn:
+    kernel = _ours()
+    x, w = _inputs(case, seed)
+    _check_tma_tokens(x.shape[0], "the compiled tensor-core GEMV")
+    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device="cuda")
+    cfg = kernel.MmaConfig()
     return lambda: kernel.gemm(x, w, out=out, config=cfg)
 
 
@@ -242,6 +262,8 @@ def build_suites() -> list[Suite]:
                 Provider("ours_atomic", _make_ours("ours_atomic"), unavailable=_ours_unavailable, note="gemm(deterministic=False)"),
                 Provider("ours_tma", make_tma, unavailable=_tma_unavailable,
                          note="gemm(config=TmaConfig()): the compiled Hopper kernel, <= 16 tokens"),
+                Provider("ours_mma", make_mma, unavailable=_mma_unavailable,
+                         note="gemm(config=MmaConfig()): the compiled tensor-core GEMV, <= 16 tokens"),
                 Provider("linear", _make_ours("linear"), unavailable=_ours_unavailable, note="linear: the tuning table's choice"),
                 Provider("cublas", make_cublas, note="F.linear"),
                 Provider("torch_compile", make_compile, unavailable=autotune_unavailable,
