@@ -354,12 +354,19 @@ def check_config(
     at_least: dict[str, int] | None = None,
     flags: Sequence[str] = (),
     optional: Sequence[str] = (),
+    choices: dict[str, Sequence[int]] | None = None,
 ) -> None:
     """The field checks of a configuration dataclass's ``__post_init__``: ``powers_of_two`` and
-    ``at_least`` map int fields to their minimum, ``flags`` are bools, and the fields in
-    ``optional`` may also be None (the launcher decides). Errors name ``Class.FIELD``, what was
-    expected and what came."""
+    ``at_least`` map int fields to their minimum, ``flags`` are bools, ``choices`` maps int fields
+    to the values a compiled kernel has code for, and the fields in ``optional`` may also be None
+    (the launcher decides). Errors name ``Class.FIELD``, what was expected and what came."""
     cls = type(config).__name__
+    for name, allowed in (choices or {}).items():
+        value = getattr(config, name)
+        if type(value) is not int:
+            raise TypeError(f"{cls}.{name}: expected an int, got {value!r}")
+        if value not in allowed:
+            raise ValueError(f"{cls}.{name}: expected one of {list(allowed)}, got {value}")
     for name, low in {**(powers_of_two or {}), **(at_least or {})}.items():
         value = getattr(config, name)
         if value is None and name in optional:

@@ -101,7 +101,7 @@ def _tma_unavailable() -> str | None:
     return None if _ours().tma_configs() else "this build of skinny-gemm has no compiled kernel (not a CUDA build)"
 
 
-def _check_tma_tokens(M: int, what: str = "the compiled Hopper kernel") -> None:
+def _check_compiled_tokens(M: int, what: str = "the compiled Hopper kernel") -> None:
     if M > 16:
         raise ValueError(f"{what} takes 1-16 tokens, not {M}: not timed")
 
@@ -109,7 +109,7 @@ def _check_tma_tokens(M: int, what: str = "the compiled Hopper kernel") -> None:
 def make_tma(case: Case, seed: int) -> Fn:
     kernel = _ours()
     x, w = _inputs(case, seed)
-    _check_tma_tokens(x.shape[0])
+    _check_compiled_tokens(x.shape[0])
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device="cuda")
     cfg = kernel.TmaConfig()
     return lambda: kernel.gemm(x, w, out=out, config=cfg)
@@ -127,7 +127,7 @@ def _mma_unavailable() -> str | None:
 def make_mma(case: Case, seed: int) -> Fn:
     kernel = _ours()
     x, w = _inputs(case, seed)
-    _check_tma_tokens(x.shape[0], "the compiled tensor-core GEMV")
+    _check_compiled_tokens(x.shape[0], "the compiled tensor-core GEMV")
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device="cuda")
     cfg = kernel.MmaConfig()
     return lambda: kernel.gemm(x, w, out=out, config=cfg)
@@ -182,7 +182,7 @@ def _make_ours_fp8(which: str, per_tensor: bool = False):
         if which == "linear":
             return lambda: kernel.linear_fp8(xq, wq, xs, ws)
         if which == "ours_tma":
-            _check_tma_tokens(xq.shape[0])
+            _check_compiled_tokens(xq.shape[0])
             cfg = kernel.TmaConfig()
             return lambda: kernel.gemm_fp8(xq, wq, xs, ws, config=cfg)
         det = which == "ours"

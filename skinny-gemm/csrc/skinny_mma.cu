@@ -1,14 +1,11 @@
 // skinny-gemm's plain-load tensor-core GEMV (skinny_mma.h says what it computes and why): the
 // kernel, its compiled configurations and the launcher.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
-#include <type_traits>
 
 #include "common/launch.h"
+#include "skinny_device.cuh"
 #include "skinny_mma.h"
 
 namespace fused_llm {
@@ -31,22 +28,6 @@ __device__ __forceinline__ uint4 load_x(const void* p) {
   return r;
 }
 
-template <typename T>
-__device__ __forceinline__ void mma_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                          uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -63,7 +44,7 @@ struct Args {
   const void* w;
   int64_t w_row_stride;
   const void* bias;
-  bool bias_fp32;
+  DType bias_dtype;
   void* out;
   int64_t out_row_stride;
   int m, n, k;
@@ -71,16 +52,16 @@ struct Args {
 
 // Lane (g, t)'s pointers: rows row0 + 8 r + g of W (the last row for rows past n: read, never
 // stored), rows g and g + 8 of x (row 0 past m: read, zeroed before use), column 8 t.
-template <typename T, int RG>
+template <int RG>
 struct Lane {
-  const T* w[RG];
-  const T* xa;
-  const T* xb;
+  const uint16_t* w[RG];  // 16-bit elements of either dtype: only loaded as 16-byte words
+  const uint16_t* xa;
+  const uint16_t* xb;
   bool xa_live, xb_live;
 };
 
-template <typename T, int RG, bool TWO_TILES, int U>
-__device__ __forceinline__ void load_step(Step<RG, U>& s, const Lane<T, RG>& l, int k, uint64_t policy) {
+template <int RG, bool TWO_TILES, int U>
+__device__ __forceinline__ void load_step(Step<RG, U>& s, const Lane<RG>& l, int k, uint64_t policy) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #pragma unroll
@@ -90,8 +71,8 @@ __device__ __forceinline__ void load_step(Step<RG, U>& s, const Lane<T, RG>& l, 
   }
 }
 
-template <typename T, int RG, bool TWO_TILES, int U>
-__device__ __forceinline__ void mma_step(Step<RG, U>& s, const Lane<T, RG>& l, float (*acc)[4]) {
+template <DType kIn, int RG, bool TWO_TILES, int U>
+__device__ __forceinline__ void mma_chunks(Step<RG, U>& s, const Lane<RG>& l, float (*acc)[4]) {
   const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -99,48 +80,29 @@ __device__ __forceinline__ void mma_step(Step<RG, U>& s, const Lane<T, RG>& l, f
     if (!TWO_TILES || !l.xb_live) s.xb[u] = zero;
 #pragma unroll
     for (int kstep = 0; kstep < 2; ++kstep) {  // the chunk's two k16 steps: words 2 s and 2 s + 1
+      const int lo = 2 * kstep, hi = 2 * kstep + 1;
+      const uint32_t x_frag[4] = {word(s.xa[u], lo), word(s.xb[u], lo), word(s.xa[u], hi), word(s.xb[u], hi)};
 #pragma unroll
-      for (int r = 0; r < RG; ++r) {
-        mma_16816<T>(acc[r], word(s.xa[u], 2 * kstep), word(s.xb[u], 2 * kstep), word(s.xa[u], 2 * kstep + 1),
-                     word(s.xb[u], 2 * kstep + 1), word(s.w[u][r], 2 * kstep), word(s.w[u][r], 2 * kstep + 1));
-      }
+      for (int r = 0; r < RG; ++r) mma_step<kIn>(acc[r], x_frag, word(s.w[u][r], lo), word(s.w[u][r], hi));
     }
   }
 }
 
-template <typename T>
-__device__ __forceinline__ T to_out(float v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16(v);
-  } else {
-    return __float2half(v);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ float to_float(T v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return __half2float(v);
-  }
-}
-
-template <typename T, int RG, bool TWO_TILES, int U, int WARPS>
+template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) skinny_mma_kernel(const Args a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * RG * 8;
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  Lane<T, RG> l;
+  Lane<RG> l;
 #pragma unroll
   for (int r = 0; r < RG; ++r) {
-    l.w[r] = static_cast<const T*>(a.w) + int64_t(min(row0 + 8 * r + g, a.n - 1)) * a.w_row_stride + 8 * t;
+    l.w[r] = static_cast<const uint16_t*>(a.w) + int64_t(min(row0 + 8 * r + g, a.n - 1)) * a.w_row_stride + 8 * t;
   }
   l.xa_live = g < a.m;
   l.xb_live = g + 8 < a.m;
-  l.xa = static_cast<const T*>(a.x) + (l.xa_live ? g : 0) * a.x_row_stride + 8 * t;
-  l.xb = static_cast<const T*>(a.x) + (l.xb_live ? g + 8 : 0) * a.x_row_stride + 8 * t;
+  l.xa = static_cast<const uint16_t*>(a.x) + (l.xa_live ? g : 0) * a.x_row_stride + 8 * t;
+  l.xb = static_cast<const uint16_t*>(a.x) + (l.xb_live ? g + 8 : 0) * a.x_row_stride + 8 * t;
 
   // Warp `warp` takes chunks [c_lo, c_hi) of K's k / 32: whole steps of U, then single chunks.
   const int chunks = a.k / kMmaChunkK;
@@ -157,21 +119,21 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_mma_kernel(const Args a) {
     // let the compiler sink each load next to its use: ~2 loads in flight, 33 us instead of 22 at
     // 2304 x 16384, H200, 2026-11-29).
     Step<RG, U> s0, s1;
-    load_step<T, RG, TWO_TILES, U>(s0, l, k, policy);
+    load_step<RG, TWO_TILES, U>(s0, l, k, policy);
     for (int i = 0; i < steps; i += 2) {
-      if (i + 1 < steps) load_step<T, RG, TWO_TILES, U>(s1, l, k + kStep, policy);
-      mma_step<T, RG, TWO_TILES, U>(s0, l, acc);
+      if (i + 1 < steps) load_step<RG, TWO_TILES, U>(s1, l, k + kStep, policy);
+      mma_chunks<kIn, RG, TWO_TILES, U>(s0, l, acc);
       if (i + 1 >= steps) break;
-      if (i + 2 < steps) load_step<T, RG, TWO_TILES, U>(s0, l, k + 2 * kStep, policy);
-      mma_step<T, RG, TWO_TILES, U>(s1, l, acc);
+      if (i + 2 < steps) load_step<RG, TWO_TILES, U>(s0, l, k + 2 * kStep, policy);
+      mma_chunks<kIn, RG, TWO_TILES, U>(s1, l, acc);
       k += 2 * kStep;
     }
     k = c_lo * kMmaChunkK + steps * kStep;
   }
   for (; k < c_hi * kMmaChunkK; k += kMmaChunkK) {
     Step<RG, 1> s;
-    load_step<T, RG, TWO_TILES, 1>(s, l, k, policy);
-    mma_step<T, RG, TWO_TILES, 1>(s, l, acc);
+    load_step<RG, TWO_TILES, 1>(s, l, k, policy);
+    mma_chunks<kIn, RG, TWO_TILES, 1>(s, l, acc);
   }
 
   // The warps' tiles summed in warp order; thread i then owns C element (r, j) of lane i % 32:
@@ -190,10 +152,8 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_mma_kernel(const Args a) {
     float v = 0.f;
 #pragma unroll
     for (int q = 0; q < WARPS; ++q) v += partial[q][rj][ln];
-    if (a.bias != nullptr) {
-      v += a.bias_fp32 ? static_cast<const float*>(a.bias)[row] : to_float(static_cast<const T*>(a.bias)[row]);
-    }
-    static_cast<T*>(a.out)[int64_t(token) * a.out_row_stride + row] = to_out<T>(v);
+    if (a.bias != nullptr) v += load_bias(a.bias, a.bias_dtype, row);
+    store_out(a.out, kIn, int64_t(token) * a.out_row_stride + row, v);
   }
 }
 
@@ -203,39 +163,24 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_mma_kernel(const Args a) {
   X(1, 1, 4) X(1, 1, 8) X(1, 1, 16) X(1, 2, 4) X(1, 2, 8) X(1, 2, 16) X(1, 4, 4) X(1, 4, 8) \
   X(2, 1, 4) X(2, 1, 8) X(2, 1, 16) X(2, 2, 4) X(2, 2, 8) X(2, 2, 16) X(2, 4, 4) X(2, 4, 8)
 
-template <typename T, int RG, int U, int WARPS>
+template <DType kIn, int RG, int U, int WARPS>
 cudaError_t launch_config(const Args& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((int64_t(a.n) + 8 * RG - 1) / (8 * RG)));
   if (a.m > 8) {
-    skinny_mma_kernel<T, RG, true, U, WARPS><<<grid, WARPS * 32, 0, stream>>>(a);
+    skinny_mma_kernel<kIn, RG, true, U, WARPS><<<grid, WARPS * 32, 0, stream>>>(a);
   } else {
-    skinny_mma_kernel<T, RG, false, U, WARPS><<<grid, WARPS * 32, 0, stream>>>(a);
+    skinny_mma_kernel<kIn, RG, false, U, WARPS><<<grid, WARPS * 32, 0, stream>>>(a);
   }
   return cudaGetLastError();
 }
 
-template <typename T>
+template <DType kIn>
 cudaError_t launch_dtype(const SkinnyMmaConfig& c, const Args& a, cudaStream_t stream) {
 #define SKINNY_MMA_CASE(RG, U, WARPS) \
-  if (c.row_groups == RG && c.unroll == U && c.warps == WARPS) return launch_config<T, RG, U, WARPS>(a, stream);
+  if (c.row_groups == RG && c.unroll == U && c.warps == WARPS) return launch_config<kIn, RG, U, WARPS>(a, stream);
   SKINNY_MMA_CONFIGS(SKINNY_MMA_CASE)
 #undef SKINNY_MMA_CASE
   return cudaErrorNotSupported;
-}
-
-// Whether `device` is capability 8.0 or above (mma.sync bf16), queried once per device.
-bool capability_80(int device) {
-  static std::atomic<int8_t> known[64];  // 0 unknown, 1 no, 2 yes
-  if (device >= 0 && device < 64 && known[device].load(std::memory_order_relaxed) != 0) {
-    return known[device].load(std::memory_order_relaxed) == 2;
-  }
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  if (device >= 0 && device < 64) known[device].store(major >= 8 ? 2 : 1, std::memory_order_relaxed);
-  return major >= 8;
 }
 
 }  // namespace
@@ -244,7 +189,8 @@ bool skinny_mma_config_supported(const SkinnyMmaConfig& c) {
   const SkinnyMmaConfig* configs = nullptr;
   const int n = skinny_mma_compiled_configs(&configs);
   for (int i = 0; i < n; ++i) {
-    if (c.row_groups == configs[i].row_groups && c.unroll == configs[i].unroll && c.warps == configs[i].warps) return true;
+    const SkinnyMmaConfig& k = configs[i];
+    if (c.row_groups == k.row_groups && c.unroll == k.unroll && c.warps == k.warps) return true;
   }
   return false;
 }
@@ -266,23 +212,23 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
       (p.m > 1 && p.x_row_stride % 8 != 0) || !skinny_mma_config_supported(p.config)) {
     return cudaErrorNotSupported;
   }
-  int device = 0;
-  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (!capability_80(device)) return cudaErrorNotSupported;
+  int cc = 0;
+  if (const cudaError_t err = compute_capability(&cc); err != cudaSuccess) return err;
+  if (cc < 80) return cudaErrorNotSupported;  // mma.sync bf16
   Args a;
   a.x = p.x;
   a.x_row_stride = p.x_row_stride;
   a.w = p.w;
   a.w_row_stride = p.w_row_stride;
   a.bias = p.bias;
-  a.bias_fp32 = p.bias_dtype == DType::kFloat32;
+  a.bias_dtype = p.bias_dtype;
   a.out = p.out;
   a.out_row_stride = p.out_row_stride;
   a.m = static_cast<int>(p.m);
   a.n = static_cast<int>(p.n);
   a.k = static_cast<int>(p.k);
-  return p.dtype == DType::kBFloat16 ? launch_dtype<__nv_bfloat16>(p.config, a, stream)
-                                     : launch_dtype<__half>(p.config, a, stream);
+  return p.dtype == DType::kBFloat16 ? launch_dtype<DType::kBFloat16>(p.config, a, stream)
+                                     : launch_dtype<DType::kFloat16>(p.config, a, stream);
 }
 
 }  // namespace skinny_gemm

@@ -3,7 +3,6 @@
 // instantiate skinny_tma_kernel.cuh).
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "common/launch.h"
@@ -13,23 +12,6 @@
 namespace fused_llm {
 namespace skinny_gemm {
 namespace {
-
-// Whether `device` is capability 9.0 (the kernel's only code is sm_90), queried once per device.
-bool capability_90(int device) {
-  static std::atomic<int8_t> known[kMaxDevices];  // 0 unknown, 1 no, 2 yes
-  if (device < kMaxDevices && known[device].load(std::memory_order_relaxed) != 0) {
-    return known[device].load(std::memory_order_relaxed) == 2;
-  }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const bool yes = major == 9 && minor == 0;
-  if (device < kMaxDevices) known[device].store(yes ? 2 : 1, std::memory_order_relaxed);
-  return yes;
-}
 
 bool is_16bit(DType t) { return t == DType::kBFloat16 || t == DType::kFloat16; }
 
@@ -75,9 +57,9 @@ cudaError_t skinny_tma_launch(const SkinnyTmaParams& p, cudaStream_t stream) {
       cdiv(p.n, p.config.tile_n) * p.config.split > int64_t(INT32_MAX)) {
     return cudaErrorNotSupported;
   }
-  int device = 0;
-  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (!capability_90(device)) return cudaErrorNotSupported;
+  int cc = 0;
+  if (const cudaError_t err = compute_capability(&cc); err != cudaSuccess) return err;
+  if (cc != 90) return cudaErrorNotSupported;  // the kernel's only code is sm_90
   KernelArgs a;
   a.m = p.m;
   a.n = p.n;

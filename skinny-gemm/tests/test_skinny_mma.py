@@ -16,7 +16,7 @@ from importlib import import_module
 import pytest
 import torch
 import torch.nn.functional as F
-from skinny_gemm_testing import assert_fully_written, assert_only_declared_outputs_mutate, opcheck, poison_
+from skinny_gemm_testing import poison_
 from test_skinny_gemm import (  # noqa: F401
     DEVICE,
     _gpu_key,
@@ -28,6 +28,7 @@ from test_skinny_gemm import (  # noqa: F401
     sg,
     table,
 )
+from test_skinny_tma import check_cuda_graph_capture, check_deterministic, check_opcheck, run_config
 
 _config = import_module(sg.__name__ + "._config")
 
@@ -40,8 +41,7 @@ needs_mma = pytest.mark.skipif(not MMA, reason="the compiled GEMV: a CUDA build 
 
 def run_mma(x, w, bias=None, cfg=None, out=None):
     """gemm with an MmaConfig (default: MmaConfig()) on a poisoned output."""
-    out = poison_(torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=DEVICE)) if out is None else out
-    return sg.gemm(x, w, bias, out=out, config=cfg or sg.MmaConfig())
+    return run_config(x, w, bias, cfg or sg.MmaConfig(), out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,11 +227,8 @@ def test_binding_checks():
 
 @needs_mma
 def test_deterministic():
-    """The warps' K ranges are summed in warp order: repeated calls are bitwise equal."""
-    x, w, _ = make(16, 2304, 16384, torch.bfloat16, seed=9)
-    first = run_mma(x, w)
-    for _ in range(5):
-        assert torch.equal(run_mma(x, w), first)
+    """The warps' K ranges are summed in warp order."""
+    check_deterministic(sg.MmaConfig())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,13 +238,7 @@ def test_deterministic():
 
 @needs_mma
 def test_opcheck():
-    x, w, b = make(5, 200, 512, torch.bfloat16, seed=10, bias=True)
-    out = torch.empty(5, 200, dtype=torch.bfloat16, device=DEVICE)
-    args = (out, x, w, b, True, sg.MmaConfig().as_list())
-    opcheck(sg.ops.skinny_gemm, args)
-    poison_(out)
-    assert_only_declared_outputs_mutate(sg.ops.skinny_gemm, args)
-    assert_gemm_close(out, reference(x, w, b), "after opcheck")
+    check_opcheck(sg.MmaConfig())
 
 
 @needs_mma
@@ -268,18 +259,4 @@ def test_torch_compile_fullgraph(table):
 @needs_mma
 @pytest.mark.parametrize("M", [1, 16])
 def test_cuda_graph_capture(M):
-    """Captured once, replayed on new inputs: equal to eager calls."""
-    x, w, b = make(M, 2304, 16384, torch.bfloat16, seed=12, bias=True)
-    static_x = x.clone()
-    cfg = sg.MmaConfig()
-    sg.gemm(static_x, w, b, config=cfg)  # warm-up
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = sg.gemm(static_x, w, b, config=cfg)
-    for seed in (13, 14):
-        new_x = torch.randn(M, 16384, generator=gen(seed)).bfloat16().to(DEVICE)
-        static_x.copy_(new_x)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static_out, sg.gemm(new_x, w, b, config=cfg))
-        assert_fully_written(static_out, "graph replay")
+    check_cuda_graph_capture(sg.MmaConfig(), M)

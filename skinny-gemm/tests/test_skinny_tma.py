@@ -38,10 +38,15 @@ TMA = DEVICE == "cuda" and torch.version.hip is None and torch.cuda.get_device_c
 needs_tma = pytest.mark.skipif(not TMA, reason="the compiled Hopper kernel: a CUDA build on a capability 9.0 GPU")
 
 
+def run_config(x, w, bias, cfg, out=None):
+    """gemm with ``cfg`` on a poisoned output (``out``, or a new one)."""
+    out = poison_(torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=DEVICE)) if out is None else out
+    return sg.gemm(x, w, bias, out=out, config=cfg)
+
+
 def run_tma(x, w, bias=None, cfg=None, out=None):
     """gemm with a TmaConfig (default: TmaConfig()) on a poisoned output."""
-    out = poison_(torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=DEVICE)) if out is None else out
-    return sg.gemm(x, w, bias, out=out, config=cfg or sg.TmaConfig())
+    return run_config(x, w, bias, cfg or sg.TmaConfig(), out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,13 +359,18 @@ def test_binding_checks():
     assert torch.isnan(out.float()).all()
 
 
+def check_deterministic(cfg):
+    """A compiled kernel's sums in a fixed order: repeated calls with ``cfg`` are bitwise equal."""
+    x, w, _ = make(16, 2304, 16384, torch.bfloat16, seed=9)
+    first = run_config(x, w, None, cfg)
+    for _ in range(5):
+        assert torch.equal(run_config(x, w, None, cfg), first)
+
+
 @needs_tma
 def test_deterministic():
-    """The K slices are summed in block order: repeated calls are bitwise equal."""
-    x, w, _ = make(16, 2304, 16384, torch.bfloat16, seed=9)
-    first = run_tma(x, w)
-    for _ in range(5):
-        assert torch.equal(run_tma(x, w), first)
+    """The K slices are summed in block order."""
+    check_deterministic(sg.TmaConfig())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,15 +378,20 @@ def test_deterministic():
 # ---------------------------------------------------------------------------------------------
 
 
-@needs_tma
-def test_opcheck():
+def check_opcheck(cfg):
+    """The 16-bit op's torch.library contract with ``cfg`` as its int[] config, and its result."""
     x, w, b = make(5, 200, 512, torch.bfloat16, seed=10, bias=True)
     out = torch.empty(5, 200, dtype=torch.bfloat16, device=DEVICE)
-    args = (out, x, w, b, True, sg.TmaConfig().as_list())
+    args = (out, x, w, b, True, cfg.as_list())
     opcheck(sg.ops.skinny_gemm, args)
     poison_(out)
     assert_only_declared_outputs_mutate(sg.ops.skinny_gemm, args)
     assert_gemm_close(out, reference(x, w, b), "after opcheck")
+
+
+@needs_tma
+def test_opcheck():
+    check_opcheck(sg.TmaConfig())
     xq, wq, xs, ws = make_fp8(5, 200, 512, torch.float8_e4m3fn, seed=10)
     out = torch.empty(5, 200, dtype=torch.bfloat16, device=DEVICE)
     args = (out, xq, wq, xs.reshape(5), ws.reshape(200), None, True, sg.TmaConfig().as_list())
@@ -404,13 +419,10 @@ def test_torch_compile_fullgraph(table):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
 
 
-@needs_tma
-@pytest.mark.parametrize("M", [1, 16])
-def test_cuda_graph_capture(M):
-    """Captured once, replayed on new inputs: equal to eager calls (a cluster launch in a graph)."""
+def check_cuda_graph_capture(cfg, M):
+    """Captured once with ``cfg``, replayed on new inputs: equal to eager calls, fully written."""
     x, w, b = make(M, 2304, 16384, torch.bfloat16, seed=12, bias=True)
     static_x = x.clone()
-    cfg = sg.TmaConfig()
     sg.gemm(static_x, w, b, config=cfg)  # warm-up
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -422,3 +434,10 @@ def test_cuda_graph_capture(M):
         torch.cuda.synchronize()
         assert torch.equal(static_out, sg.gemm(new_x, w, b, config=cfg))
         assert_fully_written(static_out, "graph replay")
+
+
+@needs_tma
+@pytest.mark.parametrize("M", [1, 16])
+def test_cuda_graph_capture(M):
+    """A cluster launch in a graph."""
+    check_cuda_graph_capture(sg.TmaConfig(), M)

@@ -21,6 +21,8 @@
 
 #include <torch/library.h>
 
+#include <array>
+
 #include "registration.h"
 
 #if defined(CUDA_KERNEL)
@@ -37,15 +39,29 @@ namespace {
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
+// "(a, b, c), (d, e, f)": a kernel's compiled launches, three fields each, for messages.
+template <typename Config, typename Fields>
+std::string config_list(const Config* configs, int n, Fields fields) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    const std::array<int, 3> f = fields(configs[i]);
+    s += (i ? ", (" : "(") + std::to_string(f[0]) + ", " + std::to_string(f[1]) + ", " + std::to_string(f[2]) + ")";
+  }
+  return s;
+}
+
 std::string compiled_list() {
   const sg::SkinnyTmaConfig* configs = nullptr;
   const int n = sg::skinny_tma_compiled_configs(&configs);
-  std::string s;
-  for (int i = 0; i < n; ++i) {
-    s += (i ? ", (" : "(") + std::to_string(configs[i].tile_n) + ", " + std::to_string(configs[i].boxes_k) + ", " +
-         std::to_string(configs[i].stages) + ")";
-  }
-  return s;
+  return config_list(configs, n,
+                     [](const sg::SkinnyTmaConfig& c) { return std::array<int, 3>{c.tile_n, c.boxes_k, c.stages}; });
+}
+
+std::string mma_compiled_list() {
+  const sg::SkinnyMmaConfig* configs = nullptr;
+  const int n = sg::skinny_mma_compiled_configs(&configs);
+  return config_list(configs, n,
+                     [](const sg::SkinnyMmaConfig& c) { return std::array<int, 3>{c.row_groups, c.unroll, c.warps}; });
 }
 
 sg::DType dtype_of(at::ScalarType t) {
@@ -61,20 +77,15 @@ sg::DType dtype_of(at::ScalarType t) {
   }
 }
 
-// The checks and the launch both ops share: x [M, K] (its dtype checked by the caller), w, bias
-// (x's dtype or float32; any of bfloat16 / float16 / float32 with bias_any_out_dtype), out [M, N]
-// (its dtype checked by the caller), the configuration; fills p and launches.
-void run_tma(sg::SkinnyTmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
-             const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t tile_n, int64_t boxes_k,
-             int64_t stages, int64_t split, bool pdl) {
-  using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
-  TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
-  const bool fp8 = x.scalar_type() == at::kFloat8_e4m3fn;
-  const int64_t unit = fp8 ? 16 : 8;  // 16 bytes of K: the copy engine's row-stride unit
+// The operand checks both compiled kernels' ops share, each before anything is written: x [M, K]
+// (its dtype and M, K checked by the caller) and w [N, K] in x's dtype with unit-stride rows, row
+// strides multiples of `unit` elements and 16-byte aligned bases (16-byte loads or copies); bias [N]
+// of x's dtype or float32 (bfloat16, float16 or float32 with bias_any_out_dtype); out [M, N] (its
+// dtype checked by the caller) overlapping none of them. Returns N.
+int64_t check_operands(const at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                       const std::optional<at::Tensor>& bias, int64_t unit, bool bias_any_out_dtype) {
+  using namespace fused_llm::binding;  // msg, shape_str, checks (common/binding_utils.h)
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(M <= sg::kMaxM, msg("x: the TMA kernel takes at most ", sg::kMaxM, " rows (tokens), got ", M));
-  TORCH_CHECK(M == 0 || (K >= unit && K % unit == 0),
-              msg("x: K must be a positive multiple of ", unit, " (16-byte rows for the copy engine), got ", K));
   TORCH_CHECK(x.stride(1) == 1 && (M <= 1 || x.stride(0) % unit == 0) && aligned16(x),
               msg("x: expected unit-stride rows, a row stride that is a multiple of ", unit,
                   " and a 16-byte aligned base, got strides [", x.stride(0), ", ", x.stride(1), "]"));
@@ -102,6 +113,44 @@ void run_tma(sg::SkinnyTmaParams& p, at::Tensor& out, const at::Tensor& x, const
   TORCH_CHECK(M <= 1 || out.stride(0) >= N, msg("out: expected a row stride >= N = ", N, ", got ", out.stride(0)));
   TORCH_CHECK(!ranges_overlap(out, x) && !ranges_overlap(out, w) && !(bias.has_value() && ranges_overlap(out, *bias)),
               msg("out: overlaps x, w or bias in memory (the output must be separate)"));
+  return N;
+}
+
+// The operands' pointers, sizes, strides and dtypes, in either kernel's params (checked first:
+// check_operands).
+template <typename Params>
+void set_operands(Params& p, const at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+                  const std::optional<at::Tensor>& bias) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  p.m = M;
+  p.n = N;
+  p.k = K;
+  p.dtype = dtype_of(x.scalar_type());
+  p.x = x.data_ptr();
+  p.x_row_stride = M == 1 ? K : x.stride(0);  // a single row's stride is never used
+  p.w = w.data_ptr();
+  p.w_row_stride = w.stride(0);
+  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  p.bias_dtype = dtype_of(bias.has_value() ? bias->scalar_type() : out.scalar_type());
+  p.out = out.data_ptr();
+  p.out_row_stride = M == 1 ? N : out.stride(0);
+}
+
+// The checks and the launch both TMA ops share: x [M, K] (its dtype checked by the caller), w, bias
+// (x's dtype or float32; any of bfloat16 / float16 / float32 with bias_any_out_dtype), out [M, N]
+// (its dtype checked by the caller), the configuration; fills p and launches.
+void run_tma(sg::SkinnyTmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+             const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t tile_n, int64_t boxes_k,
+             int64_t stages, int64_t split, bool pdl) {
+  using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
+  TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
+  const bool fp8 = x.scalar_type() == at::kFloat8_e4m3fn;
+  const int64_t unit = fp8 ? 16 : 8;  // 16 bytes of K: the copy engine's row-stride unit
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(M <= sg::kMaxM, msg("x: the TMA kernel takes at most ", sg::kMaxM, " rows (tokens), got ", M));
+  TORCH_CHECK(M == 0 || (K >= unit && K % unit == 0),
+              msg("x: K must be a positive multiple of ", unit, " (16-byte rows for the copy engine), got ", K));
+  const int64_t N = check_operands(out, x, w, bias, unit, bias_any_out_dtype);
   const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
   TORCH_CHECK(small(tile_n) && small(boxes_k) && small(stages),
               msg("config: (tile_n, boxes_k, stages) = (", tile_n, ", ", boxes_k, ", ", stages,
@@ -119,19 +168,8 @@ void run_tma(sg::SkinnyTmaParams& p, at::Tensor& out, const at::Tensor& x, const
   TORCH_CHECK(props->major == 9 && props->minor == 0,
               msg("skinny_tma: needs a GPU of capability 9.0 (TMA; the kernel is built for sm_90), got ", props->major,
                   ".", props->minor));
-  p.m = M;
-  p.n = N;
-  p.k = K;
-  p.dtype = dtype_of(x.scalar_type());
+  set_operands(p, out, x, w, bias);
   p.out_dtype = dtype_of(out.scalar_type());
-  p.x = x.data_ptr();
-  p.x_row_stride = M == 1 ? K : x.stride(0);  // a single row's stride is never used
-  p.w = w.data_ptr();
-  p.w_row_stride = w.stride(0);
-  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  p.bias_dtype = bias.has_value() ? dtype_of(bias->scalar_type()) : p.out_dtype;
-  p.out = out.data_ptr();
-  p.out_row_stride = M == 1 ? N : out.stride(0);
   p.pdl = pdl;
   const cudaError_t err = sg::skinny_tma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
   TORCH_CHECK(err == cudaSuccess, msg("skinny_tma: kernel launch failed: ", cudaGetErrorString(err)));
@@ -181,17 +219,6 @@ void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
   run_tma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, tile_n, boxes_k, stages, split, pdl);
 }
 
-std::string mma_compiled_list() {
-  const sg::SkinnyMmaConfig* configs = nullptr;
-  const int n = sg::skinny_mma_compiled_configs(&configs);
-  std::string s;
-  for (int i = 0; i < n; ++i) {
-    s += (i ? ", (" : "(") + std::to_string(configs[i].row_groups) + ", " + std::to_string(configs[i].unroll) + ", " +
-         std::to_string(configs[i].warps) + ")";
-  }
-  return s;
-}
-
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
                 int64_t row_groups, int64_t unroll, int64_t warps) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
@@ -203,34 +230,10 @@ void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
   TORCH_CHECK(M <= sg::kMmaMaxM, msg("x: the mma kernel takes at most ", sg::kMmaMaxM, " rows (tokens), got ", M));
   TORCH_CHECK(M == 0 || (K >= sg::kMmaChunkK && K % sg::kMmaChunkK == 0),
               msg("x: K must be a positive multiple of ", sg::kMmaChunkK, " (the kernel's chunks), got ", K));
-  TORCH_CHECK(x.stride(1) == 1 && (M <= 1 || x.stride(0) % 8 == 0) && aligned16(x),
-              msg("x: expected unit-stride rows, a row stride that is a multiple of 8 and a 16-byte aligned base, "
-                  "got strides [", x.stride(0), ", ", x.stride(1), "]"));
-  TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.scalar_type() == x.scalar_type(),
-              msg("w: expected a ", x.scalar_type(), " [N, ", K, "] tensor, got ", w.scalar_type(), " ", shape_str(w)));
-  check_same_device(w, "w", x);
-  const int64_t N = w.size(0);
-  TORCH_CHECK(N <= INT32_MAX, msg("w: expected at most 2^31 - 1 rows, got ", N));
-  TORCH_CHECK(w.stride(1) == 1 && w.stride(0) % 8 == 0 && aligned16(w),
-              msg("w: expected unit-stride rows, a row stride that is a multiple of 8 and a 16-byte aligned base, "
-                  "got strides [", w.stride(0), ", ", w.stride(1), "]"));
-  if (bias.has_value()) {
-    const auto t = bias->scalar_type();
-    TORCH_CHECK((t == x.scalar_type() || t == at::kFloat) && bias->dim() == 1 && bias->size(0) == N &&
-                    bias->is_contiguous(),
-                msg("bias: expected a contiguous [", N, "] tensor of x's dtype or float32, got ", t, " ",
-                    shape_str(*bias)));
-    check_same_device(*bias, "bias", x);
-  }
   TORCH_CHECK(out.scalar_type() == x.scalar_type(),
               msg("out: expected dtype ", x.scalar_type(), " (x's), got ", out.scalar_type()));
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == M && out.size(1) == N,
-              msg("out: expected a [", M, ", ", N, "] tensor, got ", shape_str(out)));
-  check_last_dim_contiguous(out, "out");
-  check_same_device(out, "out", x);
-  TORCH_CHECK(M <= 1 || out.stride(0) >= N, msg("out: expected a row stride >= N = ", N, ", got ", out.stride(0)));
-  TORCH_CHECK(!ranges_overlap(out, x) && !ranges_overlap(out, w) && !(bias.has_value() && ranges_overlap(out, *bias)),
-              msg("out: overlaps x, w or bias in memory (the output must be separate)"));
+  const int64_t N = check_operands(out, x, w, bias, /*unit=*/8, /*bias_any_out_dtype=*/false);
+  TORCH_CHECK(N <= INT32_MAX, msg("w: expected at most 2^31 - 1 rows, got ", N));
   const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
   sg::SkinnyMmaParams p;
   p.config = {static_cast<int>(small(row_groups) ? row_groups : 0), static_cast<int>(small(unroll) ? unroll : 0),
@@ -245,18 +248,7 @@ void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
   TORCH_CHECK(props->major >= 8,
               msg("skinny_mma: needs a GPU of capability 8.0 or above (mma.sync bf16), got ", props->major, ".",
                   props->minor));
-  p.m = M;
-  p.n = N;
-  p.k = K;
-  p.dtype = dtype_of(x.scalar_type());
-  p.x = x.data_ptr();
-  p.x_row_stride = M == 1 ? K : x.stride(0);  // a single row's stride is never used
-  p.w = w.data_ptr();
-  p.w_row_stride = w.stride(0);
-  p.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  p.bias_dtype = bias.has_value() ? dtype_of(bias->scalar_type()) : p.dtype;
-  p.out = out.data_ptr();
-  p.out_row_stride = M == 1 ? N : out.stride(0);
+  set_operands(p, out, x, w, bias);
   const cudaError_t err = sg::skinny_mma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
   TORCH_CHECK(err == cudaSuccess, msg("skinny_mma: kernel launch failed: ", cudaGetErrorString(err)));
 }

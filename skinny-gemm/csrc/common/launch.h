@@ -47,6 +47,26 @@ inline cudaError_t sm_count(int* n) {
   return cudaSuccess;
 }
 
+// Compute capability of the current device as 10 * major + minor (90 on an H100), queried once per
+// device ordinal < 64: launchers that only run on some GPUs check it on every call.
+inline cudaError_t compute_capability(int* cc) {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  int v = (dev >= 0 && dev < 64) ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    int major = 0, minor = 0;
+    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (e != cudaSuccess) return e;
+    v = 10 * major + minor;
+    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+  }
+  *cc = v;
+  return cudaSuccess;
+}
+
 inline bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
 }  // namespace

@@ -261,9 +261,7 @@ def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None
         _run_tma(out, x, w, bias, cfg, x_scale, w_scale)
         return
     if isinstance(cfg, MmaConfig) and x.is_cuda and x.shape[1] > 0:
-        if x_scale is not None:
-            raise ValueError(f"config: an MmaConfig multiplies float16 or bfloat16, got {x.dtype} (gemm_fp8)")
-        _run_mma(out, x, w, bias, cfg)
+        _run_mma(out, x, w, bias, cfg)  # FP8 x: _mma_refusal's error
         return
     if x.shape[1] == 0 or not triton_enabled_for(x) or isinstance(cfg, (TmaConfig, MmaConfig)):
         # K = 0 (out is the bias or zeros), CPU; a compiled kernel's config off the GPU: the same

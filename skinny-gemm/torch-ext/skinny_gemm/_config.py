@@ -96,13 +96,8 @@ class TmaConfig:
     split: int = 0
 
     def __post_init__(self):
-        for name, allowed in (("tile_n", TMA_TILE_N), ("boxes_k", TMA_BOXES_K), ("stages", TMA_STAGES),
-                              ("split", TMA_SPLIT)):  # fmt: skip
-            value = getattr(self, name)
-            if type(value) is not int:
-                raise TypeError(f"TmaConfig.{name}: expected an int, got {value!r}")
-            if value not in allowed:
-                raise ValueError(f"TmaConfig.{name}: expected one of {list(allowed)}, got {value}")
+        check_config(self, choices={"tile_n": TMA_TILE_N, "boxes_k": TMA_BOXES_K, "stages": TMA_STAGES,
+                                    "split": TMA_SPLIT})  # fmt: skip
 
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
@@ -134,12 +129,7 @@ class MmaConfig:
     warps: int = 8
 
     def __post_init__(self):
-        for name, allowed in (("row_groups", MMA_ROW_GROUPS), ("unroll", MMA_UNROLL), ("warps", MMA_WARPS)):
-            value = getattr(self, name)
-            if type(value) is not int:
-                raise TypeError(f"MmaConfig.{name}: expected an int, got {value!r}")
-            if value not in allowed:
-                raise ValueError(f"MmaConfig.{name}: expected one of {list(allowed)}, got {value}")
+        check_config(self, choices={"row_groups": MMA_ROW_GROUPS, "unroll": MMA_UNROLL, "warps": MMA_WARPS})
 
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
