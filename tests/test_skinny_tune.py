@@ -85,6 +85,22 @@ def test_the_compiled_kernel_joins_the_sweep_at_16_tokens():
     assert not any(isinstance(c, sg.TmaConfig) for c in tune.candidates(sg, 4, 2304, 16384, 2, 132, True))
 
 
+def test_the_gemv_joins_the_sweep_where_k_is_whole_steps():
+    """The compiled tensor-core GEMV's launches (the build's mma_configs()) are candidates at M <=
+    16 for 16-bit and FP8 inputs, each where K is a whole number of its steps (64 bytes x unroll:
+    32 / 64 columns a chunk), nowhere else."""
+    mma = [sg.MmaConfig(1, 1, 8), sg.MmaConfig(1, 2, 8), sg.MmaConfig(2, 4, 4)]
+    for M in ISSUE_TOKENS:
+        for elem in (1, 2):
+            cands = {c for c in tune.candidates(sg, M, 2304, 16384, elem, 132, True, mma=mma) if isinstance(c, sg.MmaConfig)}
+            assert cands == (set(mma) if M <= 16 else set()), (M, elem)
+    # K = 192: 6 chunks of 16-bit (steps of 1 and 2 divide it, not 4); 3 of e4m3 (only 1)
+    got = {c for c in tune.candidates(sg, 4, 100, 192, 2, 132, True, mma=mma) if isinstance(c, sg.MmaConfig)}
+    assert got == {sg.MmaConfig(1, 1, 8), sg.MmaConfig(1, 2, 8)}
+    got = {c for c in tune.candidates(sg, 4, 100, 192, 1, 132, True, mma=mma) if isinstance(c, sg.MmaConfig)}
+    assert got == {sg.MmaConfig(1, 1, 8)}
+
+
 def test_a_table_from_a_run_cut_short(tmp_path, monkeypatch):
     """--from-log writes the points a run printed (its first line the command), merged into the
     table as the run would have: a skinny pick as its configuration, a cuBLAS one as None."""

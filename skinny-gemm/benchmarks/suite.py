@@ -8,8 +8,8 @@ per-channel scales and bf16 out (suite ``skinny-gemm-fp8``), and with one scale 
 * ``ours``: ``gemm`` / ``gemm_fp8`` (the skinny kernel, default configuration, ordered split-K
   reduction); ``ours_atomic``: the atomic reduction; ``ours_tma`` (capability 9.0 GPUs of a CUDA
   build, 1-16 tokens): ``gemm`` / ``gemm_fp8`` with the compiled Hopper kernel's default ``TmaConfig()``;
-  ``ours_mma`` (capability >= 8.0 GPUs of a CUDA build, 1-16 tokens, bf16 suite): ``gemm`` with the
-  compiled tensor-core GEMV's default ``MmaConfig()``;
+  ``ours_mma`` (capability >= 8.0 GPUs of a CUDA build, >= 8.9 for FP8, 1-16 tokens): ``gemm`` /
+  ``gemm_fp8`` with the compiled tensor-core GEMV's default ``MmaConfig()``;
   ``linear``: the dispatching entry point (with the committed tuning table: cuBLAS wherever the
   table has no entry);
 * ``cublas``: ``F.linear`` / ``torch._scaled_mm`` (the reference: the issue's targets are
@@ -115,12 +115,13 @@ def make_tma(case: Case, seed: int) -> Fn:
     return lambda: kernel.gemm(x, w, out=out, config=cfg)
 
 
-def _mma_unavailable() -> str | None:
+def _mma_unavailable(fp8: bool = False) -> str | None:
     reason = _ours_unavailable()
     if reason is not None:
         return reason
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) < (8, 0):
-        return "the compiled tensor-core GEMV runs on capability >= 8.0 GPUs"
+    want = (8, 9) if fp8 else (8, 0)
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) < want:
+        return f"the compiled tensor-core GEMV runs on capability >= {want[0]}.{want[1]} GPUs{' on FP8' if fp8 else ''}"
     return None if _ours().mma_configs() else "this build of skinny-gemm has no compiled GEMV (not a CUDA build)"
 
 
@@ -185,6 +186,10 @@ def _make_ours_fp8(which: str, per_tensor: bool = False):
             _check_compiled_tokens(xq.shape[0])
             cfg = kernel.TmaConfig()
             return lambda: kernel.gemm_fp8(xq, wq, xs, ws, config=cfg)
+        if which == "ours_mma":
+            _check_compiled_tokens(xq.shape[0], "the compiled tensor-core GEMV")
+            cfg = kernel.MmaConfig()
+            return lambda: kernel.gemm_fp8(xq, wq, xs, ws, config=cfg)
         det = which == "ours"
         return lambda: kernel.gemm_fp8(xq, wq, xs, ws, deterministic=det)
 
@@ -224,6 +229,8 @@ def _fp8_suite(per_tensor: bool, shape_note: str, floor: str, common: dict) -> S
     providers += [
         Provider("ours_tma", _make_ours_fp8("ours_tma", per_tensor), unavailable=_tma_unavailable,
                  note="gemm_fp8(config=TmaConfig()): the compiled Hopper kernel, <= 16 tokens"),
+        Provider("ours_mma", _make_ours_fp8("ours_mma", per_tensor), unavailable=lambda: _mma_unavailable(fp8=True),
+                 note="gemm_fp8(config=MmaConfig()): the compiled tensor-core GEMV, <= 16 tokens"),
         Provider("linear", _make_ours_fp8("linear", per_tensor), unavailable=_ours_unavailable,
                  note=f"linear_fp8: the table's {scales} choice"),
         Provider("cublas", _make_scaled_mm(per_tensor), note=f"torch._scaled_mm, {scales} scales"),

@@ -77,7 +77,7 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
     ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 16 bytes,
     each at the K split of ``tma_split`` and its neighbours (blocks from ~0.7 to ~2.6 an SM), and
     every launch of the compiled tensor-core GEMV in ``mma`` (the build's ``mma_configs()`` on a
-    capability >= 8.0 GPU) where K is a multiple of 32."""
+    capability >= 8.0 GPU; FP8 too on >= 8.9) whose steps K is a whole number of."""
     default = kernel.skinny_config(M, N, K, elem, sms)
     if quick:  # the neighbourhood of the winners of the H100 sweeps (2026-11-24)
         block_ns, kbytes, per_sm, stages = (32, 64), (256,), (1, 2, 4), (4,)
@@ -105,8 +105,8 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
                 blocks = -(-N // c.tile_n) * split
                 if split == base or (1 <= split <= 8 and 0.7 * sms <= blocks <= 2.6 * sms):
                     out.add(kernel.TmaConfig(c.tile_n, c.boxes_k, c.stages, split))
-    if mma and M <= 16 and elem == 2 and K % 32 == 0:
-        out |= set(mma)
+    if mma and M <= 16:
+        out |= {c for c in mma if K % c.step_k(elem) == 0}
     return sorted(out, key=lambda c: c.as_list())
 
 
@@ -307,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     # The compiled Hopper kernel's launches, where this build and GPU have it.
     tma = kernel.tma_configs() if gpu is not None and torch.cuda.get_device_capability(0) == (9, 0) else []
     # The compiled tensor-core GEMV's launches, where this build and GPU have it.
-    mma = kernel.mma_configs() if gpu is not None and torch.cuda.get_device_capability(0) >= (8, 0) else []
+    cap = torch.cuda.get_device_capability(0) if gpu is not None else (0, 0)
+    mma = kernel.mma_configs() if cap >= (8, 0) else []
     if args.dry_run:
         dry_run(args, kernel, sms, tma=tma, mma=mma)
         return 0

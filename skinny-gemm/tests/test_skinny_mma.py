@@ -1,8 +1,11 @@
 """skinny-gemm's compiled tensor-core GEMV (``MmaConfig``: csrc/skinny_mma.cu) against fp64
-references of ``x @ w.T (+ bias)`` on the same fp16 / bf16 inputs.
+references of ``x @ w.T (+ bias)`` on the same fp16 / bf16 inputs, and of ``(x @ w.T) * x_scale *
+w_scale (+ bias)`` on e4m3fn inputs (``reference_fp8``: the exact FP8 products summed, then the
+scales in the kernel's order).
 
-The kernel runs on capability >= 8.0 GPUs of a CUDA build; everywhere else the tests check the
-configuration, the dispatch and the fallbacks (an MmaConfig on CPU runs the plain-torch path).
+The kernel runs on capability >= 8.0 GPUs of a CUDA build (FP8: >= 8.9); everywhere else the
+tests check the configuration, the dispatch and the fallbacks (an MmaConfig on CPU runs the
+plain-torch path).
 
 Tolerance, per output element (``assert_gemm_close``): one ulp of the output dtype at the
 reference's magnitude (one rounding) plus 1e-4 of the output's scale (fp32 sums in the MMA's
@@ -16,7 +19,7 @@ from importlib import import_module
 import pytest
 import torch
 import torch.nn.functional as F
-from skinny_gemm_testing import poison_
+from skinny_gemm_testing import assert_fully_written, assert_only_declared_outputs_mutate, opcheck, poison_
 from test_skinny_gemm import (  # noqa: F401
     DEVICE,
     _gpu_key,
@@ -25,6 +28,7 @@ from test_skinny_gemm import (  # noqa: F401
     make,
     make_fp8,
     reference,
+    reference_fp8,
     sg,
     table,
 )
@@ -37,11 +41,21 @@ MMA = (
     and bool(sg.mma_configs())
 )  # fmt: skip
 needs_mma = pytest.mark.skipif(not MMA, reason="the compiled GEMV: a CUDA build on a capability >= 8.0 GPU")
+MMA_FP8 = MMA and torch.cuda.get_device_capability() >= (8, 9)
+needs_mma_fp8 = pytest.mark.skipif(not MMA_FP8, reason="the compiled GEMV on FP8: a capability >= 8.9 GPU")
 
 
 def run_mma(x, w, bias=None, cfg=None, out=None):
     """gemm with an MmaConfig (default: MmaConfig()) on a poisoned output."""
     return run_config(x, w, bias, cfg or sg.MmaConfig(), out)
+
+
+def run_mma_fp8(x, w, xs, ws, bias=None, out_dtype=torch.bfloat16, cfg=None):
+    """The FP8 op with an MmaConfig (default: MmaConfig()) on a poisoned output."""
+    out = poison_(torch.empty(x.shape[0], w.shape[0], dtype=out_dtype, device=DEVICE))
+    cfg = cfg or sg.MmaConfig()
+    sg.ops.skinny_gemm_fp8(out, x, w, xs.reshape(-1), ws.reshape(-1), bias, True, cfg.as_list())
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,18 +100,19 @@ def test_off_gpu_an_mma_config_is_the_reference_path():
 
 
 @pytest.mark.kernels_ci
-def test_fp8_refuses_an_mma_config():
-    """The GEMV multiplies 16-bit operands: gemm_fp8 names config before anything runs."""
-    x, w, xs, ws = make_fp8(3, 32, 64, torch.float8_e4m3fn, seed=1)
-    with pytest.raises(ValueError, match="config: an MmaConfig multiplies float16 or bfloat16, got torch.float8_e4m3fn"):
-        sg.gemm_fp8(x, w, xs, ws, config=sg.MmaConfig())
+def test_fp8_off_gpu_an_mma_config_is_the_reference_path():
+    """gemm_fp8 with an MmaConfig off a capable GPU's kernel (CPU here): the same function in torch."""
+    if DEVICE == "cuda":
+        pytest.skip("CPU semantics")
+    x, w, xs, ws = make_fp8(3, 32, 128, torch.float8_e4m3fn, seed=1)
+    assert_gemm_close(sg.gemm_fp8(x, w, xs, ws, config=sg.MmaConfig()), reference_fp8(x, w, xs, ws), "FP8 on CPU")
 
 
 @pytest.mark.kernels_ci
 def test_table_entry_dispatch(table):
     """A table entry of the GEMV: dispatch_buckets gives the MmaConfig; dispatch_config gives it
     where the kernel can run (and on CPU, whose path computes the same function) and linear runs
-    gemm with it; where it cannot (K not a multiple of 32, a misaligned w) cuBLAS."""
+    gemm with it; where it cannot (K not a whole number of its steps, a misaligned w) cuBLAS."""
     N, K = 48, 256
     x, w, b = make(5, N, K, torch.bfloat16, seed=3, bias=True)
     entry = [-1, 2, 1, 4]
@@ -118,6 +133,9 @@ def test_table_entry_dispatch(table):
         x48, w48, _ = make(5, N, 48, torch.bfloat16, seed=4)
         table[(_gpu_key(), "bfloat16", N, 48)] = [(8, entry)]
         assert sg.dispatch_config(x48, w48) is None, "K = 48: no multiple of 32"
+        x96, w96, _ = make(5, N, 96, torch.bfloat16, seed=4)
+        table[(_gpu_key(), "bfloat16", N, 96)] = [(8, [-1, 1, 4, 4])]
+        assert sg.dispatch_config(x96, w96) is None, "K = 96: no multiple of a 4-chunk step (128)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,9 +143,10 @@ def test_table_entry_dispatch(table):
 # ---------------------------------------------------------------------------------------------
 
 # The issue's Llama-405B TP8 QKV and Llama-3-8B shapes; N off the 8- and 16-row groups (1000 =
-# 62 x 16 + 8, 17); K not a multiple of a warp's range or a step (4128 = 129 chunks: ranges of
-# 17 / 9 / 33 chunks, a remainder of single chunks), one chunk (32), fewer chunks than warps (96).
-SHAPES = [(2304, 16384), (6144, 4096), (1000, 4128), (96, 224), (130, 96), (17, 32)]
+# 62 x 16 + 8, 17); K not a multiple of the warps' steps (MmaConfig(): steps of 64 columns; 4160
+# = 65 steps: 9 a warp, the last warp 2; odd counts), fewer steps than warps (192: 3 steps, five
+# warps idle), one step (64).
+SHAPES = [(2304, 16384), (6144, 4096), (1000, 4160), (96, 192), (130, 64), (17, 64)]
 
 
 @needs_mma
@@ -141,9 +160,10 @@ def test_values(N, K, M, dtype):
 
 @needs_mma
 def test_every_compiled_config():
-    """Every compiled launch at 8 and 16 tokens (one and two x rows a lane), with an fp32 bias,
-    at a K with a remainder of single chunks and an N off the row groups."""
-    x16, w, _ = make(16, 1000, 4128, torch.bfloat16, seed=4)
+    """Every compiled launch at 1, 8 and 16 tokens (one and two x rows a lane), with an fp32 bias,
+    at a K of 33 four-chunk steps (66 / 132 of two / one chunk: uneven warp ranges) and an N off
+    the row groups."""
+    x16, w, _ = make(16, 1000, 4224, torch.bfloat16, seed=4)
     b = torch.randn(1000, generator=gen(5)).to(DEVICE)
     for cfg in sg.mma_configs():
         for x in (x16[:1], x16[:8], x16):
@@ -188,9 +208,9 @@ def test_layouts_and_out():
         (lambda x, w: sg.gemm(torch.randn(17, 64, device=DEVICE).bfloat16(), w, config=sg.MmaConfig()),
          r"x: an MmaConfig takes 1 to 16 rows \(tokens\), got 17"),
         (lambda x, w: sg.gemm(x[:, :48], w[:, :48].contiguous(), config=sg.MmaConfig()),
-         "x: an MmaConfig needs K a multiple of 32"),
+         "x: an MmaConfig with unroll 2 needs K a multiple of 64"),
         (lambda x, w: sg.gemm(x, w, config=sg.MmaConfig()),
-         r"w: an MmaConfig needs a row stride that is a multiple of 8 elements"),
+         r"w: an MmaConfig needs 16-byte aligned rows \(a row stride of a multiple of 8 elements"),
     ],
     ids=["M", "K", "w stride"],
 )
@@ -212,7 +232,8 @@ def test_binding_checks():
     cases = [
         ((out, x, w, None, 3, 2, 8), r"config: \(row_groups, unroll, warps\) = \(3, 2, 8\) is not compiled"),
         ((out, x, w, None, 2**32 + 1, 2, 8), r"config: .* = \(4294967297, 2, 8\) is not compiled"),
-        ((out, x[:, :48], w[:, :48], None, 1, 2, 8), "x: K must be a positive multiple of 32"),
+        ((out, x[:, :48], w[:, :48], None, 1, 2, 8), r"x: K must be a positive multiple of 64 \(steps of 2 chunks"),
+        ((out, x, w, None, 1, 4, 8), "x: K must be a positive multiple of 128"),
         ((out, x, w.half(), None, 1, 2, 8), r"w: expected a BFloat16 \[N, 64\] tensor"),
         ((out[:, :16], x, w, None, 1, 2, 8), r"out: expected a \[4, 32\] tensor"),
         ((out.half(), x, w, None, 1, 2, 8), r"out: expected dtype BFloat16 \(x's\), got Half"),
@@ -260,3 +281,111 @@ def test_torch_compile_fullgraph(table):
 @pytest.mark.parametrize("M", [1, 16])
 def test_cuda_graph_capture(M):
     check_cuda_graph_capture(sg.MmaConfig(), M)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 e4m3fn (a capability >= 8.9 GPU): m16n8k32 on the same 64-byte chunks
+# ---------------------------------------------------------------------------------------------
+
+# MmaConfig(): steps of 128 e4m3 columns. 4224 = 33 steps (uneven warp ranges), 256: two steps
+# (six warps idle), 128: one.
+FP8_SHAPES = [(2304, 16384), (6144, 4096), (1000, 4224), (96, 256), (17, 128)]
+
+
+@needs_mma_fp8
+@pytest.mark.parametrize("N, K", FP8_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 5, 9, 16])
+@pytest.mark.parametrize("scales", ["tensor", "token-channel", "token-tensor"])
+def test_fp8_values(N, K, M, scales):
+    x, w, xs, ws = make_fp8(M, N, K, torch.float8_e4m3fn, seed=M * 13 + N,
+                            per_token=scales != "tensor", per_channel=scales == "token-channel")  # fmt: skip
+    got = sg.gemm_fp8(x, w, xs, ws, config=sg.MmaConfig())
+    assert_gemm_close(got, reference_fp8(x, w, xs, ws), f"FP8 MmaConfig() {M}x{N}x{K} {scales}")
+
+
+@needs_mma_fp8
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_fp8_out_and_bias_dtypes(out_dtype, bias_dtype):
+    x, w, xs, ws = make_fp8(7, 1000, 4224, torch.float8_e4m3fn, seed=31)
+    b = None if bias_dtype is None else torch.randn(1000, generator=gen(32)).to(bias_dtype).to(DEVICE)
+    got = run_mma_fp8(x, w, xs, ws, b, out_dtype, sg.MmaConfig(2, 1, 8))
+    assert got.dtype == out_dtype
+    assert_gemm_close(got, reference_fp8(x, w, xs, ws, b), f"FP8 out {out_dtype} bias {bias_dtype}")
+
+
+@needs_mma_fp8
+def test_fp8_every_compiled_config():
+    """Every compiled launch on FP8 at 1, 8 and 16 tokens, K = 17 four-chunk steps."""
+    x16, w, xs16, ws = make_fp8(16, 1000, 4352, torch.float8_e4m3fn, seed=33)
+    for cfg in sg.mma_configs():
+        for M in (1, 8, 16):
+            got = run_mma_fp8(x16[:M], w, xs16[:M], ws, cfg=cfg)
+            assert_gemm_close(got, reference_fp8(x16[:M], w, xs16[:M], ws), f"FP8 {cfg} M={M}")
+
+
+@needs_mma_fp8
+def test_fp8_bad_input():
+    """FP8 rules of the GEMV, each an error naming the argument before anything is written: K a
+    whole number of steps (gemm_fp8 and the op), the op's scale, dtype and bias checks."""
+    x, w, xs, ws = make_fp8(4, 32, 256, torch.float8_e4m3fn, seed=34)
+    with pytest.raises(ValueError, match="x: an MmaConfig with unroll 2 needs K a multiple of 128"):
+        sg.gemm_fp8(x[:, :192], w[:, :192].contiguous(), xs, ws, config=sg.MmaConfig())
+    out = poison_(torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
+    op = sg.ops.skinny_mma_fp8
+    xs4, ws32 = xs.reshape(4), ws.reshape(32)
+    cases = [
+        ((out, x[:, :192], w[:, :192], xs4, ws32, None, 1, 2, 8), r"x: K must be a positive multiple of 128"),
+        ((out, x, w, xs4[:3], ws32, None, 1, 2, 8),
+         r"x_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[4\] \(per token\)"),
+        ((out, x, w, xs4, ws32.double(), None, 1, 2, 8), r"w_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[32\]"),
+        ((out, x.view(torch.uint8), w, xs4, ws32, None, 1, 2, 8), "x: expected dtype float8_e4m3fn"),
+        ((out.view(torch.int16), x, w, xs4, ws32, None, 1, 2, 8), "out: expected dtype bfloat16, float16 or float32"),
+        ((out, x, w.view(torch.uint8), xs4, ws32, None, 1, 2, 8), r"w: expected a Float8_e4m3fn \[N, 256\] tensor"),
+        ((out, x, w, xs4, ws32, torch.zeros(32, dtype=torch.int32, device=DEVICE), 1, 2, 8),
+         "bias: expected a contiguous .32. tensor of dtype bfloat16, float16 or float32"),
+        ((out, x, w, xs4, ws32, None, 3, 2, 8), r"config: \(row_groups, unroll, warps\) = \(3, 2, 8\) is not compiled"),
+    ]  # fmt: skip
+    for args, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            op(*args)
+    assert torch.isnan(out.float()).all()
+
+
+@needs_mma_fp8
+def test_fp8_deterministic():
+    x, w, xs, ws = make_fp8(16, 2304, 16384, torch.float8_e4m3fn, seed=35)
+    first = run_mma_fp8(x, w, xs, ws)
+    for _ in range(3):
+        assert torch.equal(run_mma_fp8(x, w, xs, ws), first)
+
+
+@needs_mma_fp8
+def test_fp8_opcheck():
+    xq, wq, xs, ws = make_fp8(5, 200, 512, torch.float8_e4m3fn, seed=36)
+    out = torch.empty(5, 200, dtype=torch.bfloat16, device=DEVICE)
+    args = (out, xq, wq, xs.reshape(5), ws.reshape(200), None, True, sg.MmaConfig().as_list())
+    opcheck(sg.ops.skinny_gemm_fp8, args)
+    poison_(out)
+    assert_only_declared_outputs_mutate(sg.ops.skinny_gemm_fp8, args)
+    assert_gemm_close(out, reference_fp8(xq, wq, xs, ws), "FP8 after opcheck")
+
+
+@needs_mma_fp8
+@pytest.mark.parametrize("M", [1, 16])
+def test_fp8_cuda_graph_capture(M):
+    """Captured once, replayed on new x and scales: equal to eager calls, fully written."""
+    x, w, xs, ws = make_fp8(M, 2304, 16384, torch.float8_e4m3fn, seed=37)
+    sx, sxs = x.clone(), xs.clone()
+    sg.gemm_fp8(sx, w, sxs, ws, config=sg.MmaConfig())  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = sg.gemm_fp8(sx, w, sxs, ws, config=sg.MmaConfig())
+    for seed in (38, 39):
+        nx, _, nxs, _ = make_fp8(M, 8, 16384, torch.float8_e4m3fn, seed=seed)
+        sx.copy_(nx)
+        sxs.copy_(nxs)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, sg.gemm_fp8(nx, w, nxs, ws, config=sg.MmaConfig()))
+        assert_fully_written(static_out, "FP8 graph replay")

@@ -11,6 +11,8 @@
 //                                       flattened)
 //   skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll,
 //              int warps) -> ()          (the plain-load tensor-core GEMV: csrc/skinny_mma.h)
+//   skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale,
+//                  Tensor? bias, int row_groups, int unroll, int warps) -> ()
 //   skinny_mma_configs() -> int[]      (the compiled (row_groups, unroll, warps), flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
@@ -175,6 +177,79 @@ void run_tma(sg::SkinnyTmaParams& p, at::Tensor& out, const at::Tensor& x, const
   TORCH_CHECK(err == cudaSuccess, msg("skinny_tma: kernel launch failed: ", cudaGetErrorString(err)));
 }
 
+// The FP8 scales both compiled kernels' FP8 ops take: fp32, contiguous, [1] (per tensor) or one per
+// token (x_scale [M]) / output row (w_scale [N]), on x's device, apart from out.
+template <typename Params>
+void check_scales(Params& p, const at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
+                  const at::Tensor& w_scale) {
+  using namespace fused_llm::binding;
+  TORCH_CHECK(w.dim() == 2, msg("w: expected a 2-D [N, K] tensor, got ", w.dim(), "-D"));
+  const int64_t M = x.size(0), N = w.size(0);
+  const auto check_scale = [&](const at::Tensor& s, const char* name, int64_t rows, const char* what) {
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && (s.size(0) == 1 || s.size(0) == rows) &&
+                    s.is_contiguous(),
+                msg(name, ": expected a contiguous float32 [1] (per tensor) or [", rows, "] (", what, ") tensor, got ",
+                    s.scalar_type(), " ", shape_str(s)));
+    check_same_device(s, name, x);
+  };
+  check_scale(x_scale, "x_scale", M, "per token");
+  check_scale(w_scale, "w_scale", N, "per output row");
+  p.x_scale = x_scale.data_ptr<float>();
+  p.x_scale_per_token = x_scale.size(0) > 1;  // [1] with one row: the same element either way
+  p.w_scale = w_scale.data_ptr<float>();
+  p.w_scale_per_row = w_scale.size(0) > 1;
+  TORCH_CHECK(!ranges_overlap(out, x_scale) && !ranges_overlap(out, w_scale),
+              msg("out: overlaps x_scale or w_scale in memory (the output must be separate)"));
+}
+
+// The FP8 ops' x and out dtypes: x float8_e4m3fn, out bfloat16, float16 or float32.
+void check_fp8_dtypes(const at::Tensor& out, const at::Tensor& x) {
+  using namespace fused_llm::binding;
+  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
+  TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, msg("x: expected dtype float8_e4m3fn, got ", x.scalar_type()));
+  const auto o = out.scalar_type();
+  TORCH_CHECK(o == at::kBFloat16 || o == at::kHalf || o == at::kFloat,
+              msg("out: expected dtype bfloat16, float16 or float32, got ", o));
+}
+
+// The checks and the launch both GEMV ops share: x [M, K] (its dtype checked by the caller), w,
+// bias (x's dtype or float32; any of bfloat16 / float16 / float32 with bias_any_out_dtype), out
+// [M, N] (its dtype checked by the caller), the configuration; fills p and launches.
+void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
+             const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t row_groups, int64_t unroll,
+             int64_t warps) {
+  using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
+  TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
+  const bool fp8 = x.scalar_type() == at::kFloat8_e4m3fn;
+  const int64_t elem = fp8 ? 1 : 2, unit = 16 / elem;  // 16-byte loads
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(M <= sg::kMmaMaxM, msg("x: the mma kernel takes at most ", sg::kMmaMaxM, " rows (tokens), got ", M));
+  const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
+  p.config = {static_cast<int>(small(row_groups) ? row_groups : 0), static_cast<int>(small(unroll) ? unroll : 0),
+              static_cast<int>(small(warps) ? warps : 0)};
+  TORCH_CHECK(sg::skinny_mma_config_supported(p.config),
+              msg("config: (row_groups, unroll, warps) = (", row_groups, ", ", unroll, ", ", warps,
+                  ") is not compiled; compiled: ", mma_compiled_list()));
+  const int64_t step = sg::kMmaChunkBytes / elem * unroll;  // K columns of one step
+  TORCH_CHECK(M == 0 || (K >= step && K % step == 0),
+              msg("x: K must be a positive multiple of ", step, " (steps of ", unroll, " chunks of ",
+                  sg::kMmaChunkBytes / elem, " columns) with unroll ", unroll, ", got ", K));
+  const int64_t N = check_operands(out, x, w, bias, unit, bias_any_out_dtype);
+  TORCH_CHECK(N <= INT32_MAX, msg("w: expected at most 2^31 - 1 rows, got ", N));
+  if (M == 0 || N == 0) return;
+
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto* props = at::cuda::getCurrentDeviceProperties();
+  const int cc = props->major * 10 + props->minor;
+  TORCH_CHECK(cc >= (fp8 ? 89 : 80),
+              msg("skinny_mma: needs a GPU of capability ", fp8 ? "8.9 (mma.sync e4m3)" : "8.0 (mma.sync bf16)",
+                  " or above, got ", props->major, ".", props->minor));
+  set_operands(p, out, x, w, bias);
+  p.out_dtype = dtype_of(out.scalar_type());
+  const cudaError_t err = sg::skinny_mma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, msg("skinny_mma: kernel launch failed: ", cudaGetErrorString(err)));
+}
+
 }  // namespace
 
 void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
@@ -192,65 +267,31 @@ void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
 void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t tile_n, int64_t boxes_k,
                     int64_t stages, int64_t split, bool pdl) {
-  using namespace fused_llm::binding;
-  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
-  TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, msg("x: expected dtype float8_e4m3fn, got ", x.scalar_type()));
-  const auto o = out.scalar_type();
-  TORCH_CHECK(o == at::kBFloat16 || o == at::kHalf || o == at::kFloat,
-              msg("out: expected dtype bfloat16, float16 or float32, got ", o));
-  TORCH_CHECK(w.dim() == 2, msg("w: expected a 2-D [N, K] tensor, got ", w.dim(), "-D"));
-  const int64_t M = x.size(0), N = w.size(0);
-  const auto check_scale = [&](const at::Tensor& s, const char* name, int64_t rows, const char* what) {
-    TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 1 && (s.size(0) == 1 || s.size(0) == rows) &&
-                    s.is_contiguous(),
-                msg(name, ": expected a contiguous float32 [1] (per tensor) or [", rows, "] (", what, ") tensor, got ",
-                    s.scalar_type(), " ", shape_str(s)));
-    check_same_device(s, name, x);
-  };
-  check_scale(x_scale, "x_scale", M, "per token");
-  check_scale(w_scale, "w_scale", N, "per output row");
+  check_fp8_dtypes(out, x);
   sg::SkinnyTmaParams p;
-  p.x_scale = x_scale.data_ptr<float>();
-  p.x_scale_per_token = x_scale.size(0) > 1;  // [1] with one row: the same element either way
-  p.w_scale = w_scale.data_ptr<float>();
-  p.w_scale_per_row = w_scale.size(0) > 1;
-  TORCH_CHECK(!ranges_overlap(out, x_scale) && !ranges_overlap(out, w_scale),
-              msg("out: overlaps x_scale or w_scale in memory (the output must be separate)"));
+  check_scales(p, out, x, w, x_scale, w_scale);
   run_tma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, tile_n, boxes_k, stages, split, pdl);
 }
 
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
                 int64_t row_groups, int64_t unroll, int64_t warps) {
-  using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
+  using namespace fused_llm::binding;
   TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
-  TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
               msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(M <= sg::kMmaMaxM, msg("x: the mma kernel takes at most ", sg::kMmaMaxM, " rows (tokens), got ", M));
-  TORCH_CHECK(M == 0 || (K >= sg::kMmaChunkK && K % sg::kMmaChunkK == 0),
-              msg("x: K must be a positive multiple of ", sg::kMmaChunkK, " (the kernel's chunks), got ", K));
   TORCH_CHECK(out.scalar_type() == x.scalar_type(),
               msg("out: expected dtype ", x.scalar_type(), " (x's), got ", out.scalar_type()));
-  const int64_t N = check_operands(out, x, w, bias, /*unit=*/8, /*bias_any_out_dtype=*/false);
-  TORCH_CHECK(N <= INT32_MAX, msg("w: expected at most 2^31 - 1 rows, got ", N));
-  const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
   sg::SkinnyMmaParams p;
-  p.config = {static_cast<int>(small(row_groups) ? row_groups : 0), static_cast<int>(small(unroll) ? unroll : 0),
-              static_cast<int>(small(warps) ? warps : 0)};
-  TORCH_CHECK(sg::skinny_mma_config_supported(p.config),
-              msg("config: (row_groups, unroll, warps) = (", row_groups, ", ", unroll, ", ", warps,
-                  ") is not compiled; compiled: ", mma_compiled_list()));
-  if (M == 0 || N == 0) return;
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps);
+}
 
-  const c10::cuda::CUDAGuard guard(x.device());
-  const auto* props = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(props->major >= 8,
-              msg("skinny_mma: needs a GPU of capability 8.0 or above (mma.sync bf16), got ", props->major, ".",
-                  props->minor));
-  set_operands(p, out, x, w, bias);
-  const cudaError_t err = sg::skinny_mma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
-  TORCH_CHECK(err == cudaSuccess, msg("skinny_mma: kernel launch failed: ", cudaGetErrorString(err)));
+void skinny_mma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
+                    const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t row_groups,
+                    int64_t unroll, int64_t warps) {
+  check_fp8_dtypes(out, x);
+  sg::SkinnyMmaParams p;
+  check_scales(p, out, x, w, x_scale, w_scale);
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps);
 }
 
 std::vector<int64_t> skinny_mma_configs() {
@@ -292,6 +333,10 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("skinny_tma_configs() -> int[]", &skinny_tma_configs);
   ops.def("skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll, int warps) -> ()");
   ops.impl("skinny_mma", c10::kCUDA, &skinny_mma);
+  ops.def(
+      "skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
+      "int row_groups, int unroll, int warps) -> ()");
+  ops.impl("skinny_mma_fp8", c10::kCUDA, &skinny_mma_fp8);
   ops.def("skinny_mma_configs() -> int[]", &skinny_mma_configs);
 #else
   (void)ops;  // CPU / ROCm: the namespace only (see the top of this file)

@@ -6,8 +6,8 @@ rows on the MMA's wide side (swap AB), a deterministic split-K reduction (or an 
 ``deterministic=False``), the FP8 scales, bias and output rounding in an fp32 epilogue. On CUDA
 builds a compiled Hopper kernel (capability 9.0, fp16 / bf16 and FP8 e4m3fn, 1-16 tokens: TMA
 weight ring, K slices summed in a thread-block cluster; ``csrc/skinny_tma.h``) runs where a
-:class:`TmaConfig` asks for it, and a tensor-core GEMV (capability >= 8.0, fp16 / bf16, 1-16
-tokens: W and x read with plain 16-byte loads straight into mma.sync fragments;
+:class:`TmaConfig` asks for it, and a tensor-core GEMV (fp16 / bf16 on capability >= 8.0, FP8
+e4m3fn on >= 8.9, 1-16 tokens: W and x read with plain 16-byte loads straight into mma.sync fragments;
 ``csrc/skinny_mma.h``) where an :class:`MmaConfig` does (or the tuning table names one of
 them). On CPU the ops run a
 plain-torch implementation with the same semantics, unless ``TRITON_INTERPRET=1``
@@ -39,7 +39,6 @@ import torch.nn.functional as F
 
 from . import _reference, _tuning
 from ._config import (
-    MMA_CHUNK_K,
     MMA_MAX_M,
     TMA_MAX_M,
     MmaConfig,
@@ -203,48 +202,59 @@ def mma_configs() -> list[MmaConfig]:
 
 
 @functools.cache
-def _mma_capable(index: int) -> bool:
-    """Whether the compiled GEMV runs on CUDA device ``index``: a CUDA build, capability >= 8.0."""
-    return torch.version.hip is None and _mma_op() is not None and torch.cuda.get_device_capability(index) >= (8, 0)
+def _mma_capable(index: int, fp8: bool = False) -> bool:
+    """Whether the compiled GEMV runs on CUDA device ``index``: a CUDA build, capability >= 8.0
+    (>= 8.9 for e4m3: mma.sync e4m3)."""
+    want = (8, 9) if fp8 else (8, 0)
+    return torch.version.hip is None and _mma_op() is not None and torch.cuda.get_device_capability(index) >= want
 
 
-def _mma_refusal(x: torch.Tensor, w: torch.Tensor) -> str | None:
-    """Why the compiled GEMV cannot take x [M, K] and w [N, K] (on one GPU), as an error naming
-    the argument; None where it can. x's own strides and alignment are no reason (_run_mma
-    copies x: <= 16 rows)."""
+def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig | None = None) -> str | None:
+    """Why the compiled GEMV (with ``cfg``; any compiled launch if None) cannot take x [M, K] and
+    w [N, K] (on one GPU), as an error naming the argument; None where it can. x's own strides
+    and alignment are no reason (_run_mma copies x: <= 16 rows)."""
     M, K = x.shape
-    if not _mma_capable(x.device.index):
+    fp8 = x.dtype == torch.float8_e4m3fn
+    if not _mma_capable(x.device.index, fp8):
         return (
             "config: an MmaConfig runs the compiled tensor-core GEMV, which needs a CUDA build of skinny-gemm and a GPU "
-            f"of capability 8.0 or above; got {x.device} "
+            f"of capability {'8.9' if fp8 else '8.0'} or above; got {x.device} "
             f"({'no compiled kernel in this build' if _mma_op() is None else 'an older GPU'})"
         )
-    if x.dtype not in _DTYPES:
-        return f"x: an MmaConfig multiplies float16 or bfloat16, got {x.dtype}"
+    if x.dtype not in _DTYPES and not fp8:
+        return f"x: an MmaConfig multiplies float16, bfloat16 or float8_e4m3fn, got {x.dtype}"
     if not 1 <= M <= MMA_MAX_M:
         return f"x: an MmaConfig takes 1 to {MMA_MAX_M} rows (tokens), got {M}"
-    if K % MMA_CHUNK_K:
-        return f"x: an MmaConfig needs K a multiple of {MMA_CHUNK_K} (the kernel's chunks of K), got K = {K}"
-    if w.stride(0) % 8 or w.data_ptr() % 16:
+    step = (cfg or MmaConfig(unroll=1)).step_k(x.element_size())
+    if K % step:
+        return (f"x: an MmaConfig{'' if cfg is None else f' with unroll {cfg.unroll}'} needs K a multiple of {step} "
+                f"(whole steps of the kernel), got K = {K}")  # fmt: skip
+    if (w.stride(0) * w.element_size()) % 16 or w.data_ptr() % 16:
         return (
-            f"w: an MmaConfig needs a row stride that is a multiple of 8 elements and a 16-byte aligned base, got row "
-            f"stride {w.stride(0)} at address {w.data_ptr()} (pass w.contiguous(), or a SkinnyConfig)"
+            f"w: an MmaConfig needs 16-byte aligned rows (a row stride of a multiple of {16 // w.element_size()} "
+            f"elements, a 16-byte aligned base), got row stride {w.stride(0)} at address {w.data_ptr()} "
+            "(pass w.contiguous(), or a SkinnyConfig)"
         )
     return None
 
 
-def _run_mma(out, x, w, bias, cfg: MmaConfig) -> None:
-    """The compiled GEMV with ``cfg`` (x [M, K] 16-bit on a GPU, K > 0): what it cannot take is
-    an error naming the argument (_mma_refusal), x copied where only its layout is off."""
-    refusal = _mma_refusal(x, w)
+def _run_mma(out, x, w, bias, cfg: MmaConfig, x_scale=None, w_scale=None) -> None:
+    """The compiled GEMV with ``cfg`` (x [M, K] on a GPU, K > 0; FP8 with its flat scales): what
+    it cannot take is an error naming the argument (_mma_refusal), x copied where only its layout
+    is off."""
+    refusal = _mma_refusal(x, w, cfg)
     if refusal is not None:
         raise ValueError(refusal)
-    if not (x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % 8 == 0) and x.data_ptr() % 16 == 0):
+    unit = 16 // x.element_size()
+    if not (x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % unit == 0) and x.data_ptr() % 16 == 0):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, rows of K
     if (cfg.row_groups, cfg.unroll, cfg.warps) not in _compiled_mma():
         compiled = ", ".join(f"({rg}, {u}, {wp})" for rg, u, wp in _compiled_mma())
         raise ValueError(f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps): {compiled}")
-    ops.skinny_mma(out, x, w, bias, cfg.row_groups, cfg.unroll, cfg.warps)
+    if x_scale is None:
+        ops.skinny_mma(out, x, w, bias, cfg.row_groups, cfg.unroll, cfg.warps)
+    else:
+        ops.skinny_mma_fp8(out, x, w, x_scale, w_scale, bias, cfg.row_groups, cfg.unroll, cfg.warps)
 
 
 def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:
@@ -261,7 +271,7 @@ def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None
         _run_tma(out, x, w, bias, cfg, x_scale, w_scale)
         return
     if isinstance(cfg, MmaConfig) and x.is_cuda and x.shape[1] > 0:
-        _run_mma(out, x, w, bias, cfg)  # FP8 x: _mma_refusal's error
+        _run_mma(out, x, w, bias, cfg, x_scale, w_scale)
         return
     if x.shape[1] == 0 or not triton_enabled_for(x) or isinstance(cfg, (TmaConfig, MmaConfig)):
         # K = 0 (out is the bias or zeros), CPU; a compiled kernel's config off the GPU: the same
@@ -410,7 +420,8 @@ def gemm(
     kernel: capability 9.0 GPUs of a CUDA build, 1-16 tokens, K a multiple of 8, w rows 16-byte
     aligned; its reduction is always the ordered one; on CPU the plain-torch path), or an
     :class:`MmaConfig` (the compiled tensor-core GEMV: capability >= 8.0, 1-16 tokens, K a
-    multiple of 32, w rows 16-byte aligned; deterministic; on CPU the plain-torch path). Any M (0
+    multiple of 32 x its unroll, w rows 16-byte aligned; deterministic; on CPU the plain-torch
+    path). Any M (0
     included), N, K (odd sizes masked). Returns out ``[..., N]``."""
     _check_x(x, _DTYPES)
     N = _check_w(w, x)
@@ -506,7 +517,7 @@ def gemm_fp8(
     out_dtype: torch.dtype = torch.bfloat16,
     *,
     deterministic: bool = True,
-    config: SkinnyConfig | TmaConfig | None = None,
+    config: SkinnyConfig | TmaConfig | MmaConfig | None = None,
 ) -> torch.Tensor:
     """``(x @ w.T) * x_scale * w_scale + bias`` on FP8 operands with the skinny kernel: products
     and sums in fp32, then the scales and the bias in fp32, one rounding to ``out_dtype``.
@@ -516,12 +527,10 @@ def gemm_fp8(
     ``[M, 1]`` (per token; ``[..., 1]`` also works); ``w_scale`` fp32 ``[1]`` or ``[N, 1]`` (per
     output channel); bias ``[N]`` bf16 / fp16 / fp32 or None; ``out_dtype`` bfloat16, float16 or
     float32. ``deterministic`` and ``config`` as in :func:`gemm` (a :class:`TmaConfig` takes
-    e4m3fn with K a multiple of 16). Returns ``[..., N]``."""
+    e4m3fn with K a multiple of 16, an :class:`MmaConfig` e4m3fn on capability >= 8.9 with K a
+    multiple of 64 x its unroll). Returns ``[..., N]``."""
     x2, M, N, xs, ws = _check_fp8_args(x, w, x_scale, w_scale, bias, out_dtype)
     cfg = _check_flags(deterministic, config)
-    if isinstance(config, MmaConfig):
-        raise ValueError(f"config: an MmaConfig multiplies float16 or bfloat16, got {x.dtype} (use gemm, or a "
-                         "SkinnyConfig / TmaConfig)")  # fmt: skip
     _check_no_grad(x, w, bias)
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
@@ -583,10 +592,11 @@ def dispatch_config(
     for m_max, fields in rows:
         if M <= m_max:
             cfg = _table_config(fields) if fields is not None else None
-            refusal = _tma_refusal if isinstance(cfg, TmaConfig) else _mma_refusal if isinstance(cfg, MmaConfig) else None
-            if (refusal is not None and x.is_cuda and w.dtype == x.dtype and not torch.compiler.is_compiling()
-                    and refusal(_rows(x), w) is not None):  # fmt: skip
-                return None
+            if (isinstance(cfg, (TmaConfig, MmaConfig)) and x.is_cuda and w.dtype == x.dtype
+                    and not torch.compiler.is_compiling()):  # fmt: skip
+                x2 = _rows(x)
+                if (_tma_refusal(x2, w) if isinstance(cfg, TmaConfig) else _mma_refusal(x2, w, cfg)) is not None:
+                    return None
             return cfg
     return None
 

@@ -104,25 +104,27 @@ class TmaConfig:
         return [0, self.tile_n, self.boxes_k, self.stages, self.split]
 
 
-# The compiled GEMV's choices (csrc/skinny_mma.h): groups of 8 weight rows a block, 32-column
-# chunks of K a step, warps a block (each a contiguous range of K). Which combinations a build has
-# code for is the binding's list (``skinny_mma_configs``), checked when a call reaches a GPU.
+# The compiled GEMV's choices (csrc/skinny_mma.h): groups of 8 weight rows a block, 64-byte
+# chunks of K a step (32 columns of a 16-bit dtype, 64 of e4m3), warps a block (each a contiguous
+# range of K's steps). Which combinations a build has code for is the binding's list
+# (``skinny_mma_configs``), checked when a call reaches a GPU.
 MMA_ROW_GROUPS = (1, 2)
 MMA_UNROLL = (1, 2, 4)
 MMA_WARPS = (4, 8, 16)
 MMA_MAX_M = 16
-MMA_CHUNK_K = 32
+MMA_CHUNK_BYTES = 64
 
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """One launch of the compiled plain-load tensor-core GEMV (``csrc/skinny_mma.h``: capability
-    >= 8.0, fp16 / bf16, 1-16 tokens, K a multiple of 32): each block multiplies ``8 *
+    """One launch of the compiled plain-load tensor-core GEMV (``csrc/skinny_mma.h``: fp16 / bf16
+    on capability >= 8.0, e4m3fn on >= 8.9; 1-16 tokens): each block multiplies ``8 *
     row_groups`` weight rows by the tokens over all of K, its ``warps`` warps each streaming a
     contiguous range of K with plain 16-byte loads straight into mma.sync fragments, ``unroll``
-    32-column chunks a step (the next step's loads in flight during this step's mmas); the warps'
-    tiles summed in a fixed order in shared memory. Its table / op form is ``[-1, row_groups,
-    unroll, warps]``."""
+    64-byte chunks a step (the next step's loads in flight during this step's mmas); the warps'
+    tiles summed in a fixed order in shared memory. K must be a whole number of steps: a multiple
+    of ``32 * unroll`` (16-bit) or ``64 * unroll`` (e4m3). Its table / op form is ``[-1,
+    row_groups, unroll, warps]``."""
 
     row_groups: int = 1
     unroll: int = 2
@@ -134,6 +136,10 @@ class MmaConfig:
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
         return [-1, self.row_groups, self.unroll, self.warps]
+
+    def step_k(self, elem_bytes: int) -> int:
+        """K columns of one step (K must be a multiple of it) for inputs of ``elem_bytes``."""
+        return MMA_CHUNK_BYTES // elem_bytes * self.unroll
 
 
 def config_from_list(fields) -> SkinnyConfig | TmaConfig | MmaConfig:
