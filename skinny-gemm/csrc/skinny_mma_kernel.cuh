@@ -271,35 +271,33 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_mma_kernel(const __grid_con
 }
 
 // Launches one instance, first raising its dynamic shared-memory limit where it needs more than
-// the default 48 KiB (once a device).
-template <typename Kernel>
-cudaError_t launch_kernel(Kernel kernel, int smem, dim3 grid, int threads, const MmaArgs& a, cudaStream_t stream) {
-  if (smem > 48 * 1024) {
+// the default 48 KiB (once a device: a flag of this instance's own).
+template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS, int STAGES>
+cudaError_t launch_instance(const MmaArgs& a, cudaStream_t stream) {
+  constexpr int kSmem = STAGES ? mma_smem_bytes(RG, U, WARPS, STAGES, TWO_TILES) : 0;
+  const auto kernel = skinny_mma_kernel<kIn, RG, TWO_TILES, U, WARPS, STAGES>;
+  if constexpr (kSmem > 48 * 1024) {
     static std::atomic<uint64_t> raised{0};  // a bit a device ordinal < 64
     int dev = 0;
     if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
     const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
     if (!(raised.load(std::memory_order_relaxed) & bit)) {
-      if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
           e != cudaSuccess) {
         return e;
       }
       raised.fetch_or(bit, std::memory_order_relaxed);
     }
   }
-  kernel<<<grid, threads, smem, stream>>>(a);
+  const dim3 grid(static_cast<unsigned>((int64_t(a.n) + 8 * RG - 1) / (8 * RG)));
+  kernel<<<grid, WARPS * 32, kSmem, stream>>>(a);
   return cudaGetLastError();
 }
 
 template <DType kIn, int RG, int U, int WARPS, int STAGES>
 cudaError_t launch_config(const MmaArgs& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((int64_t(a.n) + 8 * RG - 1) / (8 * RG)));
-  if (a.m > 8) {
-    return launch_kernel(skinny_mma_kernel<kIn, RG, true, U, WARPS, STAGES>,
-                         STAGES ? mma_smem_bytes(RG, U, WARPS, STAGES, true) : 0, grid, WARPS * 32, a, stream);
-  }
-  return launch_kernel(skinny_mma_kernel<kIn, RG, false, U, WARPS, STAGES>,
-                       STAGES ? mma_smem_bytes(RG, U, WARPS, STAGES, false) : 0, grid, WARPS * 32, a, stream);
+  return a.m > 8 ? launch_instance<kIn, RG, true, U, WARPS, STAGES>(a, stream)
+                 : launch_instance<kIn, RG, false, U, WARPS, STAGES>(a, stream);
 }
 
 }  // namespace mma_detail
