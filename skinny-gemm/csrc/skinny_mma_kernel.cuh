@@ -270,13 +270,14 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_mma_kernel(const __grid_con
   }
 }
 
-// Launches one instance, first raising its dynamic shared-memory limit where it needs more than
-// the default 48 KiB (once a device: a flag of this instance's own).
+// Launches one instance, a staged one first raising its dynamic shared-memory limit (once a
+// device: a flag of this instance's own): by default the dynamic and static shared memory of a block
+// must fit 48 KiB together, and a ring of 48 KiB beside the warps' sums (2 KiB) did not.
 template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS, int STAGES>
 cudaError_t launch_instance(const MmaArgs& a, cudaStream_t stream) {
   constexpr int kSmem = STAGES ? mma_smem_bytes(RG, U, WARPS, STAGES, TWO_TILES) : 0;
   const auto kernel = skinny_mma_kernel<kIn, RG, TWO_TILES, U, WARPS, STAGES>;
-  if constexpr (kSmem > 48 * 1024) {
+  if constexpr (kSmem > 0) {
     static std::atomic<uint64_t> raised{0};  // a bit a device ordinal < 64
     int dev = 0;
     if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
