@@ -17,13 +17,13 @@ bool skinny_mma_config_supported(const SkinnyMmaConfig& c) {
   const int n = skinny_mma_compiled_configs(&configs);
   for (int i = 0; i < n; ++i) {
     const SkinnyMmaConfig& k = configs[i];
-    if (c.row_groups == k.row_groups && c.unroll == k.unroll && c.warps == k.warps && c.stages == k.stages) return true;
+    if (c.row_groups == k.row_groups && c.unroll == k.unroll && c.warps == k.warps) return true;
   }
   return false;
 }
 
 int skinny_mma_compiled_configs(const SkinnyMmaConfig** configs) {
-#define SKINNY_MMA_ENTRY(RG, U, WARPS, STAGES) SkinnyMmaConfig{RG, U, WARPS, STAGES},
+#define SKINNY_MMA_ENTRY(RG, U, WARPS) SkinnyMmaConfig{RG, U, WARPS},
   static const SkinnyMmaConfig kCompiled[] = {SKINNY_MMA_CONFIGS(SKINNY_MMA_ENTRY)};
 #undef SKINNY_MMA_ENTRY
   *configs = kCompiled;

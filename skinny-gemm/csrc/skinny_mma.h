@@ -22,8 +22,7 @@
 //   memory.
 // * A block is `warps` warps over the same `row_groups` x 8 rows; K's chunks are cut into steps of
 //   `unroll` chunks and each warp takes a contiguous range of steps, the next step's loads issued
-//   before this step's mmas (stages 0), or `stages` - 1 steps ahead into a ring in shared memory
-//   that each lane fills (cp.async) and reads back only its own bytes of (no barrier). The warps' fp32 tiles are summed in shared memory in warp order
+//   before this step's mmas. The warps' fp32 tiles are summed in shared memory in warp order
 //   (deterministic), the scales and bias applied and the rows written: no K split across blocks,
 //   no global workspace.
 //
@@ -49,8 +48,6 @@ struct SkinnyMmaConfig {
   int row_groups = 1;  // groups of 8 weight rows a block: 1 or 2
   int unroll = 2;      // chunks a step: 1, 2 or 4 (K must be a whole number of steps)
   int warps = 8;       // warps a block, each a contiguous range of K's steps: 4, 8 or 16
-  int stages = 0;      // 0: the loads land in registers, one step ahead; 3-8: in a shared-memory
-                       // ring of that many steps a warp (cp.async), stages - 1 steps ahead
 };
 
 struct SkinnyMmaParams {

@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "skinny_device.cuh"
@@ -34,21 +33,11 @@ struct MmaArgs {
   int steps_per_warp;  // ceil(steps / warps): warp q takes steps [q s, (q + 1) s) of them
 };
 
-// The compiled configurations: (row_groups, unroll, warps, stages). Stages 0: the loads land in
-// two register sets; not 4 chunks at 16 warps there: two register sets of them exceed the 128
-// registers a thread of a 512-thread block may hold (spills). Stages > 0: a ring in shared memory
-// (mma_smem_bytes: at most 96 KiB a block).
+// The compiled configurations: (row_groups, unroll, warps). Not 4 chunks at 16 warps: two
+// register sets of them exceed the 128 registers a thread of a 512-thread block may hold (spills).
 #define SKINNY_MMA_CONFIGS(X) \
-  X(1, 1, 4, 0) X(1, 1, 8, 0) X(1, 1, 16, 0) X(1, 2, 4, 0) X(1, 2, 8, 0) X(1, 2, 16, 0) X(1, 4, 4, 0) X(1, 4, 8, 0) \
-  X(2, 1, 4, 0) X(2, 1, 8, 0) X(2, 1, 16, 0) X(2, 2, 4, 0) X(2, 2, 8, 0) X(2, 2, 16, 0) X(2, 4, 4, 0) X(2, 4, 8, 0) \
-  X(1, 1, 4, 8) X(1, 1, 8, 4) X(1, 1, 8, 8) X(1, 1, 16, 4) X(1, 2, 4, 4) X(1, 2, 4, 8) X(1, 2, 8, 3) X(1, 2, 8, 4) \
-  X(1, 4, 4, 4) X(2, 1, 8, 4) X(2, 2, 4, 4) X(2, 2, 8, 3)
-
-// Shared memory of a staged block: `stages` x (unroll chunks x (RG rows of W + 1 or 2 rows of x)) x
-// 16 bytes a lane, for each warp.
-constexpr int mma_smem_bytes(int rg, int unroll, int warps, int stages, bool two_tiles) {
-  return stages * unroll * (rg + (two_tiles ? 2 : 1)) * 32 * 16 * warps;
-}
+  X(1, 1, 4) X(1, 1, 8) X(1, 1, 16) X(1, 2, 4) X(1, 2, 8) X(1, 2, 16) X(1, 4, 4) X(1, 4, 8) \
+  X(2, 1, 4) X(2, 1, 8) X(2, 1, 16) X(2, 2, 4) X(2, 2, 8) X(2, 2, 16) X(2, 4, 4) X(2, 4, 8)
 
 cudaError_t launch_mma_bf16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_f16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
@@ -123,70 +112,7 @@ __device__ __forceinline__ void mma_chunks(Step<RG, U>& s, float (&acc)[RG][4], 
   }
 }
 
-__device__ __forceinline__ void cp_async_w(uint32_t dst, const uint8_t* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(policy));
-}
-
-__device__ __forceinline__ void cp_async_x(uint32_t dst, const uint8_t* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ uint4 load_shared(uint32_t src) {
-  uint4 r;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(src));
-  return r;
-}
-
-// The K loop with a shared-memory ring of STAGES steps a warp: each lane copies its own 16-byte
-// pieces (cp.async) and reads back only those, so no barrier is needed between the lanes; the
-// loads in flight are STAGES - 1 steps ahead instead of one, and cost no registers.
-template <DType kIn, int RG, bool TWO_TILES, int U, int STAGES>
-__device__ __forceinline__ void k_loop_staged(float (&acc)[RG][4], const uint8_t* const (&w)[RG], const uint8_t* xa,
-                                              const uint8_t* xb, int steps, bool xa_live, bool xb_live,
-                                              uint64_t policy) {
-  constexpr int kStepBytes = kMmaChunkBytes * U;
-  constexpr int kRows = RG + (TWO_TILES ? 2 : 1);  // 16-byte pieces a chunk: RG of W, 1 or 2 of x
-  constexpr int kStageBytes = U * kRows * 32 * 16;  // a warp's stage
-  extern __shared__ __align__(16) uint8_t ring[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(ring)) + warp * STAGES * kStageBytes + lane * 16;
-  // piece (u, j) of stage s: j < RG rows of W, then x rows g (and g + 8)
-  const auto piece = [&](int s, int u, int j) { return base + s * kStageBytes + (u * kRows + j) * 32 * 16; };
-  const auto issue = [&](int step, int s) {
-    if (step < steps) {
-      const int o = step * kStepBytes;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-#pragma unroll
-        for (int r = 0; r < RG; ++r) cp_async_w(piece(s, u, r), w[r] + o + kMmaChunkBytes * u, policy);
-        cp_async_x(piece(s, u, RG), xa + o + kMmaChunkBytes * u);
-        if (TWO_TILES) cp_async_x(piece(s, u, RG + 1), xb + o + kMmaChunkBytes * u);
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::);  // empty past the last step: the counts stay uniform
-  };
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) issue(s, s);
-  int read = 0, write = STAGES - 1;
-  for (int i = 0; i < steps; ++i) {
-    issue(i + STAGES - 1, write);
-    write = write + 1 == STAGES ? 0 : write + 1;
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));  // step i's pieces (this lane's) have landed
-    Step<RG, U> st;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int r = 0; r < RG; ++r) st.w[u][r] = load_shared(piece(read, u, r));
-      st.xa[u] = load_shared(piece(read, u, RG));
-      if (TWO_TILES) st.xb[u] = load_shared(piece(read, u, RG + 1));
-    }
-    read = read + 1 == STAGES ? 0 : read + 1;
-    mma_chunks<kIn, RG, TWO_TILES, U>(st, acc, xa_live, xb_live);
-  }
-  asm volatile("cp.async.wait_all;\n" ::);
-}
-
-template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS, int STAGES>
+template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS>
 __device__ __forceinline__ void gemv(const MmaArgs& a) {
   constexpr int kStepBytes = kMmaChunkBytes * U;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -212,9 +138,7 @@ __device__ __forceinline__ void gemv(const MmaArgs& a) {
   float acc[RG][4];
 #pragma unroll
   for (int r = 0; r < RG; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
-  if constexpr (STAGES > 0) {
-    k_loop_staged<kIn, RG, TWO_TILES, U, STAGES>(acc, w, xa, xb, steps, xa_live, xb_live, policy);
-  } else if (steps > 0) {
+  if (steps > 0) {
     // Two register sets: the next step's loads are in flight while this step's mmas run (one set
     // let the compiler sink each load next to its use: ~2 loads in flight, 33 us instead of 22 at
     // 2304 x 16384, H200, 2026-11-29).
@@ -261,53 +185,32 @@ constexpr int kDeviceArch = __CUDA_ARCH__;
 constexpr int kDeviceArch = 1000;
 #endif
 
-template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS, int STAGES>
+template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) skinny_mma_kernel(const __grid_constant__ MmaArgs a) {
   if constexpr (kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) {
-    gemv<kIn, RG, TWO_TILES, U, WARPS, STAGES>(a);
+    gemv<kIn, RG, TWO_TILES, U, WARPS>(a);
   } else {
     __trap();
   }
 }
 
-// Launches one instance, a staged one first raising its dynamic shared-memory limit (once a
-// device: a flag of this instance's own): by default the dynamic and static shared memory of a block
-// must fit 48 KiB together, and a ring of 48 KiB beside the warps' sums (2 KiB) did not.
-template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS, int STAGES>
-cudaError_t launch_instance(const MmaArgs& a, cudaStream_t stream) {
-  constexpr int kSmem = STAGES ? mma_smem_bytes(RG, U, WARPS, STAGES, TWO_TILES) : 0;
-  const auto kernel = skinny_mma_kernel<kIn, RG, TWO_TILES, U, WARPS, STAGES>;
-  if constexpr (kSmem > 0) {
-    static std::atomic<uint64_t> raised{0};  // a bit a device ordinal < 64
-    int dev = 0;
-    if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-    if (!(raised.load(std::memory_order_relaxed) & bit)) {
-      if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-          e != cudaSuccess) {
-        return e;
-      }
-      raised.fetch_or(bit, std::memory_order_relaxed);
-    }
-  }
-  const dim3 grid(static_cast<unsigned>((int64_t(a.n) + 8 * RG - 1) / (8 * RG)));
-  kernel<<<grid, WARPS * 32, kSmem, stream>>>(a);
-  return cudaGetLastError();
-}
-
-template <DType kIn, int RG, int U, int WARPS, int STAGES>
+template <DType kIn, int RG, int U, int WARPS>
 cudaError_t launch_config(const MmaArgs& a, cudaStream_t stream) {
-  return a.m > 8 ? launch_instance<kIn, RG, true, U, WARPS, STAGES>(a, stream)
-                 : launch_instance<kIn, RG, false, U, WARPS, STAGES>(a, stream);
+  const dim3 grid(static_cast<unsigned>((int64_t(a.n) + 8 * RG - 1) / (8 * RG)));
+  if (a.m > 8) {
+    skinny_mma_kernel<kIn, RG, true, U, WARPS><<<grid, WARPS * 32, 0, stream>>>(a);
+  } else {
+    skinny_mma_kernel<kIn, RG, false, U, WARPS><<<grid, WARPS * 32, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace mma_detail
 
 template <DType kIn>
 cudaError_t launch_mma_dtype(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream) {
-#define SKINNY_MMA_CASE(RG, U, WARPS, STAGES)                                          \
-  if (c.row_groups == RG && c.unroll == U && c.warps == WARPS && c.stages == STAGES) \
-    return mma_detail::launch_config<kIn, RG, U, WARPS, STAGES>(a, stream);
+#define SKINNY_MMA_CASE(RG, U, WARPS) \
+  if (c.row_groups == RG && c.unroll == U && c.warps == WARPS) return mma_detail::launch_config<kIn, RG, U, WARPS>(a, stream);
   SKINNY_MMA_CONFIGS(SKINNY_MMA_CASE)
 #undef SKINNY_MMA_CASE
   return cudaErrorNotSupported;

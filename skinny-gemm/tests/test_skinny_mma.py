@@ -65,15 +65,11 @@ def run_mma_fp8(x, w, xs, ws, bias=None, out_dtype=torch.bfloat16, cfg=None):
 
 @pytest.mark.kernels_ci
 def test_config_forms():
-    """An MmaConfig's op / table form is [-1, row_groups, unroll, warps] (stages 0) or [-1,
-    row_groups, unroll, warps, stages], and parses back."""
+    """An MmaConfig's op / table form is [-1, row_groups, unroll, warps] and parses back."""
     cfg = sg.MmaConfig(2, 4, 8)
     assert cfg.as_list() == [-1, 2, 4, 8]
     assert _config.config_from_list(cfg.as_list()) == cfg
     assert _config.config_from_list([-1, 1, 2, 8]) == sg.MmaConfig()
-    staged = sg.MmaConfig(1, 2, 8, 4)
-    assert staged.as_list() == [-1, 1, 2, 8, 4]
-    assert _config.config_from_list(staged.as_list()) == staged
 
 
 @pytest.mark.kernels_ci
@@ -83,11 +79,10 @@ def test_config_forms():
         (lambda: sg.MmaConfig(3), ValueError, r"MmaConfig.row_groups: expected one of \[1, 2\], got 3"),
         (lambda: sg.MmaConfig(1, 8), ValueError, r"MmaConfig.unroll: expected one of \[1, 2, 4\], got 8"),
         (lambda: sg.MmaConfig(1, 2, 32), ValueError, r"MmaConfig.warps: expected one of \[4, 8, 16\], got 32"),
-        (lambda: sg.MmaConfig(1, 2, 8, 2), ValueError, r"MmaConfig.stages: expected one of \[0, 3, 4, 8\], got 2"),
         (lambda: sg.MmaConfig(1.0), TypeError, "MmaConfig.row_groups: expected an int, got 1.0"),
-        (lambda: _config.config_from_list([-1, 2]), ValueError, r"\[-1, row_groups, unroll, warps\(, stages\)\] \(MmaConfig\)"),
+        (lambda: _config.config_from_list([-1, 2]), ValueError, r"\[-1, row_groups, unroll, warps\] \(MmaConfig\)"),
     ],
-    ids=["row_groups", "unroll", "warps", "stages", "type", "list"],
+    ids=["row_groups", "unroll", "warps", "type", "list"],
 )
 def test_config_errors(make_it, exc, match):
     with pytest.raises(exc, match=match):
@@ -158,11 +153,9 @@ SHAPES = [(2304, 16384), (6144, 4096), (1000, 4160), (96, 192), (130, 64), (17, 
 @pytest.mark.parametrize("N, K", SHAPES, ids=lambda v: str(v))
 @pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("stages", [0, 4], ids=lambda s: f"stages{s}")
-def test_values(N, K, M, dtype, stages):
+def test_values(N, K, M, dtype):
     x, w, b = make(M, N, K, dtype, seed=M * 7 + N, bias=M % 2 == 1)
-    cfg = sg.MmaConfig(stages=stages)
-    assert_gemm_close(run_mma(x, w, b, cfg), reference(x, w, b), f"{cfg} {M}x{N}x{K}")
+    assert_gemm_close(run_mma(x, w, b), reference(x, w, b), f"MmaConfig() {M}x{N}x{K}")
 
 
 @needs_mma
@@ -197,11 +190,11 @@ def test_layouts_and_out():
     assert_gemm_close(y.view(6, 512), ref, "3-D x")
     assert sg.gemm(x[:0], w, config=sg.MmaConfig()).shape == (0, 512)
     out = poison_(torch.empty(6, 512, dtype=x.dtype, device=DEVICE))
-    compiled = set(sg.mma_configs())
+    compiled = {(c.row_groups, c.unroll, c.warps) for c in sg.mma_configs()}
     missing = next(
-        sg.MmaConfig(rg, u, wp, st)
+        sg.MmaConfig(rg, u, wp)
         for rg in _config.MMA_ROW_GROUPS for u in _config.MMA_UNROLL for wp in _config.MMA_WARPS
-        for st in _config.MMA_STAGES if sg.MmaConfig(rg, u, wp, st) not in compiled
+        if (rg, u, wp) not in compiled
     )  # fmt: skip
     with pytest.raises(ValueError, match="config: MmaConfig.* is not compiled in this build"):
         sg.gemm(x, w, out=out, config=missing)
@@ -237,9 +230,8 @@ def test_binding_checks():
     out = poison_(torch.empty(4, 32, dtype=x.dtype, device=DEVICE))
     op = sg.ops.skinny_mma
     cases = [
-        ((out, x, w, None, 3, 2, 8), r"config: \(row_groups, unroll, warps, stages\) = \(3, 2, 8, 0\) is not compiled"),
-        ((out, x, w, None, 2**32 + 1, 2, 8), r"config: .* = \(4294967297, 2, 8, 0\) is not compiled"),
-        ((out, x, w, None, 1, 2, 8, 5), r"config: .* = \(1, 2, 8, 5\) is not compiled"),
+        ((out, x, w, None, 3, 2, 8), r"config: \(row_groups, unroll, warps\) = \(3, 2, 8\) is not compiled"),
+        ((out, x, w, None, 2**32 + 1, 2, 8), r"config: .* = \(4294967297, 2, 8\) is not compiled"),
         ((out, x[:, :48], w[:, :48], None, 1, 2, 8), r"x: K must be a positive multiple of 64 \(steps of 2 chunks"),
         ((out, x, w, None, 1, 4, 8), "x: K must be a positive multiple of 128"),
         ((out, x, w.half(), None, 1, 2, 8), r"w: expected a BFloat16 \[N, 64\] tensor"),
@@ -304,13 +296,11 @@ FP8_SHAPES = [(2304, 16384), (6144, 4096), (1000, 4224), (96, 256), (17, 128)]
 @pytest.mark.parametrize("N, K", FP8_SHAPES, ids=lambda v: str(v))
 @pytest.mark.parametrize("M", [1, 5, 9, 16])
 @pytest.mark.parametrize("scales", ["tensor", "token-channel", "token-tensor"])
-@pytest.mark.parametrize("stages", [0, 4], ids=lambda s: f"stages{s}")
-def test_fp8_values(N, K, M, scales, stages):
+def test_fp8_values(N, K, M, scales):
     x, w, xs, ws = make_fp8(M, N, K, torch.float8_e4m3fn, seed=M * 13 + N,
                             per_token=scales != "tensor", per_channel=scales == "token-channel")  # fmt: skip
-    cfg = sg.MmaConfig(stages=stages)
-    got = sg.gemm_fp8(x, w, xs, ws, config=cfg)
-    assert_gemm_close(got, reference_fp8(x, w, xs, ws), f"FP8 {cfg} {M}x{N}x{K} {scales}")
+    got = sg.gemm_fp8(x, w, xs, ws, config=sg.MmaConfig())
+    assert_gemm_close(got, reference_fp8(x, w, xs, ws), f"FP8 MmaConfig() {M}x{N}x{K} {scales}")
 
 
 @needs_mma_fp8
@@ -354,7 +344,7 @@ def test_fp8_bad_input():
         ((out, x, w.view(torch.uint8), xs4, ws32, None, 1, 2, 8), r"w: expected a Float8_e4m3fn \[N, 256\] tensor"),
         ((out, x, w, xs4, ws32, torch.zeros(32, dtype=torch.int32, device=DEVICE), 1, 2, 8),
          "bias: expected a contiguous .32. tensor of dtype bfloat16, float16 or float32"),
-        ((out, x, w, xs4, ws32, None, 3, 2, 8), r"config: \(row_groups, unroll, warps, stages\) = \(3, 2, 8, 0\) is not compiled"),
+        ((out, x, w, xs4, ws32, None, 3, 2, 8), r"config: \(row_groups, unroll, warps\) = \(3, 2, 8\) is not compiled"),
     ]  # fmt: skip
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):

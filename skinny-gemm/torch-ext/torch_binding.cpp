@@ -10,10 +10,10 @@
 //   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most K slices),
 //                                       flattened)
 //   skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll,
-//              int warps, int stages=0) -> ()   (the plain-load tensor-core GEMV: csrc/skinny_mma.h)
+//              int warps) -> ()          (the plain-load tensor-core GEMV: csrc/skinny_mma.h)
 //   skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale,
-//                  Tensor? bias, int row_groups, int unroll, int warps, int stages=0) -> ()
-//   skinny_mma_configs() -> int[]      (the compiled (row_groups, unroll, warps, stages), flattened)
+//                  Tensor? bias, int row_groups, int unroll, int warps) -> ()
+//   skinny_mma_configs() -> int[]      (the compiled (row_groups, unroll, warps), flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -41,15 +41,13 @@ namespace {
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// "(a, b, c), (d, e, f)": a kernel's compiled launches, a few fields each, for messages.
+// "(a, b, c), (d, e, f)": a kernel's compiled launches, three fields each, for messages.
 template <typename Config, typename Fields>
 std::string config_list(const Config* configs, int n, Fields fields) {
   std::string s;
   for (int i = 0; i < n; ++i) {
-    const auto f = fields(configs[i]);
-    s += i ? ", (" : "(";
-    for (size_t j = 0; j < f.size(); ++j) s += (j ? ", " : "") + std::to_string(f[j]);
-    s += ")";
+    const std::array<int, 3> f = fields(configs[i]);
+    s += (i ? ", (" : "(") + std::to_string(f[0]) + ", " + std::to_string(f[1]) + ", " + std::to_string(f[2]) + ")";
   }
   return s;
 }
@@ -65,9 +63,7 @@ std::string mma_compiled_list() {
   const sg::SkinnyMmaConfig* configs = nullptr;
   const int n = sg::skinny_mma_compiled_configs(&configs);
   return config_list(configs, n,
-                     [](const sg::SkinnyMmaConfig& c) {
-                       return std::array<int, 4>{c.row_groups, c.unroll, c.warps, c.stages};
-                     });
+                     [](const sg::SkinnyMmaConfig& c) { return std::array<int, 3>{c.row_groups, c.unroll, c.warps}; });
 }
 
 sg::DType dtype_of(at::ScalarType t) {
@@ -221,7 +217,7 @@ void check_fp8_dtypes(const at::Tensor& out, const at::Tensor& x) {
 // [M, N] (its dtype checked by the caller), the configuration; fills p and launches.
 void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
              const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t row_groups, int64_t unroll,
-             int64_t warps, int64_t stages) {
+             int64_t warps) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
   TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
   const bool fp8 = x.scalar_type() == at::kFloat8_e4m3fn;
@@ -230,9 +226,9 @@ void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const
   TORCH_CHECK(M <= sg::kMmaMaxM, msg("x: the mma kernel takes at most ", sg::kMmaMaxM, " rows (tokens), got ", M));
   const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
   p.config = {static_cast<int>(small(row_groups) ? row_groups : 0), static_cast<int>(small(unroll) ? unroll : 0),
-              static_cast<int>(small(warps) ? warps : 0), static_cast<int>(stages >= 0 && stages <= 1024 ? stages : -1)};
+              static_cast<int>(small(warps) ? warps : 0)};
   TORCH_CHECK(sg::skinny_mma_config_supported(p.config),
-              msg("config: (row_groups, unroll, warps, stages) = (", row_groups, ", ", unroll, ", ", warps, ", ", stages,
+              msg("config: (row_groups, unroll, warps) = (", row_groups, ", ", unroll, ", ", warps,
                   ") is not compiled; compiled: ", mma_compiled_list()));
   const int64_t step = sg::kMmaChunkBytes / elem * unroll;  // K columns of one step
   TORCH_CHECK(M == 0 || (K >= step && K % step == 0),
@@ -278,7 +274,7 @@ void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
 }
 
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages) {
+                int64_t row_groups, int64_t unroll, int64_t warps) {
   using namespace fused_llm::binding;
   TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -286,16 +282,16 @@ void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
   TORCH_CHECK(out.scalar_type() == x.scalar_type(),
               msg("out: expected dtype ", x.scalar_type(), " (x's), got ", out.scalar_type()));
   sg::SkinnyMmaParams p;
-  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps, stages);
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps);
 }
 
 void skinny_mma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t row_groups,
-                    int64_t unroll, int64_t warps, int64_t stages) {
+                    int64_t unroll, int64_t warps) {
   check_fp8_dtypes(out, x);
   sg::SkinnyMmaParams p;
   check_scales(p, out, x, w, x_scale, w_scale);
-  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps, stages);
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps);
 }
 
 std::vector<int64_t> skinny_mma_configs() {
@@ -306,7 +302,6 @@ std::vector<int64_t> skinny_mma_configs() {
     flat.push_back(configs[i].row_groups);
     flat.push_back(configs[i].unroll);
     flat.push_back(configs[i].warps);
-    flat.push_back(configs[i].stages);
   }
   return flat;
 }
@@ -336,13 +331,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "int tile_n, int boxes_k, int stages, int split, bool pdl=True) -> ()");
   ops.impl("skinny_tma_fp8", c10::kCUDA, &skinny_tma_fp8);
   ops.def("skinny_tma_configs() -> int[]", &skinny_tma_configs);
-  ops.def(
-      "skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll, int warps, "
-      "int stages=0) -> ()");
+  ops.def("skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll, int warps) -> ()");
   ops.impl("skinny_mma", c10::kCUDA, &skinny_mma);
   ops.def(
       "skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
-      "int row_groups, int unroll, int warps, int stages=0) -> ()");
+      "int row_groups, int unroll, int warps) -> ()");
   ops.impl("skinny_mma_fp8", c10::kCUDA, &skinny_mma_fp8);
   ops.def("skinny_mma_configs() -> int[]", &skinny_mma_configs);
 #else

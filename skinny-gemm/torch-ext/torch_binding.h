@@ -27,16 +27,16 @@ std::vector<int64_t> skinny_tma_configs();
 
 // out [M, N] = x [M, K] @ w [N, K]^T (+ bias) by the plain-load tensor-core GEMV
 // (csrc/skinny_mma.h): 1 <= M <= 16, K a multiple of 32 x unroll, 16-byte aligned rows,
-// capability >= 8.0; (row_groups, unroll, warps, stages) one of skinny_mma_configs().
+// capability >= 8.0; (row_groups, unroll, warps) one of skinny_mma_configs().
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages);
+                int64_t row_groups, int64_t unroll, int64_t warps);
 
 // out [M, N] = (x [M, K] @ w [N, K]^T) * x_scale * w_scale (+ bias) on float8_e4m3fn x and w by
 // the same GEMV: K a multiple of 64 x unroll, capability >= 8.9, scales, out and bias as
 // skinny_tma_fp8.
 void skinny_mma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t row_groups,
-                    int64_t unroll, int64_t warps, int64_t stages);
+                    int64_t unroll, int64_t warps);
 
-// The compiled (row_groups, unroll, warps, stages) quadruples, flattened.
+// The compiled (row_groups, unroll, warps) triples, flattened.
 std::vector<int64_t> skinny_mma_configs();

@@ -190,15 +190,15 @@ def _mma_op():
 
 
 @functools.cache
-def _compiled_mma() -> tuple[tuple[int, int, int, int], ...]:
-    """The (row_groups, unroll, warps, stages) the build compiled (its binding's list)."""
+def _compiled_mma() -> tuple[tuple[int, int, int], ...]:
+    """The (row_groups, unroll, warps) the build compiled (its binding's list)."""
     flat = list(ops.skinny_mma_configs()) if _mma_op() is not None else []
-    return tuple(tuple(flat[i : i + 4]) for i in range(0, len(flat), 4))
+    return tuple(tuple(flat[i : i + 3]) for i in range(0, len(flat), 3))
 
 
 def mma_configs() -> list[MmaConfig]:
     """The :class:`MmaConfig` launches this build has code for; empty on CPU / ROCm builds."""
-    return [MmaConfig(*c) for c in _compiled_mma()]
+    return [MmaConfig(rg, u, wp) for rg, u, wp in _compiled_mma()]
 
 
 @functools.cache
@@ -248,14 +248,13 @@ def _run_mma(out, x, w, bias, cfg: MmaConfig, x_scale=None, w_scale=None) -> Non
     unit = 16 // x.element_size()
     if not (x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % unit == 0) and x.data_ptr() % 16 == 0):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, rows of K
-    if (cfg.row_groups, cfg.unroll, cfg.warps, cfg.stages) not in _compiled_mma():
-        compiled = ", ".join(str(c) for c in _compiled_mma())
-        raise ValueError(f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps, stages): "
-                         f"{compiled}")  # fmt: skip
+    if (cfg.row_groups, cfg.unroll, cfg.warps) not in _compiled_mma():
+        compiled = ", ".join(f"({rg}, {u}, {wp})" for rg, u, wp in _compiled_mma())
+        raise ValueError(f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps): {compiled}")
     if x_scale is None:
-        ops.skinny_mma(out, x, w, bias, cfg.row_groups, cfg.unroll, cfg.warps, cfg.stages)
+        ops.skinny_mma(out, x, w, bias, cfg.row_groups, cfg.unroll, cfg.warps)
     else:
-        ops.skinny_mma_fp8(out, x, w, x_scale, w_scale, bias, cfg.row_groups, cfg.unroll, cfg.warps, cfg.stages)
+        ops.skinny_mma_fp8(out, x, w, x_scale, w_scale, bias, cfg.row_groups, cfg.unroll, cfg.warps)
 
 
 def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:

@@ -111,7 +111,6 @@ class TmaConfig:
 MMA_ROW_GROUPS = (1, 2)
 MMA_UNROLL = (1, 2, 4)
 MMA_WARPS = (4, 8, 16)
-MMA_STAGES = (0, 3, 4, 8)
 MMA_MAX_M = 16
 MMA_CHUNK_BYTES = 64
 
@@ -123,25 +122,20 @@ class MmaConfig:
     row_groups`` weight rows by the tokens over all of K, its ``warps`` warps each streaming a
     contiguous range of K with plain 16-byte loads straight into mma.sync fragments, ``unroll``
     64-byte chunks a step (the next step's loads in flight during this step's mmas); the warps'
-    tiles summed in a fixed order in shared memory. ``stages`` 0: the loads land in registers, one
-    step ahead; 3-8: in a ring of that many steps a warp in shared memory (cp.async), ``stages -
-    1`` steps ahead. K must be a whole number of steps: a multiple of ``32 * unroll`` (16-bit) or
-    ``64 * unroll`` (e4m3). Its table / op form is ``[-1, row_groups, unroll, warps]`` (stages 0)
-    or ``[-1, row_groups, unroll, warps, stages]``."""
+    tiles summed in a fixed order in shared memory. K must be a whole number of steps: a multiple
+    of ``32 * unroll`` (16-bit) or ``64 * unroll`` (e4m3). Its table / op form is ``[-1,
+    row_groups, unroll, warps]``."""
 
     row_groups: int = 1
     unroll: int = 2
     warps: int = 8
-    stages: int = 0
 
     def __post_init__(self):
-        check_config(self, choices={"row_groups": MMA_ROW_GROUPS, "unroll": MMA_UNROLL, "warps": MMA_WARPS,
-                                    "stages": MMA_STAGES})  # fmt: skip
+        check_config(self, choices={"row_groups": MMA_ROW_GROUPS, "unroll": MMA_UNROLL, "warps": MMA_WARPS})
 
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
-        head = [-1, self.row_groups, self.unroll, self.warps]
-        return head + [self.stages] if self.stages else head
+        return [-1, self.row_groups, self.unroll, self.warps]
 
     def step_k(self, elem_bytes: int) -> int:
         """K columns of one step (K must be a multiple of it) for inputs of ``elem_bytes``."""
@@ -151,15 +145,15 @@ class MmaConfig:
 def config_from_list(fields) -> SkinnyConfig | TmaConfig | MmaConfig:
     """An ``int[] config`` (an op argument, a table entry) as its configuration: six ints a
     :class:`SkinnyConfig`, ``[0, ...]`` with four more a :class:`TmaConfig`, ``[-1, ...]`` with
-    three or four more an :class:`MmaConfig`."""
+    three more an :class:`MmaConfig`."""
     fields = [int(f) for f in fields]
     if len(fields) == 5 and fields[0] == 0:
         return TmaConfig(*fields[1:])
-    if len(fields) in (4, 5) and fields[0] == -1:
+    if len(fields) == 4 and fields[0] == -1:
         return MmaConfig(*fields[1:])
     if len(fields) != 6:
         raise ValueError(f"config: expected 6 ints (SkinnyConfig), [0, tile_n, boxes_k, stages, split] "
-                         f"(TmaConfig) or [-1, row_groups, unroll, warps(, stages)] (MmaConfig), got {fields}")  # fmt: skip
+                         f"(TmaConfig) or [-1, row_groups, unroll, warps] (MmaConfig), got {fields}")  # fmt: skip
     return SkinnyConfig(*fields)
 
 
