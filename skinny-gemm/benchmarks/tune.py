@@ -77,7 +77,7 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
     ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 16 bytes,
     each at the K split of ``tma_split`` and its neighbours (blocks from ~0.7 to ~2.6 an SM), and
     every launch of the compiled tensor-core GEMV in ``mma`` (the build's ``mma_configs()`` on a
-    capability >= 8.0 GPU; FP8 too on >= 8.9) whose steps K is a whole number of."""
+    capability >= 8.0 GPU; FP8 too on >= 8.9) where K is a whole number of the launch's steps."""
     default = kernel.skinny_config(M, N, K, elem, sms)
     if quick:  # the neighbourhood of the winners of the H100 sweeps (2026-11-24)
         block_ns, kbytes, per_sm, stages = (32, 64), (256,), (1, 2, 4), (4,)

@@ -421,8 +421,7 @@ def gemm(
     aligned; its reduction is always the ordered one; on CPU the plain-torch path), or an
     :class:`MmaConfig` (the compiled tensor-core GEMV: capability >= 8.0, 1-16 tokens, K a
     multiple of 32 x its unroll, w rows 16-byte aligned; deterministic; on CPU the plain-torch
-    path). Any M (0
-    included), N, K (odd sizes masked). Returns out ``[..., N]``."""
+    path). Any M (0 included), N, K (odd sizes masked). Returns out ``[..., N]``."""
     _check_x(x, _DTYPES)
     N = _check_w(w, x)
     _check_bias(bias, x, N, (x.dtype, torch.float32))
