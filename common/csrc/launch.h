@@ -28,42 +28,45 @@ inline int log2_exact(int n) {
   return l;
 }
 
-// Multiprocessor count of the current device, queried once per device ordinal < 64 instead of
-// on every launch (the launchers run on the host's critical path at decode sizes).
-inline cudaError_t sm_count(int* n) {
-  static std::atomic<int> cache[64];
+// `query(device, &value)`'s value for the current device, queried once per device ordinal < 64
+// (kept in `cache`, 0 meaning not yet: values must be >= 1) instead of on every launch: the
+// launchers run on the host's critical path at decode sizes.
+template <typename Query>
+inline cudaError_t per_device(std::atomic<int> (&cache)[64], int* out, Query query) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  int v = (dev >= 0 && dev < 64) ? cache[dev].load(std::memory_order_relaxed) : 0;
+  const bool cached = dev >= 0 && dev < 64;
+  int v = cached ? cache[dev].load(std::memory_order_relaxed) : 0;
   if (v == 0) {
-    e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    v = v < 1 ? 1 : v;
-    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+    if ((e = query(dev, &v)) != cudaSuccess) return e;
+    if (cached) cache[dev].store(v, std::memory_order_relaxed);
   }
-  *n = v;
+  *out = v;
   return cudaSuccess;
 }
 
-// Compute capability of the current device as 10 * major + minor (90 on an H100), queried once per
-// device ordinal < 64: launchers that only run on some GPUs check it on every call.
+// Multiprocessor count of the current device (at least 1).
+inline cudaError_t sm_count(int* n) {
+  static std::atomic<int> cache[64];
+  return per_device(cache, n, [](int dev, int* v) {
+    const cudaError_t e = cudaDeviceGetAttribute(v, cudaDevAttrMultiProcessorCount, dev);
+    *v = *v < 1 ? 1 : *v;
+    return e;
+  });
+}
+
+// Compute capability of the current device as 10 * major + minor (90 on an H100): launchers that
+// only run on some GPUs check it on every call.
 inline cudaError_t compute_capability(int* cc) {
   static std::atomic<int> cache[64];
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  int v = (dev >= 0 && dev < 64) ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (v == 0) {
+  return per_device(cache, cc, [](int dev, int* v) {
     int major = 0, minor = 0;
-    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    if (e != cudaSuccess) return e;
-    v = 10 * major + minor;
-    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
-  }
-  *cc = v;
-  return cudaSuccess;
+    *v = 10 * major + minor;
+    return e;
+  });
 }
 
 inline bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
