@@ -52,6 +52,16 @@ std::string config_list(const Config* configs, int n, Fields fields) {
   return s;
 }
 
+// A kernel's compiled launches, their fields one after the other (the *_configs ops' int[]).
+template <typename Config, typename Fields>
+std::vector<int64_t> flat_configs(const Config* configs, int n, Fields fields) {
+  std::vector<int64_t> flat;
+  for (int i = 0; i < n; ++i) {
+    for (const int f : fields(configs[i])) flat.push_back(f);
+  }
+  return flat;
+}
+
 std::string compiled_list() {
   const sg::SkinnyTmaConfig* configs = nullptr;
   const int n = sg::skinny_tma_compiled_configs(&configs);
@@ -297,26 +307,16 @@ void skinny_mma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
 std::vector<int64_t> skinny_mma_configs() {
   const sg::SkinnyMmaConfig* configs = nullptr;
   const int n = sg::skinny_mma_compiled_configs(&configs);
-  std::vector<int64_t> flat;
-  for (int i = 0; i < n; ++i) {
-    flat.push_back(configs[i].row_groups);
-    flat.push_back(configs[i].unroll);
-    flat.push_back(configs[i].warps);
-  }
-  return flat;
+  return flat_configs(configs, n,
+                      [](const sg::SkinnyMmaConfig& c) { return std::array<int, 3>{c.row_groups, c.unroll, c.warps}; });
 }
 
 std::vector<int64_t> skinny_tma_configs() {
   const sg::SkinnyTmaConfig* configs = nullptr;
   const int n = sg::skinny_tma_compiled_configs(&configs);
-  std::vector<int64_t> flat;
-  for (int i = 0; i < n; ++i) {
-    flat.push_back(configs[i].tile_n);
-    flat.push_back(configs[i].boxes_k);
-    flat.push_back(configs[i].stages);
-    flat.push_back(configs[i].split);
-  }
-  return flat;
+  return flat_configs(configs, n, [](const sg::SkinnyTmaConfig& c) {
+    return std::array<int, 4>{c.tile_n, c.boxes_k, c.stages, c.split};
+  });
 }
 #endif  // CUDA_KERNEL
 
