@@ -19,7 +19,7 @@ from importlib import import_module
 import pytest
 import torch
 import torch.nn.functional as F
-from skinny_gemm_testing import assert_fully_written, assert_only_declared_outputs_mutate, opcheck, poison_
+from skinny_gemm_testing import assert_fully_written, poison_
 from test_skinny_gemm import (  # noqa: F401
     DEVICE,
     _gpu_key,
@@ -32,7 +32,17 @@ from test_skinny_gemm import (  # noqa: F401
     sg,
     table,
 )
-from test_skinny_tma import check_cuda_graph_capture, check_deterministic, check_opcheck, run_config
+from test_skinny_tma import (
+    check_cuda_graph_capture,
+    check_deterministic,
+    check_fp8_out_and_bias,
+    check_fp8_values,
+    check_opcheck,
+    check_opcheck_fp8,
+    fp8_binding_cases,
+    run_config,
+    run_config_fp8,
+)
 
 _config = import_module(sg.__name__ + "._config")
 
@@ -50,12 +60,9 @@ def run_mma(x, w, bias=None, cfg=None, out=None):
     return run_config(x, w, bias, cfg or sg.MmaConfig(), out)
 
 
-def run_mma_fp8(x, w, xs, ws, bias=None, out_dtype=torch.bfloat16, cfg=None):
-    """The FP8 op with an MmaConfig (default: MmaConfig()) on a poisoned output."""
-    out = poison_(torch.empty(x.shape[0], w.shape[0], dtype=out_dtype, device=DEVICE))
-    cfg = cfg or sg.MmaConfig()
-    sg.ops.skinny_gemm_fp8(out, x, w, xs.reshape(-1), ws.reshape(-1), bias, True, cfg.as_list())
-    return out
+def run_mma_fp8(x, w, xs, ws, cfg=None):
+    """The FP8 op with an MmaConfig (default: MmaConfig()) on a poisoned bf16 output."""
+    return run_config_fp8(x, w, xs, ws, None, cfg or sg.MmaConfig())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,21 +304,14 @@ FP8_SHAPES = [(2304, 16384), (6144, 4096), (1000, 4224), (96, 256), (17, 128)]
 @pytest.mark.parametrize("M", [1, 5, 9, 16])
 @pytest.mark.parametrize("scales", ["tensor", "token-channel", "token-tensor"])
 def test_fp8_values(N, K, M, scales):
-    x, w, xs, ws = make_fp8(M, N, K, torch.float8_e4m3fn, seed=M * 13 + N,
-                            per_token=scales != "tensor", per_channel=scales == "token-channel")  # fmt: skip
-    got = sg.gemm_fp8(x, w, xs, ws, config=sg.MmaConfig())
-    assert_gemm_close(got, reference_fp8(x, w, xs, ws), f"FP8 MmaConfig() {M}x{N}x{K} {scales}")
+    check_fp8_values(N, K, M, scales, sg.MmaConfig(), seed=M * 13 + N)
 
 
 @needs_mma_fp8
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_fp8_out_and_bias_dtypes(out_dtype, bias_dtype):
-    x, w, xs, ws = make_fp8(7, 1000, 4224, torch.float8_e4m3fn, seed=31)
-    b = None if bias_dtype is None else torch.randn(1000, generator=gen(32)).to(bias_dtype).to(DEVICE)
-    got = run_mma_fp8(x, w, xs, ws, b, out_dtype, sg.MmaConfig(2, 1, 8))
-    assert got.dtype == out_dtype
-    assert_gemm_close(got, reference_fp8(x, w, xs, ws, b), f"FP8 out {out_dtype} bias {bias_dtype}")
+    check_fp8_out_and_bias(out_dtype, bias_dtype, 4224, sg.MmaConfig(2, 1, 8), seed=31)
 
 
 @needs_mma_fp8
@@ -332,23 +332,15 @@ def test_fp8_bad_input():
     with pytest.raises(ValueError, match="x: an MmaConfig with unroll 2 needs K a multiple of 128"):
         sg.gemm_fp8(x[:, :192], w[:, :192].contiguous(), xs, ws, config=sg.MmaConfig())
     out = poison_(torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
-    op = sg.ops.skinny_mma_fp8
     xs4, ws32 = xs.reshape(4), ws.reshape(32)
-    cases = [
+    cases = fp8_binding_cases(out, x, w, xs, ws, (1, 2, 8)) + [
         ((out, x[:, :192], w[:, :192], xs4, ws32, None, 1, 2, 8), r"x: K must be a positive multiple of 128"),
-        ((out, x, w, xs4[:3], ws32, None, 1, 2, 8),
-         r"x_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[4\] \(per token\)"),
-        ((out, x, w, xs4, ws32.double(), None, 1, 2, 8), r"w_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[32\]"),
-        ((out, x.view(torch.uint8), w, xs4, ws32, None, 1, 2, 8), "x: expected dtype float8_e4m3fn"),
-        ((out.view(torch.int16), x, w, xs4, ws32, None, 1, 2, 8), "out: expected dtype bfloat16, float16 or float32"),
         ((out, x, w.view(torch.uint8), xs4, ws32, None, 1, 2, 8), r"w: expected a Float8_e4m3fn \[N, 256\] tensor"),
-        ((out, x, w, xs4, ws32, torch.zeros(32, dtype=torch.int32, device=DEVICE), 1, 2, 8),
-         "bias: expected a contiguous .32. tensor of dtype bfloat16, float16 or float32"),
         ((out, x, w, xs4, ws32, None, 3, 2, 8), r"config: \(row_groups, unroll, warps\) = \(3, 2, 8\) is not compiled"),
     ]  # fmt: skip
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):
-            op(*args)
+            sg.ops.skinny_mma_fp8(*args)
     assert torch.isnan(out.float()).all()
 
 
@@ -362,13 +354,7 @@ def test_fp8_deterministic():
 
 @needs_mma_fp8
 def test_fp8_opcheck():
-    xq, wq, xs, ws = make_fp8(5, 200, 512, torch.float8_e4m3fn, seed=36)
-    out = torch.empty(5, 200, dtype=torch.bfloat16, device=DEVICE)
-    args = (out, xq, wq, xs.reshape(5), ws.reshape(200), None, True, sg.MmaConfig().as_list())
-    opcheck(sg.ops.skinny_gemm_fp8, args)
-    poison_(out)
-    assert_only_declared_outputs_mutate(sg.ops.skinny_gemm_fp8, args)
-    assert_gemm_close(out, reference_fp8(xq, wq, xs, ws), "FP8 after opcheck")
+    check_opcheck_fp8(sg.MmaConfig())
 
 
 @needs_mma_fp8

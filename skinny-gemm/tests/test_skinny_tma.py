@@ -44,6 +44,46 @@ def run_config(x, w, bias, cfg, out=None):
     return sg.gemm(x, w, bias, out=out, config=cfg)
 
 
+def run_config_fp8(x, w, xs, ws, bias, cfg, out_dtype=torch.bfloat16):
+    """The FP8 op with ``cfg`` on a poisoned output of ``out_dtype``."""
+    out = poison_(torch.empty(x.shape[0], w.shape[0], dtype=out_dtype, device=DEVICE))
+    sg.ops.skinny_gemm_fp8(out, x, w, xs.reshape(-1), ws.reshape(-1), bias, True, cfg.as_list())
+    return out
+
+
+def check_fp8_values(N, K, M, scales, cfg, seed):
+    """gemm_fp8 with ``cfg`` against reference_fp8: ``scales`` "tensor" (both per tensor),
+    "token-channel" (per token and per output channel) or "token-tensor"."""
+    x, w, xs, ws = make_fp8(M, N, K, torch.float8_e4m3fn, seed=seed,
+                            per_token=scales != "tensor", per_channel=scales == "token-channel")  # fmt: skip
+    got = sg.gemm_fp8(x, w, xs, ws, config=cfg)
+    assert_gemm_close(got, reference_fp8(x, w, xs, ws), f"FP8 {cfg} {M}x{N}x{K} {scales}")
+
+
+def check_fp8_out_and_bias(out_dtype, bias_dtype, K, cfg, seed):
+    """The FP8 op with ``cfg`` writing ``out_dtype``, with a bias of ``bias_dtype`` (or none), 7 x 1000 x K."""
+    x, w, xs, ws = make_fp8(7, 1000, K, torch.float8_e4m3fn, seed=seed)
+    b = None if bias_dtype is None else torch.randn(1000, generator=gen(seed + 1)).to(bias_dtype).to(DEVICE)
+    got = run_config_fp8(x, w, xs, ws, b, cfg, out_dtype)
+    assert got.dtype == out_dtype
+    assert_gemm_close(got, reference_fp8(x, w, xs, ws, b), f"FP8 out {out_dtype} bias {bias_dtype}")
+
+
+def fp8_binding_cases(out, x, w, xs, ws, config: tuple) -> list:
+    """The scale, dtype and bias checks both compiled FP8 ops make, as (args, message) pairs for x
+    [4, K] and w [32, K], the op's configuration arguments ``config`` last."""
+    xs4, ws32 = xs.reshape(4), ws.reshape(32)
+    return [
+        ((out, x, w, xs4[:3], ws32, None, *config),
+         r"x_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[4\] \(per token\)"),
+        ((out, x, w, xs4, ws32.double(), None, *config), r"w_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[32\]"),
+        ((out, x.view(torch.uint8), w, xs4, ws32, None, *config), "x: expected dtype float8_e4m3fn"),
+        ((out.view(torch.int16), x, w, xs4, ws32, None, *config), "out: expected dtype bfloat16, float16 or float32"),
+        ((out, x, w, xs4, ws32, torch.zeros(32, dtype=torch.int32, device=DEVICE), *config),
+         "bias: expected a contiguous .32. tensor of dtype bfloat16, float16 or float32"),
+    ]  # fmt: skip
+
+
 def run_tma(x, w, bias=None, cfg=None, out=None):
     """gemm with a TmaConfig (default: TmaConfig()) on a poisoned output."""
     return run_config(x, w, bias, cfg or sg.TmaConfig(), out)
@@ -188,21 +228,14 @@ FP8_SHAPES = [(2304, 16384), (6144, 4096), (1000, 4112), (96, 208), (17, 16)]
 @pytest.mark.parametrize("M", [1, 5, 9, 16])
 @pytest.mark.parametrize("scales", ["tensor", "token-channel", "token-tensor"])
 def test_fp8_values(N, K, M, scales):
-    x, w, xs, ws = make_fp8(M, N, K, torch.float8_e4m3fn, seed=M * 11 + N,
-                            per_token=scales != "tensor", per_channel=scales == "token-channel")  # fmt: skip
-    got = sg.gemm_fp8(x, w, xs, ws, config=sg.TmaConfig())
-    assert_gemm_close(got, reference_fp8(x, w, xs, ws), f"FP8 TmaConfig() {M}x{N}x{K} {scales}")
+    check_fp8_values(N, K, M, scales, sg.TmaConfig(), seed=M * 11 + N)
 
 
 @needs_tma
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("bias_dtype", [None, torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_fp8_out_and_bias_dtypes(out_dtype, bias_dtype):
-    x, w, xs, ws = make_fp8(7, 1000, 4112, torch.float8_e4m3fn, seed=21)
-    b = None if bias_dtype is None else torch.randn(1000, generator=gen(22)).to(bias_dtype).to(DEVICE)
-    got = sg.gemm_fp8(x, w, xs, ws, b, out_dtype, config=sg.TmaConfig(64, 2, 4, 3))
-    assert got.dtype == out_dtype
-    assert_gemm_close(got, reference_fp8(x, w, xs, ws, b), f"FP8 out {out_dtype} bias {bias_dtype}")
+    check_fp8_out_and_bias(out_dtype, bias_dtype, 4112, sg.TmaConfig(64, 2, 4, 3), seed=21)
 
 
 @needs_tma
@@ -230,22 +263,9 @@ def test_fp8_bad_input():
     with pytest.raises(ValueError, match="x: a TmaConfig needs K a multiple of 16"):
         sg.gemm_fp8(x[:, :40], w[:, :40], xs, ws, config=sg.TmaConfig())
     out = poison_(torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
-    op = sg.ops.skinny_tma_fp8
-    cases = [
-        ((out, x, w, xs.reshape(4)[:3], ws.reshape(32), None, 64, 2, 4, 1),
-         r"x_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[4\] \(per token\)"),
-        ((out, x, w, xs.reshape(4), ws.reshape(32).double(), None, 64, 2, 4, 1),
-         r"w_scale: expected a contiguous float32 \[1\] \(per tensor\) or \[32\]"),
-        ((out, x.view(torch.uint8), w, xs.reshape(4), ws.reshape(32), None, 64, 2, 4, 1),
-         "x: expected dtype float8_e4m3fn"),
-        ((out.view(torch.int16), x, w, xs.reshape(4), ws.reshape(32), None, 64, 2, 4, 1),
-         "out: expected dtype bfloat16, float16 or float32"),
-        ((out, x, w, xs.reshape(4), ws.reshape(32), torch.zeros(32, dtype=torch.int32, device=DEVICE), 64, 2, 4, 1),
-         "bias: expected a contiguous .32. tensor of dtype bfloat16, float16 or float32"),
-    ]  # fmt: skip
-    for args, match in cases:
+    for args, match in fp8_binding_cases(out, x, w, xs, ws, (64, 2, 4, 1)):
         with pytest.raises(RuntimeError, match=match):
-            op(*args)
+            sg.ops.skinny_tma_fp8(*args)
     assert torch.isnan(out.float()).all()
 
 
@@ -389,16 +409,21 @@ def check_opcheck(cfg):
     assert_gemm_close(out, reference(x, w, b), "after opcheck")
 
 
-@needs_tma
-def test_opcheck():
-    check_opcheck(sg.TmaConfig())
+def check_opcheck_fp8(cfg):
+    """The FP8 op's torch.library contract with ``cfg`` as its int[] config, and its result."""
     xq, wq, xs, ws = make_fp8(5, 200, 512, torch.float8_e4m3fn, seed=10)
     out = torch.empty(5, 200, dtype=torch.bfloat16, device=DEVICE)
-    args = (out, xq, wq, xs.reshape(5), ws.reshape(200), None, True, sg.TmaConfig().as_list())
+    args = (out, xq, wq, xs.reshape(5), ws.reshape(200), None, True, cfg.as_list())
     opcheck(sg.ops.skinny_gemm_fp8, args)
     poison_(out)
     assert_only_declared_outputs_mutate(sg.ops.skinny_gemm_fp8, args)
     assert_gemm_close(out, reference_fp8(xq, wq, xs, ws), "FP8 after opcheck")
+
+
+@needs_tma
+def test_opcheck():
+    check_opcheck(sg.TmaConfig())
+    check_opcheck_fp8(sg.TmaConfig())
 
 
 @needs_tma
