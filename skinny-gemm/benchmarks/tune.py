@@ -304,10 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     kernel = get_kernel("skinny-gemm")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     sms = args.sms or (torch.cuda.get_device_properties(0).multi_processor_count if gpu else 132)
-    # The compiled Hopper kernel's launches, where this build and GPU have it.
-    tma = kernel.tma_configs() if gpu is not None and torch.cuda.get_device_capability(0) == (9, 0) else []
-    # The compiled tensor-core GEMV's launches, where this build and GPU have it.
+    # The compiled kernels' launches, where this build and GPU have them: the Hopper kernel's on
+    # capability 9.0, the tensor-core GEMV's from 8.0 on.
     cap = torch.cuda.get_device_capability(0) if gpu is not None else (0, 0)
+    tma = kernel.tma_configs() if cap == (9, 0) else []
     mma = kernel.mma_configs() if cap >= (8, 0) else []
     if args.dry_run:
         dry_run(args, kernel, sms, tma=tma, mma=mma)
