@@ -209,10 +209,10 @@ def _mma_capable(index: int, fp8: bool = False) -> bool:
     return torch.version.hip is None and _mma_op() is not None and torch.cuda.get_device_capability(index) >= want
 
 
-def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig | None = None) -> str | None:
-    """Why the compiled GEMV (with ``cfg``; any compiled launch if None) cannot take x [M, K] and
-    w [N, K] (on one GPU), as an error naming the argument; None where it can. x's own strides
-    and alignment are no reason (_run_mma copies x: <= 16 rows)."""
+def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig) -> str | None:
+    """Why the compiled GEMV with ``cfg`` cannot take x [M, K] and w [N, K] (on one GPU), as an
+    error naming the argument; None where it can. x's own strides and alignment are no reason
+    (_run_mma copies x: <= 16 rows)."""
     M, K = x.shape
     fp8 = x.dtype == torch.float8_e4m3fn
     if not _mma_capable(x.device.index, fp8):
@@ -225,10 +225,9 @@ def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig | None = None)
         return f"x: an MmaConfig multiplies float16, bfloat16 or float8_e4m3fn, got {x.dtype}"
     if not 1 <= M <= MMA_MAX_M:
         return f"x: an MmaConfig takes 1 to {MMA_MAX_M} rows (tokens), got {M}"
-    step = (cfg or MmaConfig(unroll=1)).step_k(x.element_size())
+    step = cfg.step_k(x.element_size())
     if K % step:
-        return (f"x: an MmaConfig{'' if cfg is None else f' with unroll {cfg.unroll}'} needs K a multiple of {step} "
-                f"(whole steps of the kernel), got K = {K}")  # fmt: skip
+        return f"x: an MmaConfig with unroll {cfg.unroll} needs K a multiple of {step} (whole steps of the kernel), got K = {K}"
     if (w.stride(0) * w.element_size()) % 16 or w.data_ptr() % 16:
         return (
             f"w: an MmaConfig needs 16-byte aligned rows (a row stride of a multiple of {16 // w.element_size()} "
