@@ -17,14 +17,21 @@ bool skinny_mma_config_supported(const SkinnyMmaConfig& c) {
   const int n = skinny_mma_compiled_configs(&configs);
   for (int i = 0; i < n; ++i) {
     const SkinnyMmaConfig& k = configs[i];
-    if (c.row_groups == k.row_groups && c.unroll == k.unroll && c.warps == k.warps) return true;
+    if (c.row_groups == k.row_groups && c.unroll == k.unroll && c.warps == k.warps && c.stages == k.stages &&
+        c.split == k.split) {
+      return true;
+    }
   }
   return false;
 }
 
 int skinny_mma_compiled_configs(const SkinnyMmaConfig** configs) {
-#define SKINNY_MMA_ENTRY(RG, U, WARPS) SkinnyMmaConfig{RG, U, WARPS},
-  static const SkinnyMmaConfig kCompiled[] = {SKINNY_MMA_CONFIGS(SKINNY_MMA_ENTRY)};
+#define SKINNY_MMA_ENTRY(RG, U, WARPS) SkinnyMmaConfig{RG, U, WARPS, 0, 1},
+#define SKINNY_MMA_STAGED_ENTRY(RG, WARPS, STAGES, SPLIT) \
+  SkinnyMmaConfig{RG, mma_detail::kStagedChunks, WARPS, STAGES, SPLIT},
+  static const SkinnyMmaConfig kCompiled[] = {SKINNY_MMA_CONFIGS(SKINNY_MMA_ENTRY)
+                                                  SKINNY_MMA_STAGED_CONFIGS(SKINNY_MMA_STAGED_ENTRY)};
+#undef SKINNY_MMA_STAGED_ENTRY
 #undef SKINNY_MMA_ENTRY
   *configs = kCompiled;
   return int(sizeof(kCompiled) / sizeof(kCompiled[0]));
@@ -49,6 +56,7 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
   int cc = 0;
   if (const cudaError_t err = compute_capability(&cc); err != cudaSuccess) return err;
   if (cc < (fp8 ? 89 : 80)) return cudaErrorNotSupported;  // mma.sync bf16 / e4m3
+  if (p.config.split > 1 && cc < 90) return cudaErrorNotSupported;  // thread-block clusters
   MmaArgs a;
   a.x = static_cast<const uint8_t*>(p.x);
   a.x_row_bytes = p.x_row_stride * elem;

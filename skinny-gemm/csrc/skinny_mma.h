@@ -1,5 +1,4 @@
-// Framework-free interface of skinny-gemm's plain-load tensor-core GEMV (sm80 and sm90: mma.sync,
-// no shared memory in its loop):
+// Framework-free interface of skinny-gemm's tensor-core GEMV (sm80 and sm90: mma.sync):
 //
 //   16-bit:  out[m, n] = T( sum_k x[m, k] w[n, k] + bias[n] )                T = bfloat16 or float16
 //   FP8:     out[m, n] = O( (sum_k x[m, k] w[n, k]) * x_scale[m] * w_scale[n] + bias[n] )
@@ -13,18 +12,23 @@
 // H200 in a layer, where the one-token FMA GEMV, which only streams plain 16-byte loads, read
 // 95%. This kernel streams W the GEMV's way and still multiplies on the tensor cores:
 //
-// * mma.sync with x as A (16 token rows, those past m zero) and W^T as B (8 weight rows): lane
+// * mma.sync with x as A (16 token rows; those past m zero or garbage, their C rows never
+//   stored: an A row reaches only its own C row) and W^T as B (8 weight rows): lane
 //   (g, t) = (lane / 4, lane % 4) loads 16 contiguous bytes of W row g and of x rows g and g + 8
 //   at byte 16 t of each 64-byte chunk of a row. That chunk is two mma steps: m16n8k16 for 16-bit
 //   inputs, m16n8k32 for e4m3 (both take a fragment register as 4 bytes of K). K is permuted alike
 //   for W and x inside a chunk (step s takes the lane's words 2 s and 2 s + 1 as its low and high
-//   K words), so the loaded registers are the fragments: no shuffle, no conversion, no shared
-//   memory.
-// * A block is `warps` warps over the same `row_groups` x 8 rows; K's chunks are cut into steps of
-//   `unroll` chunks and each warp takes a contiguous range of steps, the next step's loads issued
-//   before this step's mmas. The warps' fp32 tiles are summed in shared memory in warp order
-//   (deterministic), the scales and bias applied and the rows written: no K split across blocks,
-//   no global workspace.
+//   K words), so the 16 bytes a lane loads are its fragments: no shuffle, no layout change.
+// * The register loop (stages 0): a block is `warps` warps over the same `row_groups` x 8 rows;
+//   K's chunks are cut into steps of `unroll` chunks and each warp takes a contiguous range of
+//   steps, the next step's loads issued before this step's mmas. The warps' fp32 tiles are summed
+//   in shared memory in warp order (deterministic), the scales and bias applied and the rows
+//   written: no K split across blocks, no global workspace.
+// * The staged loop (stages 2-3, 4-chunk steps): the same fragments and sums, but
+//   each warp copies W with cp.async as 256-byte runs of 2 rows an instruction into a per-warp
+//   ring of `stages` shared-memory stages and reads its fragments back from there (wider requests:
+//   see skinny_mma_kernel.cuh). With `split` > 1 (sm_90) a thread-block cluster of `split` blocks
+//   shares a row group, each a K range, summed by the cluster's block 0 in rank order.
 //
 // CUDA only (the binding includes this header in CUDA builds alone).
 #pragma once
@@ -45,9 +49,11 @@ constexpr int kMmaMaxM = 16;
 constexpr int kMmaChunkBytes = 64;
 
 struct SkinnyMmaConfig {
-  int row_groups = 1;  // groups of 8 weight rows a block: 1 or 2
-  int unroll = 2;      // chunks a step: 1, 2 or 4 (K must be a whole number of steps)
-  int warps = 8;       // warps a block, each a contiguous range of K's steps: 4, 8 or 16
+  int row_groups = 1;  // groups of 8 weight rows a block (and a warp): 1 or 2
+  int unroll = 2;      // chunks a step: 1, 2 or 4 (K must be a whole number of steps; staged: 4)
+  int warps = 8;       // warps a block, each a contiguous range of K's steps: 2, 4, 8 or 16
+  int stages = 0;      // 0: the register loop; 2 or 3: the staged loop's shared-memory stages
+  int split = 1;       // staged loop: K ranges of a row group, one block each in a cluster (> 1: sm_90)
 };
 
 struct SkinnyMmaParams {

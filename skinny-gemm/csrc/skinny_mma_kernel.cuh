@@ -5,8 +5,10 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
+#include "common/tma.cuh"  // smem_u32 and the cluster helpers (sm_90 split launches)
 #include "skinny_device.cuh"
 #include "skinny_mma.h"
 
@@ -33,11 +35,20 @@ struct MmaArgs {
   int steps_per_warp;  // ceil(steps / warps): warp q takes steps [q s, (q + 1) s) of them
 };
 
-// The compiled configurations: (row_groups, unroll, warps). Not 4 chunks at 16 warps: two
-// register sets of them exceed the 128 registers a thread of a 512-thread block may hold (spills).
+// The compiled configurations of the register loop: (row_groups, unroll, warps). Not 4 chunks at
+// 16 warps: two register sets of them exceed the 128 registers a thread of a 512-thread block may
+// hold (spills).
 #define SKINNY_MMA_CONFIGS(X) \
   X(1, 1, 4) X(1, 1, 8) X(1, 1, 16) X(1, 2, 4) X(1, 2, 8) X(1, 2, 16) X(1, 4, 4) X(1, 4, 8) \
   X(2, 1, 4) X(2, 1, 8) X(2, 1, 16) X(2, 2, 4) X(2, 2, 8) X(2, 2, 16) X(2, 4, 4) X(2, 4, 8)
+
+// The compiled configurations of the staged loop (4-chunk steps): (row_groups, warps, stages,
+// split). Shared memory a block: warps x stages x (2.5 KiB a row group + 2 KiB a token tile); the
+// set keeps 3-6 blocks an SM (blocks past what fits wait for a second wave: 2304 rows at 8 warps x
+// 3 stages x split 2 read in 26.7 us instead of 21.6, H200).
+#define SKINNY_MMA_STAGED_CONFIGS(X)                                                                  \
+  X(1, 4, 2, 1) X(1, 4, 3, 1) X(1, 8, 2, 1) X(1, 2, 3, 1) X(1, 4, 2, 2) X(1, 2, 2, 2) X(1, 2, 3, 2) \
+  X(1, 2, 2, 4) X(1, 4, 2, 4) X(2, 2, 2, 4) X(2, 2, 2, 2) X(2, 4, 2, 2) X(2, 4, 2, 4)
 
 cudaError_t launch_mma_bf16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_f16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
@@ -112,6 +123,51 @@ __device__ __forceinline__ void mma_chunks(Step<RG, U>& s, float (&acc)[RG][4], 
   }
 }
 
+// The warps' tiles summed in warp order, then (SPLIT > 1, sm_90) the cluster's blocks' sums in
+// rank order by block 0; thread i then owns C element (r, j) of lane i % 32: token g + 8 (j / 2),
+// row row0 + 8 r + 2 t + j % 2. Then the scales ((acc * x_scale) * w_scale, as the Triton
+// kernel), the bias, one rounding.
+template <DType kIn, int RG, int WARPS, int SPLIT>
+__device__ __forceinline__ void finish(const MmaArgs& a, const float (&acc)[RG][4], int row0, int rank) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float partial[WARPS][RG * 4][32];
+  __shared__ float block_sum[SPLIT > 1 ? RG * 4 * 32 : 1];  // this block's sums, read by the cluster's block 0
+#pragma unroll
+  for (int r = 0; r < RG; ++r) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) partial[warp][4 * r + j][lane] = acc[r][j];
+  }
+  __syncthreads();
+  if constexpr (SPLIT > 1) {
+    for (int i = threadIdx.x; i < RG * 4 * 32; i += WARPS * 32) {
+      float v = 0.f;
+#pragma unroll
+      for (int q = 0; q < WARPS; ++q) v += partial[q][i / 32][i % 32];
+      block_sum[i] = v;
+    }
+    tma::cluster_sync();  // every block's sum written (release / acquire at cluster scope)
+  }
+  if (SPLIT == 1 || rank == 0) {
+    for (int i = threadIdx.x; i < RG * 4 * 32; i += WARPS * 32) {
+      const int ln = i % 32, rj = i / 32, r = rj / 4, j = rj % 4;
+      const int token = (ln >> 2) + (j >= 2 ? 8 : 0), row = row0 + 8 * r + 2 * (ln & 3) + (j & 1);
+      if (token >= a.m || row >= a.n) continue;
+      float v = 0.f;
+      if constexpr (SPLIT > 1) {
+        const uint32_t mine = tma::smem_u32(&block_sum[i]);
+        for (int q = 0; q < SPLIT; ++q) v += tma::ld_cluster_f32(tma::map_to_cta(mine, q));
+      } else {
+#pragma unroll
+        for (int q = 0; q < WARPS; ++q) v += partial[q][rj][ln];
+      }
+      if constexpr (kIn == DType::kFloat8E4M3) v = v * a.x_scale[token * a.x_scale_step] * a.w_scale[row * a.w_scale_step];
+      if (a.bias != nullptr) v += load_bias(a.bias, a.bias_dtype, row);
+      store_out(a.out, a.out_dtype, int64_t(token) * a.out_row_stride + row, v);
+    }
+  }
+  if constexpr (SPLIT > 1) tma::cluster_sync();  // the blocks' sums stay until block 0 has read them
+}
+
 template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS>
 __device__ __forceinline__ void gemv(const MmaArgs& a) {
   constexpr int kStepBytes = kMmaChunkBytes * U;
@@ -155,31 +211,168 @@ __device__ __forceinline__ void gemv(const MmaArgs& a) {
     }
   }
 
-  // The warps' tiles summed in warp order; thread i then owns C element (r, j) of lane i % 32:
-  // token g + 8 (j / 2), row row0 + 8 r + 2 t + j % 2. Then the scales ((acc * x_scale) *
-  // w_scale, as the Triton kernel), the bias, one rounding.
-  __shared__ float partial[WARPS][RG * 4][32];
+  finish<kIn, RG, WARPS, 1>(a, acc, row0, 0);
+}
+
+// ---- The staged loop: W read as whole row runs, fragments from shared memory ----------------
+//
+// Why: the register loop's loads each cover 64 bytes of 8 rows. On an H200, a loop of only loads
+// in that pattern read 2304 x 16384 bf16 in 21.3 us in a layer, one whose loads each cover 256
+// bytes of 2 rows in 19.9, FP8 11.9 against 10.8 (.exp trace probes, 2026-11-29): the wider
+// request is worth ~1-2 us, as much as the 1.15x floor asks. So each warp copies, per step,
+// 256 contiguous bytes of each of its block's 8 rows (2 rows a cp.async instruction) into a
+// per-warp ring of `stages` stages, and each lane reads its fragments back with ld.shared:
+//
+// * a stage is the 8 rows' 256 bytes, each row padded to 320 bytes (rows 2p and 2p + 1 land 64
+//   bytes = 16 banks apart, so a quarter-warp's 16-byte reads of fragments hit distinct banks),
+//   then x's fragments: lane (g, t)'s 16 bytes of x row g (and g + 8) at byte 16 t of each
+//   64-byte chunk, stored where that lane reads them back (it copies only its own bytes; lanes
+//   past m copy nothing, and the garbage they read reaches only C rows past m, never stored);
+// * cp.async.cg for W (L2 only, evict-first), .ca for x (read by every block: kept in L1);
+//   `stages - 1` steps in flight; one __syncwarp before a stage is read (other lanes' copies)
+//   and one after (before it is refilled);
+// * `split` > 1 (sm_90): a cluster of `split` blocks shares a row group, each a K range, and
+//   block 0 of the cluster sums the blocks' tiles in rank order through distributed shared
+//   memory (deterministic). 2304 rows are 288 blocks: on 132 SMs, 24 SMs hold 3 and finish last
+//   (H200 traces: the 3-block SMs' warps end 1-3.5 us after the others'); 576 blocks of 4 warps
+//   spread 4-5 an SM (FP8 at 4 tokens: 15.0 -> 12.9 us).
+constexpr int kStagedChunks = 4;                                        // 64-byte chunks a step
+constexpr int kStagedStepBytes = kStagedChunks * kMmaChunkBytes;         // 256 bytes of a row a step
+constexpr int kStagedRowBytes = kStagedStepBytes + 64;                   // a row in shared memory
+constexpr int kStagedWBytes = 8 * kStagedRowBytes;                       // a stage's W rows, a row group
+constexpr int kStagedXBytes = kStagedChunks * 32 * 16;                   // a stage's x fragments, a tile
+
+__host__ __device__ constexpr int staged_stage_bytes(int row_groups, bool two_tiles) {
+  return row_groups * kStagedWBytes + (two_tiles ? 2 : 1) * kStagedXBytes;
+}
+
+__device__ __forceinline__ void cp_async_w(uint32_t dst, const uint8_t* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_x(uint32_t dst, const uint8_t* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// Two e4m3 (the low 16 bits of `pair`) as f16x2: exact (every e4m3 value is an f16 value).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+  uint32_t r;
+  asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(r) : "r"(pair));
+  return r;
+}
+
+// One 64-byte chunk of the staged loop: lane (g, t) holds 16 bytes of W row g (wf) and of x rows
+// g (xa) and g + 8 (xb) at the same K offsets. 16-bit: two m16n8k16, words (0, 1) then (2, 3), the
+// register loop's K permutation. e4m3: each word's 4 bytes converted to f16 (low pair: k 2t, 2t + 1;
+// high pair: 2t + 8, 2t + 9) and multiplied by m16n8k16 f16 into the fp32 accumulators: sm_90 runs
+// m16n8k32 e4m3 as such conversions plus two f16 mmas into a zeroed tile and four adds, which this
+// saves (H200: FP8 at 2304 x 16384, 4 tokens, split 2: 12.9 us).
+template <DType kIn, bool TWO_TILES>
+__device__ __forceinline__ void staged_chunk(float (&acc)[4], const uint4& wf, const uint4& xa, const uint4& xb) {
+  if constexpr (kIn == DType::kFloat8E4M3) {
 #pragma unroll
-  for (int r = 0; r < RG; ++r) {
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t w = word(wf, j), x0 = word(xa, j), x1 = TWO_TILES ? word(xb, j) : 0u;
+      const uint32_t frag[4] = {e4m3x2_to_f16x2(x0), TWO_TILES ? e4m3x2_to_f16x2(x1) : 0u, e4m3x2_to_f16x2(x0 >> 16),
+                                TWO_TILES ? e4m3x2_to_f16x2(x1 >> 16) : 0u};
+      mma_step<DType::kFloat16>(acc, frag, e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
+    }
+  } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) partial[warp][4 * r + j][lane] = acc[r][j];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < RG * 4 * 32; i += WARPS * 32) {
-    const int ln = i % 32, rj = i / 32, r = rj / 4, j = rj % 4;
-    const int token = (ln >> 2) + (j >= 2 ? 8 : 0), row = row0 + 8 * r + 2 * (ln & 3) + (j & 1);
-    if (token >= a.m || row >= a.n) continue;
-    float v = 0.f;
-#pragma unroll
-    for (int q = 0; q < WARPS; ++q) v += partial[q][rj][ln];
-    if constexpr (kIn == DType::kFloat8E4M3) v = v * a.x_scale[token * a.x_scale_step] * a.w_scale[row * a.w_scale_step];
-    if (a.bias != nullptr) v += load_bias(a.bias, a.bias_dtype, row);
-    store_out(a.out, a.out_dtype, int64_t(token) * a.out_row_stride + row, v);
+    for (int kstep = 0; kstep < 2; ++kstep) {
+      const int lo = 2 * kstep, hi = 2 * kstep + 1;
+      const uint32_t frag[4] = {word(xa, lo), TWO_TILES ? word(xb, lo) : 0u, word(xa, hi), TWO_TILES ? word(xb, hi) : 0u};
+      mma_step<kIn>(acc, frag, word(wf, lo), word(wf, hi));
+    }
   }
 }
 
-// mma.sync with e4m3 operands exists from sm_89 on: the sm_80 build has no FP8 kernel body (the
-// launcher refuses FP8 below capability 8.9).
+template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
+__device__ __forceinline__ void gemv_staged(const MmaArgs& a) {
+  constexpr int kStage = staged_stage_bytes(RG, TWO_TILES);
+  constexpr int kCopies = 4 * RG;  // W copies a lane a step: 2 rows x 256 bytes an instruction
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int rank = SPLIT > 1 ? int(blockIdx.x % SPLIT) : 0;  // a cluster's blocks are consecutive
+  const int row0 = int(blockIdx.x / SPLIT) * 8 * RG;
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  extern __shared__ __align__(16) uint8_t staged_smem[];
+  const uint32_t ring = tma::smem_u32(staged_smem) + warp * STAGES * kStage;
+
+  // The cluster's blocks take K's steps in even ranges, their warps even ranges of those.
+  const int per_rank = (a.steps + SPLIT - 1) / SPLIT;
+  const int r_lo = min(rank * per_rank, a.steps), r_n = min(r_lo + per_rank, a.steps) - r_lo;
+  const int per_warp = (r_n + WARPS - 1) / WARPS;
+  const int w_lo = min(warp * per_warp, r_n);
+  const int steps = min(w_lo + per_warp, r_n) - w_lo;
+  const int64_t k0 = int64_t(r_lo + w_lo) * kStagedStepBytes;
+
+  // Copies: lane l takes 16 bytes at byte 16 (l % 16) of rows 2 j + l / 16, j < 4 x row_groups
+  // (the last row for rows past n: copied, never stored); x: its own fragments (rows g, g + 8;
+  // live ones).
+  const int half = lane >> 4, unit = lane & 15;
+  const uint8_t* w_src[kCopies];
+#pragma unroll
+  for (int j = 0; j < kCopies; ++j) {
+    w_src[j] = a.w + int64_t(min(row0 + 2 * j + half, a.n - 1)) * a.w_row_bytes + k0 + 16 * unit;
+  }
+  const uint32_t w_dst = half * kStagedRowBytes + 16 * unit;  // + 2 j rows
+  const bool xa_live = g < a.m, xb_live = TWO_TILES && g + 8 < a.m;
+  const uint8_t* xa_src = a.x + int64_t(g) * a.x_row_bytes + k0 + 16 * t;
+  const uint8_t* xb_src = a.x + int64_t(g + 8) * a.x_row_bytes + k0 + 16 * t;
+  const uint32_t x_dst = RG * kStagedWBytes + 16 * lane;  // + chunk x 512, + tile x kStagedXBytes
+  const uint32_t w_frag = g * kStagedRowBytes + 16 * t;    // + chunk x 64, + row group x kStagedWBytes
+
+  auto issue = [&](int i) {  // step i of the warp's range into its stage
+    const uint32_t stage = ring + (i % STAGES) * kStage;
+    const int64_t off = int64_t(i) * kStagedStepBytes;
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) cp_async_w(stage + w_dst + 2 * j * kStagedRowBytes, w_src[j] + off, policy);
+#pragma unroll
+    for (int c = 0; c < kStagedChunks; ++c) {
+      if (xa_live) cp_async_x(stage + x_dst + 512 * c, xa_src + off + kMmaChunkBytes * c);
+      if (xb_live) cp_async_x(stage + x_dst + kStagedXBytes + 512 * c, xb_src + off + kMmaChunkBytes * c);
+    }
+  };
+
+  float acc[RG][4] = {};
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < steps) issue(i);
+    cp_async_commit();  // a group per step, empty past the range: the wait below counts steps
+  }
+  for (int i = 0; i < steps; ++i) {
+    if (i + STAGES - 1 < steps) issue(i + STAGES - 1);
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();  // this lane's copies of step i have landed
+    __syncwarp();                 // and every lane's
+    const uint32_t stage = ring + (i % STAGES) * kStage;
+#pragma unroll
+    for (int c = 0; c < kStagedChunks; ++c) {
+      const uint4 xa = lds128(stage + x_dst + 512 * c);
+      const uint4 xb = TWO_TILES ? lds128(stage + x_dst + kStagedXBytes + 512 * c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+        staged_chunk<kIn, TWO_TILES>(acc[r], lds128(stage + r * kStagedWBytes + w_frag + kMmaChunkBytes * c), xa, xb);
+      }
+    }
+    __syncwarp();  // every lane has read the stage before step i + STAGES is copied into it
+  }
+  finish<kIn, RG, WARPS, SPLIT>(a, acc, row0, rank);
+}
+
+// mma.sync with e4m3 operands exists from sm_89 on (and cvt to f16x2 from e4m3x2): the sm_80
+// build has no FP8 kernel body (the launcher refuses FP8 below capability 8.9); clusters are sm_90.
 #if defined(__CUDA_ARCH__)
 constexpr int kDeviceArch = __CUDA_ARCH__;
 #else
@@ -190,6 +383,15 @@ template <DType kIn, int RG, bool TWO_TILES, int U, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) skinny_mma_kernel(const __grid_constant__ MmaArgs a) {
   if constexpr (kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) {
     gemv<kIn, RG, TWO_TILES, U, WARPS>(a);
+  } else {
+    __trap();
+  }
+}
+
+template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
+__global__ void __launch_bounds__(WARPS * 32) skinny_mma_staged_kernel(const __grid_constant__ MmaArgs a) {
+  if constexpr ((kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) && (SPLIT == 1 || kDeviceArch >= 900)) {
+    gemv_staged<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>(a);
   } else {
     __trap();
   }
@@ -206,14 +408,64 @@ cudaError_t launch_config(const MmaArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+constexpr int kMaxDevices = 64;
+
+template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
+cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
+  auto kernel = skinny_mma_staged_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>;
+  constexpr int kSmem = WARPS * STAGES * staged_stage_bytes(RG, TWO_TILES);
+  // The dynamic shared-memory limit is a per-device attribute of the kernel: set once per device.
+  static std::atomic<bool> limit_set[kMaxDevices];
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (device >= kMaxDevices || !limit_set[device].load(std::memory_order_relaxed)) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return err;
+    }
+    if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
+  }
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = SPLIT;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((int64_t(a.n) + 8 * RG - 1) / (8 * RG) * SPLIT));
+  config.blockDim = dim3(WARPS * 32);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  config.attrs = SPLIT > 1 ? &attr : nullptr;
+  config.numAttrs = SPLIT > 1 ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // clear it: the caller reports the returned error
+  return err;
+}
+
+template <DType kIn, int RG, int WARPS, int STAGES, int SPLIT>
+cudaError_t launch_staged(const MmaArgs& a, cudaStream_t stream) {
+  return a.m > 8 ? launch_staged_tiles<kIn, RG, true, WARPS, STAGES, SPLIT>(a, stream)
+                 : launch_staged_tiles<kIn, RG, false, WARPS, STAGES, SPLIT>(a, stream);
+}
+
 }  // namespace mma_detail
 
 template <DType kIn>
 cudaError_t launch_mma_dtype(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream) {
+  if (c.stages == 0) {
 #define SKINNY_MMA_CASE(RG, U, WARPS) \
   if (c.row_groups == RG && c.unroll == U && c.warps == WARPS) return mma_detail::launch_config<kIn, RG, U, WARPS>(a, stream);
-  SKINNY_MMA_CONFIGS(SKINNY_MMA_CASE)
+    SKINNY_MMA_CONFIGS(SKINNY_MMA_CASE)
 #undef SKINNY_MMA_CASE
+  } else if (c.unroll == mma_detail::kStagedChunks) {
+#define SKINNY_MMA_STAGED_CASE(RG, WARPS, STAGES, SPLIT)                                  \
+  if (c.row_groups == RG && c.warps == WARPS && c.stages == STAGES && c.split == SPLIT) { \
+    return mma_detail::launch_staged<kIn, RG, WARPS, STAGES, SPLIT>(a, stream);           \
+  }
+    SKINNY_MMA_STAGED_CONFIGS(SKINNY_MMA_STAGED_CASE)
+#undef SKINNY_MMA_STAGED_CASE
+  }
   return cudaErrorNotSupported;
 }
 

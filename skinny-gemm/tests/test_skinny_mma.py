@@ -53,6 +53,22 @@ MMA = (
 needs_mma = pytest.mark.skipif(not MMA, reason="the compiled GEMV: a CUDA build on a capability >= 8.0 GPU")
 MMA_FP8 = MMA and torch.cuda.get_device_capability() >= (8, 9)
 needs_mma_fp8 = pytest.mark.skipif(not MMA_FP8, reason="the compiled GEMV on FP8: a capability >= 8.9 GPU")
+CLUSTERS = MMA and torch.cuda.get_device_capability() >= (9, 0)
+
+
+def runnable_mma_configs() -> list:
+    """The compiled launches this GPU runs: a K split (a thread-block cluster) from capability 9.0."""
+    return [c for c in sg.mma_configs() if c.split == 1 or CLUSTERS]
+
+
+# The staged loop's launches under test: 2 and 3 stages, 1 and 2 row groups, and (sm_90) K split
+# over 2 and 4 blocks.
+STAGED = [sg.MmaConfig(1, 4, 4, 2), sg.MmaConfig(1, 4, 2, 3), sg.MmaConfig(1, 4, 4, 2, 2), sg.MmaConfig(2, 4, 4, 2, 2),
+          sg.MmaConfig(2, 4, 2, 2, 4)]
+
+
+def staged_configs() -> list:
+    return [c for c in STAGED if c.split == 1 or CLUSTERS]
 
 
 def run_mma(x, w, bias=None, cfg=None, out=None):
@@ -72,11 +88,16 @@ def run_mma_fp8(x, w, xs, ws, cfg=None):
 
 @pytest.mark.kernels_ci
 def test_config_forms():
-    """An MmaConfig's op / table form is [-1, row_groups, unroll, warps] and parses back."""
+    """An MmaConfig's op / table form is [-1, row_groups, unroll, warps] (the register loop) or
+    [-1, row_groups, unroll, warps, stages, split] (the staged loop) and parses back."""
     cfg = sg.MmaConfig(2, 4, 8)
     assert cfg.as_list() == [-1, 2, 4, 8]
     assert _config.config_from_list(cfg.as_list()) == cfg
     assert _config.config_from_list([-1, 1, 2, 8]) == sg.MmaConfig()
+    staged = sg.MmaConfig(1, 4, 4, stages=2, split=2)
+    assert staged.as_list() == [-1, 1, 4, 4, 2, 2]
+    assert _config.config_from_list(staged.as_list()) == staged
+    assert staged.op_args() == (1, 4, 4, 2, 2)
 
 
 @pytest.mark.kernels_ci
@@ -85,11 +106,16 @@ def test_config_forms():
     [
         (lambda: sg.MmaConfig(3), ValueError, r"MmaConfig.row_groups: expected one of \[1, 2\], got 3"),
         (lambda: sg.MmaConfig(1, 8), ValueError, r"MmaConfig.unroll: expected one of \[1, 2, 4\], got 8"),
-        (lambda: sg.MmaConfig(1, 2, 32), ValueError, r"MmaConfig.warps: expected one of \[4, 8, 16\], got 32"),
+        (lambda: sg.MmaConfig(1, 2, 32), ValueError, r"MmaConfig.warps: expected one of \[2, 4, 8, 16\], got 32"),
+        (lambda: sg.MmaConfig(1, 4, 4, 4), ValueError, r"MmaConfig.stages: expected one of \[0, 2, 3\], got 4"),
+        (lambda: sg.MmaConfig(1, 2, 4, 2), ValueError,
+         r"MmaConfig.stages: the staged loop \(2 stages\) takes unroll 4 \(256-byte steps\), got unroll 2"),
+        (lambda: sg.MmaConfig(1, 4, 4, 0, 2), ValueError, r"MmaConfig.split: a K split \(2\) is the staged loop's"),
         (lambda: sg.MmaConfig(1.0), TypeError, "MmaConfig.row_groups: expected an int, got 1.0"),
-        (lambda: _config.config_from_list([-1, 2]), ValueError, r"\[-1, row_groups, unroll, warps\] \(MmaConfig\)"),
+        (lambda: _config.config_from_list([-1, 2]), ValueError,
+         r"\[-1, row_groups, unroll, warps\(, stages, split\)\] \(MmaConfig\)"),
     ],
-    ids=["row_groups", "unroll", "warps", "type", "list"],
+    ids=["row_groups", "unroll", "warps", "stages", "staged shape", "split", "type", "list"],
 )
 def test_config_errors(make_it, exc, match):
     with pytest.raises(exc, match=match):
@@ -172,9 +198,40 @@ def test_every_compiled_config():
     the row groups."""
     x16, w, _ = make(16, 1000, 4224, torch.bfloat16, seed=4)
     b = torch.randn(1000, generator=gen(5)).to(DEVICE)
-    for cfg in sg.mma_configs():
+    for cfg in runnable_mma_configs():
         for x in (x16[:1], x16[:8], x16):
             assert_gemm_close(run_mma(x, w, b, cfg), reference(x, w, b), f"{cfg} M={x.shape[0]}")
+
+
+# The staged loop: K in 256-byte steps (128 16-bit columns); 2304 x 16384 (the 405B TP8 QKV), N off
+# the row groups with 33 steps (uneven warp and split ranges), one step (K = 128: most warps and
+# split blocks idle).
+STAGED_SHAPES = [(2304, 16384), (1000, 4224), (40, 128)]
+
+
+@needs_mma
+@pytest.mark.parametrize("N, K", STAGED_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 5, 9, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_staged_values(N, K, M, dtype):
+    x, w, b = make(M, N, K, dtype, seed=M * 11 + N, bias=M % 2 == 0)
+    want = reference(x, w, b)
+    for cfg in staged_configs():
+        assert_gemm_close(run_mma(x, w, b, cfg), want, f"{cfg} {M}x{N}x{K}")
+
+
+@needs_mma
+def test_staged_bad_input():
+    """The staged loop's step is 256 bytes: K a multiple of 128 16-bit columns (an error naming x
+    before anything is written); a split launch below capability 9.0 is refused the same way."""
+    x, w, _ = make(4, 32, 192, torch.bfloat16, seed=13)
+    out = poison_(torch.empty(4, 32, dtype=x.dtype, device=DEVICE))
+    with pytest.raises(ValueError, match="x: an MmaConfig with unroll 4 needs K a multiple of 128"):
+        sg.gemm(x, w, out=out, config=sg.MmaConfig(1, 4, 4, 2))
+    if not CLUSTERS:
+        with pytest.raises(ValueError, match="config: an MmaConfig with split 2 runs in a thread-block cluster"):
+            sg.gemm(x[:, :128], w[:, :128].contiguous(), out=out, config=sg.MmaConfig(1, 4, 4, 2, 2))
+    assert torch.isnan(out.float()).all()
 
 
 @needs_mma
@@ -197,11 +254,11 @@ def test_layouts_and_out():
     assert_gemm_close(y.view(6, 512), ref, "3-D x")
     assert sg.gemm(x[:0], w, config=sg.MmaConfig()).shape == (0, 512)
     out = poison_(torch.empty(6, 512, dtype=x.dtype, device=DEVICE))
-    compiled = {(c.row_groups, c.unroll, c.warps) for c in sg.mma_configs()}
+    compiled = {c.op_args() for c in sg.mma_configs()}
     missing = next(
         sg.MmaConfig(rg, u, wp)
         for rg in _config.MMA_ROW_GROUPS for u in _config.MMA_UNROLL for wp in _config.MMA_WARPS
-        if (rg, u, wp) not in compiled
+        if (rg, u, wp, 0, 1) not in compiled
     )  # fmt: skip
     with pytest.raises(ValueError, match="config: MmaConfig.* is not compiled in this build"):
         sg.gemm(x, w, out=out, config=missing)
@@ -237,15 +294,17 @@ def test_binding_checks():
     out = poison_(torch.empty(4, 32, dtype=x.dtype, device=DEVICE))
     op = sg.ops.skinny_mma
     cases = [
-        ((out, x, w, None, 3, 2, 8), r"config: \(row_groups, unroll, warps\) = \(3, 2, 8\) is not compiled"),
-        ((out, x, w, None, 2**32 + 1, 2, 8), r"config: .* = \(4294967297, 2, 8\) is not compiled"),
-        ((out, x[:, :48], w[:, :48], None, 1, 2, 8), r"x: K must be a positive multiple of 64 \(steps of 2 chunks"),
-        ((out, x, w, None, 1, 4, 8), "x: K must be a positive multiple of 128"),
-        ((out, x, w.half(), None, 1, 2, 8), r"w: expected a BFloat16 \[N, 64\] tensor"),
-        ((out[:, :16], x, w, None, 1, 2, 8), r"out: expected a \[4, 32\] tensor"),
-        ((out.half(), x, w, None, 1, 2, 8), r"out: expected dtype BFloat16 \(x's\), got Half"),
-        ((out, x.float(), w, None, 1, 2, 8), "x: expected dtype bfloat16 or float16"),
-        ((out, x, w, torch.zeros(31, device=DEVICE), 1, 2, 8), r"bias: expected a contiguous \[32\] tensor"),
+        ((out, x, w, None, 3, 2, 8, 0, 1),
+         r"config: \(row_groups, unroll, warps, stages, split\) = \(3, 2, 8, 0, 1\) is not compiled"),
+        ((out, x, w, None, 2**32 + 1, 2, 8, 0, 1), r"config: .* = \(4294967297, 2, 8, 0, 1\) is not compiled"),
+        ((out, x, w, None, 1, 4, 4, 4, 1), r"config: .* = \(1, 4, 4, 4, 1\) is not compiled"),
+        ((out, x[:, :48], w[:, :48], None, 1, 2, 8, 0, 1), r"x: K must be a positive multiple of 64 \(steps of 2 chunks"),
+        ((out, x, w, None, 1, 4, 8, 0, 1), "x: K must be a positive multiple of 128"),
+        ((out, x, w.half(), None, 1, 2, 8, 0, 1), r"w: expected a BFloat16 \[N, 64\] tensor"),
+        ((out[:, :16], x, w, None, 1, 2, 8, 0, 1), r"out: expected a \[4, 32\] tensor"),
+        ((out.half(), x, w, None, 1, 2, 8, 0, 1), r"out: expected dtype BFloat16 \(x's\), got Half"),
+        ((out, x.float(), w, None, 1, 2, 8, 0, 1), "x: expected dtype bfloat16 or float16"),
+        ((out, x, w, torch.zeros(31, device=DEVICE), 1, 2, 8, 0, 1), r"bias: expected a contiguous \[32\] tensor"),
     ]
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):
@@ -255,8 +314,10 @@ def test_binding_checks():
 
 @needs_mma
 def test_deterministic():
-    """The warps' K ranges are summed in warp order."""
+    """The warps' K ranges are summed in warp order (and a cluster's blocks in rank order)."""
     check_deterministic(sg.MmaConfig())
+    for cfg in staged_configs():
+        check_deterministic(cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,6 +328,7 @@ def test_deterministic():
 @needs_mma
 def test_opcheck():
     check_opcheck(sg.MmaConfig())
+    check_opcheck(staged_configs()[-1])
 
 
 @needs_mma
@@ -288,6 +350,7 @@ def test_torch_compile_fullgraph(table):
 @pytest.mark.parametrize("M", [1, 16])
 def test_cuda_graph_capture(M):
     check_cuda_graph_capture(sg.MmaConfig(), M)
+    check_cuda_graph_capture(staged_configs()[-1], M)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,10 +381,20 @@ def test_fp8_out_and_bias_dtypes(out_dtype, bias_dtype):
 def test_fp8_every_compiled_config():
     """Every compiled launch on FP8 at 1, 8 and 16 tokens, K = 17 four-chunk steps."""
     x16, w, xs16, ws = make_fp8(16, 1000, 4352, torch.float8_e4m3fn, seed=33)
-    for cfg in sg.mma_configs():
+    for cfg in runnable_mma_configs():
         for M in (1, 8, 16):
             got = run_mma_fp8(x16[:M], w, xs16[:M], ws, cfg=cfg)
             assert_gemm_close(got, reference_fp8(x16[:M], w, xs16[:M], ws), f"FP8 {cfg} M={M}")
+
+
+# The staged loop on FP8: 256-column steps (4352 = 17 steps, 256 = one).
+@needs_mma_fp8
+@pytest.mark.parametrize("N, K", [(2304, 16384), (1000, 4352), (96, 256)], ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 9, 16])
+@pytest.mark.parametrize("scales", ["tensor", "token-channel"])
+def test_staged_fp8_values(N, K, M, scales):
+    for cfg in staged_configs():
+        check_fp8_values(N, K, M, scales, cfg, seed=M * 17 + N)
 
 
 @needs_mma_fp8
@@ -333,10 +406,12 @@ def test_fp8_bad_input():
         sg.gemm_fp8(x[:, :192], w[:, :192].contiguous(), xs, ws, config=sg.MmaConfig())
     out = poison_(torch.empty(4, 32, dtype=torch.bfloat16, device=DEVICE))
     xs4, ws32 = xs.reshape(4), ws.reshape(32)
-    cases = fp8_binding_cases(out, x, w, xs, ws, (1, 2, 8)) + [
-        ((out, x[:, :192], w[:, :192], xs4, ws32, None, 1, 2, 8), r"x: K must be a positive multiple of 128"),
-        ((out, x, w.view(torch.uint8), xs4, ws32, None, 1, 2, 8), r"w: expected a Float8_e4m3fn \[N, 256\] tensor"),
-        ((out, x, w, xs4, ws32, None, 3, 2, 8), r"config: \(row_groups, unroll, warps\) = \(3, 2, 8\) is not compiled"),
+    cases = fp8_binding_cases(out, x, w, xs, ws, (1, 2, 8, 0, 1)) + [
+        ((out, x[:, :192], w[:, :192], xs4, ws32, None, 1, 2, 8, 0, 1), r"x: K must be a positive multiple of 128"),
+        ((out, x[:, :128], w[:, :128], xs4, ws32, None, 1, 4, 4, 2, 1), r"x: K must be a positive multiple of 256"),
+        ((out, x, w.view(torch.uint8), xs4, ws32, None, 1, 2, 8, 0, 1), r"w: expected a Float8_e4m3fn \[N, 256\] tensor"),
+        ((out, x, w, xs4, ws32, None, 3, 2, 8, 0, 1),
+         r"config: \(row_groups, unroll, warps, stages, split\) = \(3, 2, 8, 0, 1\) is not compiled"),
     ]  # fmt: skip
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):
@@ -347,31 +422,35 @@ def test_fp8_bad_input():
 @needs_mma_fp8
 def test_fp8_deterministic():
     x, w, xs, ws = make_fp8(16, 2304, 16384, torch.float8_e4m3fn, seed=35)
-    first = run_mma_fp8(x, w, xs, ws)
-    for _ in range(3):
-        assert torch.equal(run_mma_fp8(x, w, xs, ws), first)
+    for cfg in [sg.MmaConfig(), *staged_configs()]:
+        first = run_mma_fp8(x, w, xs, ws, cfg)
+        for _ in range(3):
+            assert torch.equal(run_mma_fp8(x, w, xs, ws, cfg), first), cfg
 
 
 @needs_mma_fp8
 def test_fp8_opcheck():
     check_opcheck_fp8(sg.MmaConfig())
+    check_opcheck_fp8(staged_configs()[-1])
 
 
 @needs_mma_fp8
 @pytest.mark.parametrize("M", [1, 16])
 def test_fp8_cuda_graph_capture(M):
-    """Captured once, replayed on new x and scales: equal to eager calls, fully written."""
+    """Captured once, replayed on new x and scales: equal to eager calls, fully written (the
+    register loop and the staged one)."""
     x, w, xs, ws = make_fp8(M, 2304, 16384, torch.float8_e4m3fn, seed=37)
-    sx, sxs = x.clone(), xs.clone()
-    sg.gemm_fp8(sx, w, sxs, ws, config=sg.MmaConfig())  # warm-up
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = sg.gemm_fp8(sx, w, sxs, ws, config=sg.MmaConfig())
-    for seed in (38, 39):
-        nx, _, nxs, _ = make_fp8(M, 8, 16384, torch.float8_e4m3fn, seed=seed)
-        sx.copy_(nx)
-        sxs.copy_(nxs)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static_out, sg.gemm_fp8(nx, w, nxs, ws, config=sg.MmaConfig()))
-        assert_fully_written(static_out, "FP8 graph replay")
+    for cfg in (sg.MmaConfig(), staged_configs()[-1]):
+        sx, sxs = x.clone(), xs.clone()
+        sg.gemm_fp8(sx, w, sxs, ws, config=cfg)  # warm-up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = sg.gemm_fp8(sx, w, sxs, ws, config=cfg)
+        for seed in (38, 39):
+            nx, _, nxs, _ = make_fp8(M, 8, 16384, torch.float8_e4m3fn, seed=seed)
+            sx.copy_(nx)
+            sxs.copy_(nxs)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_out, sg.gemm_fp8(nx, w, nxs, ws, config=cfg))
+            assert_fully_written(static_out, f"FP8 graph replay {cfg}")

@@ -10,10 +10,10 @@
 //   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most K slices),
 //                                       flattened)
 //   skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll,
-//              int warps) -> ()          (the plain-load tensor-core GEMV: csrc/skinny_mma.h)
+//              int warps, int stages, int split) -> ()   (the tensor-core GEMV: csrc/skinny_mma.h)
 //   skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale,
-//                  Tensor? bias, int row_groups, int unroll, int warps) -> ()
-//   skinny_mma_configs() -> int[]      (the compiled (row_groups, unroll, warps), flattened)
+//                  Tensor? bias, int row_groups, int unroll, int warps, int stages, int split) -> ()
+//   skinny_mma_configs() -> int[]      (the compiled (row_groups, unroll, warps, stages, split), flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -41,13 +41,18 @@ namespace {
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-// "(a, b, c), (d, e, f)": a kernel's compiled launches, three fields each, for messages.
+// "(a, b, c), (d, e, f)": a kernel's compiled launches, their fields each, for messages.
 template <typename Config, typename Fields>
 std::string config_list(const Config* configs, int n, Fields fields) {
   std::string s;
   for (int i = 0; i < n; ++i) {
-    const std::array<int, 3> f = fields(configs[i]);
-    s += (i ? ", (" : "(") + std::to_string(f[0]) + ", " + std::to_string(f[1]) + ", " + std::to_string(f[2]) + ")";
+    s += i ? ", (" : "(";
+    bool first = true;
+    for (const int f : fields(configs[i])) {
+      s += (first ? "" : ", ") + std::to_string(f);
+      first = false;
+    }
+    s += ")";
   }
   return s;
 }
@@ -69,11 +74,14 @@ std::string compiled_list() {
                      [](const sg::SkinnyTmaConfig& c) { return std::array<int, 3>{c.tile_n, c.boxes_k, c.stages}; });
 }
 
+std::array<int, 5> mma_fields(const sg::SkinnyMmaConfig& c) {
+  return {c.row_groups, c.unroll, c.warps, c.stages, c.split};
+}
+
 std::string mma_compiled_list() {
   const sg::SkinnyMmaConfig* configs = nullptr;
   const int n = sg::skinny_mma_compiled_configs(&configs);
-  return config_list(configs, n,
-                     [](const sg::SkinnyMmaConfig& c) { return std::array<int, 3>{c.row_groups, c.unroll, c.warps}; });
+  return config_list(configs, n, mma_fields);
 }
 
 sg::DType dtype_of(at::ScalarType t) {
@@ -227,7 +235,7 @@ void check_fp8_dtypes(const at::Tensor& out, const at::Tensor& x) {
 // [M, N] (its dtype checked by the caller), the configuration; fills p and launches.
 void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
              const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t row_groups, int64_t unroll,
-             int64_t warps) {
+             int64_t warps, int64_t stages, int64_t split) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
   TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
   const bool fp8 = x.scalar_type() == at::kFloat8_e4m3fn;
@@ -235,11 +243,11 @@ void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(M <= sg::kMmaMaxM, msg("x: the mma kernel takes at most ", sg::kMmaMaxM, " rows (tokens), got ", M));
   const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
-  p.config = {static_cast<int>(small(row_groups) ? row_groups : 0), static_cast<int>(small(unroll) ? unroll : 0),
-              static_cast<int>(small(warps) ? warps : 0)};
+  const auto narrow = [&](int64_t v) { return static_cast<int>(small(v) ? v : 0); };
+  p.config = {narrow(row_groups), narrow(unroll), narrow(warps), stages == 0 ? 0 : narrow(stages), narrow(split)};
   TORCH_CHECK(sg::skinny_mma_config_supported(p.config),
-              msg("config: (row_groups, unroll, warps) = (", row_groups, ", ", unroll, ", ", warps,
-                  ") is not compiled; compiled: ", mma_compiled_list()));
+              msg("config: (row_groups, unroll, warps, stages, split) = (", row_groups, ", ", unroll, ", ", warps, ", ",
+                  stages, ", ", split, ") is not compiled; compiled: ", mma_compiled_list()));
   const int64_t step = sg::kMmaChunkBytes / elem * unroll;  // K columns of one step
   TORCH_CHECK(M == 0 || (K >= step && K % step == 0),
               msg("x: K must be a positive multiple of ", step, " (steps of ", unroll, " chunks of ",
@@ -254,6 +262,8 @@ void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const
   TORCH_CHECK(cc >= (fp8 ? 89 : 80),
               msg("skinny_mma: needs a GPU of capability ", fp8 ? "8.9 (mma.sync e4m3)" : "8.0 (mma.sync bf16)",
                   " or above, got ", props->major, ".", props->minor));
+  TORCH_CHECK(split == 1 || cc >= 90, msg("config: split ", split, " runs in a thread-block cluster: needs a GPU of "
+                                          "capability 9.0 or above, got ", props->major, ".", props->minor));
   set_operands(p, out, x, w, bias);
   p.out_dtype = dtype_of(out.scalar_type());
   const cudaError_t err = sg::skinny_mma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
@@ -284,7 +294,7 @@ void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
 }
 
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                int64_t row_groups, int64_t unroll, int64_t warps) {
+                int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages, int64_t split) {
   using namespace fused_llm::binding;
   TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
@@ -292,23 +302,22 @@ void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
   TORCH_CHECK(out.scalar_type() == x.scalar_type(),
               msg("out: expected dtype ", x.scalar_type(), " (x's), got ", out.scalar_type()));
   sg::SkinnyMmaParams p;
-  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps);
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps, stages, split);
 }
 
 void skinny_mma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t row_groups,
-                    int64_t unroll, int64_t warps) {
+                    int64_t unroll, int64_t warps, int64_t stages, int64_t split) {
   check_fp8_dtypes(out, x);
   sg::SkinnyMmaParams p;
   check_scales(p, out, x, w, x_scale, w_scale);
-  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps);
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps, stages, split);
 }
 
 std::vector<int64_t> skinny_mma_configs() {
   const sg::SkinnyMmaConfig* configs = nullptr;
   const int n = sg::skinny_mma_compiled_configs(&configs);
-  return flat_configs(configs, n,
-                      [](const sg::SkinnyMmaConfig& c) { return std::array<int, 3>{c.row_groups, c.unroll, c.warps}; });
+  return flat_configs(configs, n, mma_fields);
 }
 
 std::vector<int64_t> skinny_tma_configs() {
@@ -331,11 +340,13 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
       "int tile_n, int boxes_k, int stages, int split, bool pdl=True) -> ()");
   ops.impl("skinny_tma_fp8", c10::kCUDA, &skinny_tma_fp8);
   ops.def("skinny_tma_configs() -> int[]", &skinny_tma_configs);
-  ops.def("skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll, int warps) -> ()");
+  ops.def(
+      "skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll, int warps, int stages, "
+      "int split) -> ()");
   ops.impl("skinny_mma", c10::kCUDA, &skinny_mma);
   ops.def(
       "skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
-      "int row_groups, int unroll, int warps) -> ()");
+      "int row_groups, int unroll, int warps, int stages, int split) -> ()");
   ops.impl("skinny_mma_fp8", c10::kCUDA, &skinny_mma_fp8);
   ops.def("skinny_mma_configs() -> int[]", &skinny_mma_configs);
 #else

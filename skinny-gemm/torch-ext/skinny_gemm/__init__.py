@@ -190,15 +190,15 @@ def _mma_op():
 
 
 @functools.cache
-def _compiled_mma() -> tuple[tuple[int, int, int], ...]:
-    """The (row_groups, unroll, warps) the build compiled (its binding's list)."""
+def _compiled_mma() -> tuple[tuple[int, int, int, int, int], ...]:
+    """The (row_groups, unroll, warps, stages, split) the build compiled (its binding's list)."""
     flat = list(ops.skinny_mma_configs()) if _mma_op() is not None else []
-    return tuple(tuple(flat[i : i + 3]) for i in range(0, len(flat), 3))
+    return tuple(tuple(flat[i : i + 5]) for i in range(0, len(flat), 5))
 
 
 def mma_configs() -> list[MmaConfig]:
     """The :class:`MmaConfig` launches this build has code for; empty on CPU / ROCm builds."""
-    return [MmaConfig(rg, u, wp) for rg, u, wp in _compiled_mma()]
+    return [MmaConfig(*fields) for fields in _compiled_mma()]
 
 
 @functools.cache
@@ -221,6 +221,9 @@ def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig) -> str | None
             f"of capability {'8.9' if fp8 else '8.0'} or above; got {x.device} "
             f"({'no compiled kernel in this build' if _mma_op() is None else 'an older GPU'})"
         )
+    if cfg.split > 1 and torch.cuda.get_device_capability(x.device.index) < (9, 0):
+        return (f"config: an MmaConfig with split {cfg.split} runs in a thread-block cluster, which needs capability 9.0 "
+                f"or above; got {x.device} of capability {torch.cuda.get_device_capability(x.device.index)}")  # fmt: skip
     if x.dtype not in _DTYPES and not fp8:
         return f"x: an MmaConfig multiplies float16, bfloat16 or float8_e4m3fn, got {x.dtype}"
     if not 1 <= M <= MMA_MAX_M:
@@ -247,13 +250,15 @@ def _run_mma(out, x, w, bias, cfg: MmaConfig, x_scale=None, w_scale=None) -> Non
     unit = 16 // x.element_size()
     if not (x.stride(1) == 1 and (x.shape[0] == 1 or x.stride(0) % unit == 0) and x.data_ptr() % 16 == 0):
         x = x.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, rows of K
-    if (cfg.row_groups, cfg.unroll, cfg.warps) not in _compiled_mma():
-        compiled = ", ".join(f"({rg}, {u}, {wp})" for rg, u, wp in _compiled_mma())
-        raise ValueError(f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps): {compiled}")
+    if cfg.op_args() not in _compiled_mma():
+        compiled = ", ".join(str(fields) for fields in _compiled_mma())
+        raise ValueError(
+            f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps, stages, split): {compiled}"
+        )
     if x_scale is None:
-        ops.skinny_mma(out, x, w, bias, cfg.row_groups, cfg.unroll, cfg.warps)
+        ops.skinny_mma(out, x, w, bias, *cfg.op_args())
     else:
-        ops.skinny_mma_fp8(out, x, w, x_scale, w_scale, bias, cfg.row_groups, cfg.unroll, cfg.warps)
+        ops.skinny_mma_fp8(out, x, w, x_scale, w_scale, bias, *cfg.op_args())
 
 
 def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:

@@ -1,7 +1,7 @@
 """The launch configurations of the skinny kernels and the default choice (plain Python: no
 Triton needed, so the public functions can check a ``config`` argument on any variant):
 :class:`SkinnyConfig` for the Triton kernel, :class:`TmaConfig` for the compiled Hopper one,
-:class:`MmaConfig` for the compiled plain-load tensor-core GEMV."""
+:class:`MmaConfig` for the compiled tensor-core GEMV."""
 
 from __future__ import annotations
 
@@ -106,36 +106,58 @@ class TmaConfig:
 
 # The compiled GEMV's choices (csrc/skinny_mma.h): groups of 8 weight rows a block, 64-byte
 # chunks of K a step (32 columns of a 16-bit dtype, 64 of e4m3), warps a block (each a contiguous
-# range of K's steps). Which combinations a build has code for is the binding's list
-# (``skinny_mma_configs``), checked when a call reaches a GPU.
+# range of K's steps), shared-memory stages (0: the register loop) and K ranges a row group (a
+# cluster of blocks, the staged loop on sm_90). Which combinations a build has code for is the
+# binding's list (``skinny_mma_configs``), checked when a call reaches a GPU.
 MMA_ROW_GROUPS = (1, 2)
 MMA_UNROLL = (1, 2, 4)
-MMA_WARPS = (4, 8, 16)
+MMA_WARPS = (2, 4, 8, 16)
+MMA_STAGES = (0, 2, 3)
+MMA_SPLIT = (1, 2, 4)
 MMA_MAX_M = 16
 MMA_CHUNK_BYTES = 64
+MMA_STAGED_UNROLL = 4  # the staged loop's step: 4 chunks (256 bytes of each of 8 rows)
 
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """One launch of the compiled plain-load tensor-core GEMV (``csrc/skinny_mma.h``: fp16 / bf16
-    on capability >= 8.0, e4m3fn on >= 8.9; 1-16 tokens): each block multiplies ``8 *
-    row_groups`` weight rows by the tokens over all of K, its ``warps`` warps each streaming a
-    contiguous range of K with plain 16-byte loads straight into mma.sync fragments, ``unroll``
-    64-byte chunks a step (the next step's loads in flight during this step's mmas); the warps'
-    tiles summed in a fixed order in shared memory. K must be a whole number of steps: a multiple
-    of ``32 * unroll`` (16-bit) or ``64 * unroll`` (e4m3). Its table / op form is ``[-1,
-    row_groups, unroll, warps]``."""
+    """One launch of the compiled tensor-core GEMV (``csrc/skinny_mma.h``: fp16 / bf16 on
+    capability >= 8.0, e4m3fn on >= 8.9; 1-16 tokens): each block multiplies ``8 * row_groups``
+    weight rows by the tokens, its ``warps`` warps each taking a contiguous range of K's steps of
+    ``unroll`` 64-byte chunks; the warps' tiles summed in a fixed order in shared memory. K must
+    be a whole number of steps: a multiple of ``32 * unroll`` (16-bit) or ``64 * unroll`` (e4m3).
+
+    ``stages`` 0 is the register loop: plain 16-byte loads straight into mma.sync fragments, the
+    next step's in flight during this step's mmas. ``stages`` 2 or 3 is the staged loop (``unroll``
+    4): W copied as 256-byte row runs into a per-warp ring of that many
+    shared-memory stages, fragments read back from there; with ``split`` 2 or 4 (capability 9.0)
+    a cluster of that many blocks shares a row group, each a K range, summed in rank order. Its
+    table / op form is ``[-1, row_groups, unroll, warps]`` (register loop) or ``[-1, row_groups,
+    unroll, warps, stages, split]``."""
 
     row_groups: int = 1
     unroll: int = 2
     warps: int = 8
+    stages: int = 0
+    split: int = 1
 
     def __post_init__(self):
-        check_config(self, choices={"row_groups": MMA_ROW_GROUPS, "unroll": MMA_UNROLL, "warps": MMA_WARPS})
+        check_config(self, choices={"row_groups": MMA_ROW_GROUPS, "unroll": MMA_UNROLL, "warps": MMA_WARPS,
+                                    "stages": MMA_STAGES, "split": MMA_SPLIT})  # fmt: skip
+        if self.stages and self.unroll != MMA_STAGED_UNROLL:
+            raise ValueError(f"MmaConfig.stages: the staged loop ({self.stages} stages) takes unroll {MMA_STAGED_UNROLL} "
+                             f"(256-byte steps), got unroll {self.unroll}")  # fmt: skip
+        if self.split > 1 and not self.stages:
+            raise ValueError(f"MmaConfig.split: a K split ({self.split}) is the staged loop's (stages 2 or 3), got stages 0")
 
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
-        return [-1, self.row_groups, self.unroll, self.warps]
+        head = [-1, self.row_groups, self.unroll, self.warps]
+        return head if not self.stages else [*head, self.stages, self.split]
+
+    def op_args(self) -> tuple[int, int, int, int, int]:
+        """The ops' (row_groups, unroll, warps, stages, split) arguments."""
+        return (self.row_groups, self.unroll, self.warps, self.stages, self.split)
 
     def step_k(self, elem_bytes: int) -> int:
         """K columns of one step (K must be a multiple of it) for inputs of ``elem_bytes``."""
@@ -145,15 +167,15 @@ class MmaConfig:
 def config_from_list(fields) -> SkinnyConfig | TmaConfig | MmaConfig:
     """An ``int[] config`` (an op argument, a table entry) as its configuration: six ints a
     :class:`SkinnyConfig`, ``[0, ...]`` with four more a :class:`TmaConfig`, ``[-1, ...]`` with
-    three more an :class:`MmaConfig`."""
+    three or five more an :class:`MmaConfig`."""
     fields = [int(f) for f in fields]
     if len(fields) == 5 and fields[0] == 0:
         return TmaConfig(*fields[1:])
-    if len(fields) == 4 and fields[0] == -1:
+    if len(fields) in (4, 6) and fields[0] == -1:
         return MmaConfig(*fields[1:])
     if len(fields) != 6:
         raise ValueError(f"config: expected 6 ints (SkinnyConfig), [0, tile_n, boxes_k, stages, split] "
-                         f"(TmaConfig) or [-1, row_groups, unroll, warps] (MmaConfig), got {fields}")  # fmt: skip
+                         f"(TmaConfig) or [-1, row_groups, unroll, warps(, stages, split)] (MmaConfig), got {fields}")  # fmt: skip
     return SkinnyConfig(*fields)
 
 
