@@ -32,7 +32,7 @@ struct MmaArgs {
   int64_t out_row_stride;
   int m, n;
   int steps;           // K's steps of `unroll` chunks
-  int steps_per_warp;  // ceil(steps / warps): warp q takes steps [q s, (q + 1) s) of them
+  int steps_per_warp;  // the register loop's ceil(steps / warps): warp q takes steps [q s, (q + 1) s)
 };
 
 // The compiled configurations of the register loop: (row_groups, unroll, warps). Not 4 chunks at

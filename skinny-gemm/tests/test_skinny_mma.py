@@ -298,6 +298,7 @@ def test_binding_checks():
          r"config: \(row_groups, unroll, warps, stages, split\) = \(3, 2, 8, 0, 1\) is not compiled"),
         ((out, x, w, None, 2**32 + 1, 2, 8, 0, 1), r"config: .* = \(4294967297, 2, 8, 0, 1\) is not compiled"),
         ((out, x, w, None, 1, 4, 4, 4, 1), r"config: .* = \(1, 4, 4, 4, 1\) is not compiled"),
+        ((out, x, w, None, 1, 2, 8, 2**32, 1), r"config: .* = \(1, 2, 8, 4294967296, 1\) is not compiled"),
         ((out, x[:, :48], w[:, :48], None, 1, 2, 8, 0, 1), r"x: K must be a positive multiple of 64 \(steps of 2 chunks"),
         ((out, x, w, None, 1, 4, 8, 0, 1), "x: K must be a positive multiple of 128"),
         ((out, x, w.half(), None, 1, 2, 8, 0, 1), r"w: expected a BFloat16 \[N, 64\] tensor"),

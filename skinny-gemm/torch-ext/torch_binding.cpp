@@ -244,7 +244,9 @@ void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const
   TORCH_CHECK(M <= sg::kMmaMaxM, msg("x: the mma kernel takes at most ", sg::kMmaMaxM, " rows (tokens), got ", M));
   const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
   const auto narrow = [&](int64_t v) { return static_cast<int>(small(v) ? v : 0); };
-  p.config = {narrow(row_groups), narrow(unroll), narrow(warps), stages == 0 ? 0 : narrow(stages), narrow(split)};
+  // Out of range: 0, never a compiled value (-1 for stages, whose 0 is the register loop).
+  p.config = {narrow(row_groups), narrow(unroll), narrow(warps), stages == 0 ? 0 : (small(stages) ? int(stages) : -1),
+              narrow(split)};
   TORCH_CHECK(sg::skinny_mma_config_supported(p.config),
               msg("config: (row_groups, unroll, warps, stages, split) = (", row_groups, ", ", unroll, ", ", warps, ", ",
                   stages, ", ", split, ") is not compiled; compiled: ", mma_compiled_list()));

@@ -209,6 +209,12 @@ def _mma_capable(index: int, fp8: bool = False) -> bool:
     return torch.version.hip is None and _mma_op() is not None and torch.cuda.get_device_capability(index) >= want
 
 
+@functools.cache
+def _has_clusters(index: int) -> bool:
+    """Whether CUDA device ``index`` runs thread-block clusters (capability >= 9.0): the GEMV's split."""
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
 def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig) -> str | None:
     """Why the compiled GEMV with ``cfg`` cannot take x [M, K] and w [N, K] (on one GPU), as an
     error naming the argument; None where it can. x's own strides and alignment are no reason
@@ -221,7 +227,7 @@ def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig) -> str | None
             f"of capability {'8.9' if fp8 else '8.0'} or above; got {x.device} "
             f"({'no compiled kernel in this build' if _mma_op() is None else 'an older GPU'})"
         )
-    if cfg.split > 1 and torch.cuda.get_device_capability(x.device.index) < (9, 0):
+    if cfg.split > 1 and not _has_clusters(x.device.index):
         return (f"config: an MmaConfig with split {cfg.split} runs in a thread-block cluster, which needs capability 9.0 "
                 f"or above; got {x.device} of capability {torch.cuda.get_device_capability(x.device.index)}")  # fmt: skip
     if x.dtype not in _DTYPES and not fp8:
