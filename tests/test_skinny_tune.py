@@ -89,7 +89,7 @@ def test_the_gemv_joins_the_sweep_where_k_is_whole_steps():
     """The compiled tensor-core GEMV's launches (the build's mma_configs()) are candidates at M <=
     16 for 16-bit and FP8 inputs, each where K is a whole number of its steps (64 bytes x unroll:
     32 / 64 columns a chunk), nowhere else."""
-    mma = [sg.MmaConfig(1, 1, 8), sg.MmaConfig(1, 2, 8), sg.MmaConfig(2, 4, 4)]
+    mma = [sg.MmaConfig(1, 1, 8), sg.MmaConfig(1, 2, 8), sg.MmaConfig(2, 4, 4), sg.MmaConfig(1, 4, 4, stages=2, split=2)]
     for M in ISSUE_TOKENS:
         for elem in (1, 2):
             cands = {c for c in tune.candidates(sg, M, 2304, 16384, elem, 132, True, mma=mma) if isinstance(c, sg.MmaConfig)}
