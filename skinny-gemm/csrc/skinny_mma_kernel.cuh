@@ -220,10 +220,10 @@ __device__ __forceinline__ void gemv(const MmaArgs& a) {
 // in that pattern read 2304 x 16384 bf16 in 21.3 us in a layer, one whose loads each cover 256
 // bytes of 2 rows in 19.9, FP8 11.9 against 10.8 (.exp trace probes, 2026-11-29): the wider
 // request is worth ~1-2 us, as much as the 1.15x floor asks. So each warp copies, per step,
-// 256 contiguous bytes of each of its block's 8 rows (2 rows a cp.async instruction) into a
-// per-warp ring of `stages` stages, and each lane reads its fragments back with ld.shared:
+// 256 contiguous bytes of each of its block's 8 x row_groups rows (2 rows a cp.async instruction)
+// into a per-warp ring of `stages` stages, and each lane reads its fragments back with ld.shared:
 //
-// * a stage is the 8 rows' 256 bytes, each row padded to 320 bytes (rows 2p and 2p + 1 land 64
+// * a stage is those rows' 256 bytes, each row padded to 320 bytes (rows 2p and 2p + 1 land 64
 //   bytes = 16 banks apart, so a quarter-warp's 16-byte reads of fragments hit distinct banks),
 //   then x's fragments: lane (g, t)'s 16 bytes of x row g (and g + 8) at byte 16 t of each
 //   64-byte chunk, stored where that lane reads them back (it copies only its own bytes; lanes
