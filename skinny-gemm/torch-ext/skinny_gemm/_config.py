@@ -116,7 +116,7 @@ MMA_STAGES = (0, 2, 3)
 MMA_SPLIT = (1, 2, 4)
 MMA_MAX_M = 16
 MMA_CHUNK_BYTES = 64
-MMA_STAGED_UNROLL = 4  # the staged loop's step: 4 chunks (256 bytes of each of 8 rows)
+MMA_STAGED_UNROLL = 4  # the staged loop's step: 4 chunks (256 bytes of each of the block's rows)
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,9 @@ class MmaConfig:
 
     ``stages`` 0 is the register loop: plain 16-byte loads straight into mma.sync fragments, the
     next step's in flight during this step's mmas. ``stages`` 2 or 3 is the staged loop (``unroll``
-    4): W copied as 256-byte row runs into a per-warp ring of that many
-    shared-memory stages, fragments read back from there; with ``split`` 2 or 4 (capability 9.0)
-    a cluster of that many blocks shares a row group, each a K range, summed in rank order. Its
+    4): W copied as 256-byte row runs into a per-warp ring of that many shared-memory stages,
+    fragments read back from there; with ``split`` 2 or 4 (capability 9.0) a cluster of that many
+    blocks shares the block's rows, each a K range, summed in rank order. Its
     table / op form is ``[-1, row_groups, unroll, warps]`` (register loop) or ``[-1, row_groups,
     unroll, warps, stages, split]``."""
 
