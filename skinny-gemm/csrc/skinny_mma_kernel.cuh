@@ -8,7 +8,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "common/tma.cuh"  // smem_u32 and the cluster helpers (sm_90 split launches)
+#include "common/launch.h"  // opt_in_dynamic_smem
+#include "common/tma.cuh"     // smem_u32 and the cluster helpers (sm_90 split launches)
 #include "skinny_device.cuh"
 #include "skinny_mma.h"
 
@@ -408,24 +409,12 @@ cudaError_t launch_config(const MmaArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-constexpr int kMaxDevices = 64;
-
 template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
 cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
   auto kernel = skinny_mma_staged_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>;
   constexpr int kSmem = WARPS * STAGES * staged_stage_bytes(RG, TWO_TILES);
-  // The dynamic shared-memory limit is a per-device attribute of the kernel: set once per device.
-  static std::atomic<bool> limit_set[kMaxDevices];
-  int device = 0;
-  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (device >= kMaxDevices || !limit_set[device].load(std::memory_order_relaxed)) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      return err;
-    }
-    if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
-  }
+  static std::atomic<int> smem_opted_in[64];
+  if (const cudaError_t err = opt_in_dynamic_smem(smem_opted_in, kernel, kSmem); err != cudaSuccess) return err;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeClusterDimension;
   attr.val.clusterDim.x = SPLIT;

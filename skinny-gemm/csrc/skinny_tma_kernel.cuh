@@ -39,6 +39,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/launch.h"  // opt_in_dynamic_smem
 #include "common/pdl.cuh"
 #include "common/tma.cuh"
 #include "skinny_device.cuh"
@@ -95,7 +96,6 @@ namespace {
 
 using namespace fused_llm::tma;
 
-constexpr int kMaxDevices = 64;
 constexpr int kSwizzleRowBytes = 128;  // one box row: the span of the 128-byte swizzle
 constexpr int kStepBytes = 32;         // K bytes of one mma step: k16 of 16-bit, k32 of e4m3
 
@@ -332,18 +332,8 @@ cudaError_t launch_shape(const SkinnyTmaParams& p, const KernelArgs& a, cudaStre
     return cudaErrorNotSupported;
   }
   auto kernel = skinny_tma_kernel<kIn, kTileN, kBoxes, kStages, kNT>;
-  // The shared-memory limit is a per-device attribute: set once per device this process uses.
-  static std::atomic<bool> limit_set[kMaxDevices];
-  int device = 0;
-  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (device >= kMaxDevices || !limit_set[device].load(std::memory_order_relaxed)) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      return err;
-    }
-    if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
-  }
+  static std::atomic<int> smem_opted_in[64];
+  if (const cudaError_t err = opt_in_dynamic_smem(smem_opted_in, kernel, S::kSmemBytes); err != cudaSuccess) return err;
   cudaLaunchAttribute attrs[2];
   int n = 0;
   if (p.pdl) {

@@ -70,6 +70,21 @@ inline cudaError_t compute_capability(int* cc) {
   });
 }
 
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` (past the 48 KiB default) on the current
+// device, once per device: the limit is a per-device attribute of each kernel, and `cache` is the
+// caller's, one per kernel instantiation. A failure is returned and cleared from the runtime's
+// last error (the caller reports it).
+template <typename Kernel>
+inline cudaError_t opt_in_dynamic_smem(std::atomic<int> (&cache)[64], Kernel kernel, int bytes) {
+  int done = 0;
+  const cudaError_t e = per_device(cache, &done, [&](int, int* v) {
+    *v = 1;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  });
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
+}
+
 inline bool aligned(const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
 }  // namespace
