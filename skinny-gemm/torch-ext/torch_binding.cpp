@@ -220,6 +220,16 @@ void check_scales(Params& p, const at::Tensor& out, const at::Tensor& x, const a
               msg("out: overlaps x_scale or w_scale in memory (the output must be separate)"));
 }
 
+// The dtypes both compiled kernels' 16-bit ops take: x [M, K] bfloat16 or float16, out x's dtype.
+void check_16bit_dtypes(const at::Tensor& out, const at::Tensor& x) {
+  using namespace fused_llm::binding;
+  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(),
+              msg("out: expected dtype ", x.scalar_type(), " (x's), got ", out.scalar_type()));
+}
+
 // The FP8 ops' x and out dtypes: x float8_e4m3fn, out bfloat16, float16 or float32.
 void check_fp8_dtypes(const at::Tensor& out, const at::Tensor& x) {
   using namespace fused_llm::binding;
@@ -276,12 +286,7 @@ void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const
 
 void skinny_tma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
                 int64_t tile_n, int64_t boxes_k, int64_t stages, int64_t split, bool pdl) {
-  using namespace fused_llm::binding;
-  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-              msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
-  TORCH_CHECK(out.scalar_type() == x.scalar_type(),
-              msg("out: expected dtype ", x.scalar_type(), " (x's), got ", out.scalar_type()));
+  check_16bit_dtypes(out, x);
   sg::SkinnyTmaParams p;
   run_tma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, tile_n, boxes_k, stages, split, pdl);
 }
@@ -297,12 +302,7 @@ void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
 
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
                 int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages, int64_t split) {
-  using namespace fused_llm::binding;
-  TORCH_CHECK(x.dim() == 2, msg("x: expected a 2-D [M, K] tensor, got ", x.dim(), "-D"));
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-              msg("x: expected dtype bfloat16 or float16, got ", x.scalar_type()));
-  TORCH_CHECK(out.scalar_type() == x.scalar_type(),
-              msg("out: expected dtype ", x.scalar_type(), " (x's), got ", out.scalar_type()));
+  check_16bit_dtypes(out, x);
   sg::SkinnyMmaParams p;
   run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps, stages, split);
 }
