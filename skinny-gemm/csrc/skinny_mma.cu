@@ -74,7 +74,6 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
   a.m = static_cast<int>(p.m);
   a.n = static_cast<int>(p.n);
   a.steps = static_cast<int>(k_bytes / step_bytes);
-  a.steps_per_warp = (a.steps + p.config.warps - 1) / p.config.warps;
   switch (p.dtype) {
     case DType::kBFloat16:
       return launch_mma_bf16(p.config, a, stream);

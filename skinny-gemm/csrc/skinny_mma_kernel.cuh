@@ -32,8 +32,7 @@ struct MmaArgs {
   DType out_dtype;
   int64_t out_row_stride;
   int m, n;
-  int steps;           // K's steps of `unroll` chunks
-  int steps_per_warp;  // the register loop's ceil(steps / warps): warp q takes steps [q s, (q + 1) s)
+  int steps;  // K's steps of `unroll` chunks
 };
 
 // The compiled configurations of the register loop: (row_groups, unroll, warps). Not 4 chunks at
@@ -183,8 +182,9 @@ __device__ __forceinline__ void gemv(const MmaArgs& a) {
   // remainder: with a remainder loop of single chunks (1, 2, 8) compiled to 74 registers a thread,
   // without it to 64 (bf16, sm_90): 3 against 4 blocks an SM, 26.1 against 22.0 us at 2304 x 16384
   // with 4 tokens (H200, in a layer).
-  const int s_lo = min(warp * a.steps_per_warp, a.steps);
-  const int steps = min(s_lo + a.steps_per_warp, a.steps) - s_lo;
+  const int per_warp = (a.steps + WARPS - 1) / WARPS;  // warp q takes steps [q per_warp, (q + 1) per_warp)
+  const int s_lo = min(warp * per_warp, a.steps);
+  const int steps = min(s_lo + per_warp, a.steps) - s_lo;
   const int64_t k0 = int64_t(s_lo) * kStepBytes + 16 * t;
   const uint8_t* w[RG];
 #pragma unroll
