@@ -19,6 +19,7 @@ SHAPES = {
     "405B-tp8-qkv": (2304, 16384), "405B-tp8-gate_up": (13312, 16384), "405B-tp8-down": (16384, 6656),
     "8B-qkv": (6144, 4096), "8B-o": (4096, 4096), "8B-gate_up": (28672, 4096), "8B-down": (4096, 14336),
     "70B-qkv": (10240, 8192), "70B-o": (8192, 8192), "70B-gate_up": (57344, 8192), "70B-down": (8192, 28672),
+    "8B-lm_head": (128256, 4096),  # the vocabulary projection kernelize also routes (1 GB of bf16)
 }  # fmt: skip
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 # On a CPU the package runs its plain-torch path: a smoke run on the 8B O projection / 8.
