@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     # capability 9.0, the tensor-core GEMV's from 8.0 on.
     cap = torch.cuda.get_device_capability(0) if gpu is not None else (0, 0)
     tma = kernel.tma_configs() if cap == (9, 0) else []
-    mma = [c for c in kernel.mma_configs() if c.split <= 1 or cap >= (9, 0)] if cap >= (8, 0) else []  # clusters: 9.0
+    mma = [c for c in kernel.mma_configs() if c.split == 1 or cap >= (9, 0)] if cap >= (8, 0) else []  # clusters: 9.0
     if args.dry_run:
         dry_run(args, kernel, sms, tma=tma, mma=mma)
         return 0

@@ -57,7 +57,6 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
   if (const cudaError_t err = compute_capability(&cc); err != cudaSuccess) return err;
   if (cc < (fp8 ? 89 : 80)) return cudaErrorNotSupported;  // mma.sync bf16 / e4m3
   if (p.config.split > 1 && cc < 90) return cudaErrorNotSupported;  // thread-block clusters
-  if (p.config.split == 0 && (p.slots == nullptr || !aligned(p.slots, 8))) return cudaErrorNotSupported;
   MmaArgs a;
   a.x = static_cast<const uint8_t*>(p.x);
   a.x_row_bytes = p.x_row_stride * elem;
@@ -75,8 +74,6 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
   a.m = static_cast<int>(p.m);
   a.n = static_cast<int>(p.n);
   a.steps = static_cast<int>(k_bytes / step_bytes);
-  a.slots = p.slots;
-  a.slot_words = p.slot_words;
   switch (p.dtype) {
     case DType::kBFloat16:
       return launch_mma_bf16(p.config, a, stream);

@@ -28,12 +28,7 @@
 //   each warp copies W with cp.async as 256-byte runs of 2 rows an instruction into a per-warp
 //   ring of `stages` shared-memory stages and reads its fragments back from there (wider requests:
 //   see skinny_mma_kernel.cuh). With `split` > 1 (sm_90) a thread-block cluster of `split` blocks
-//   shares a row group, each a K range, summed by the cluster's block 0 in rank order. With
-//   `split` 0 (the balanced loop, one row group) every block takes the same number of K steps of
-//   the row groups laid end to end, so a row group may be shared by two neighbouring blocks: the
-//   first publishes its tile in `slots`, the second adds it to its own (a fixed order).
-//   `slots`: int64 words, zero on entry and left zero, at least
-//   skinny_mma_slot_words(n, SMs) of them.
+//   shares a row group, each a K range, summed by the cluster's block 0 in rank order.
 //
 // CUDA only (the binding includes this header in CUDA builds alone).
 #pragma once
@@ -58,8 +53,7 @@ struct SkinnyMmaConfig {
   int unroll = 2;      // chunks a step: 1, 2 or 4 (K must be a whole number of steps; staged: 4)
   int warps = 8;       // warps a block, each a contiguous range of K's steps: 2, 4, 8 or 16
   int stages = 0;      // 0: the register loop; 2 or 3: the staged loop's shared-memory stages
-  int split = 1;       // staged loop: K ranges of a row group, one block each in a cluster (> 1: sm_90);
-                       // 0: the balanced loop (equal K steps a block, neighbours share a row group)
+  int split = 1;       // staged loop: K ranges of a row group, one block each in a cluster (> 1: sm_90)
 };
 
 struct SkinnyMmaParams {
@@ -83,16 +77,7 @@ struct SkinnyMmaParams {
   void* out = nullptr;  // [m, n] of out_dtype, unit-stride rows
   int64_t out_row_stride = 0;
   SkinnyMmaConfig config;
-  // The balanced loop's workspace (split 0; ignored otherwise): zero on entry, left zero.
-  unsigned long long* slots = nullptr;
-  int64_t slot_words = 0;
 };
-
-// Words of workspace the balanced loop (split 0) needs for n rows on a GPU of `sms`
-// multiprocessors: a C tile (128 words) for each of at most min(ceil(n / 8), 32 sms) blocks.
-constexpr int64_t skinny_mma_slot_words(int64_t n, int64_t sms) {
-  return ((n + 7) / 8 < 32 * sms ? (n + 7) / 8 : 32 * sms) * 128;
-}
 
 // Bytes of one element of a kernel input dtype.
 constexpr int dtype_bytes(DType t) { return t == DType::kFloat8E4M3 ? 1 : t == DType::kFloat32 ? 4 : 2; }

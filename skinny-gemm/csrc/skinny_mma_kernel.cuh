@@ -33,10 +33,6 @@ struct MmaArgs {
   int64_t out_row_stride;
   int m, n;
   int steps;  // K's steps of `unroll` chunks
-  // The balanced staged loop (split 0): block b's published partial tile of the row group it
-  // shares with block b + 1, 128 (value bits, tag 1) words a block; zero on entry, left zero.
-  unsigned long long* slots;
-  int64_t slot_words;
 };
 
 // The compiled configurations of the register loop: (row_groups, unroll, warps). Not 4 chunks at
@@ -52,8 +48,7 @@ struct MmaArgs {
 // 3 stages read in 26.7 us against 22.0 at 4 warps, H200, 4 tokens).
 #define SKINNY_MMA_STAGED_CONFIGS(X)                                                                  \
   X(1, 4, 2, 1) X(1, 4, 3, 1) X(1, 8, 2, 1) X(1, 2, 3, 1) X(1, 4, 2, 2) X(1, 2, 2, 2) X(1, 2, 3, 2) \
-  X(1, 2, 2, 4) X(1, 4, 2, 4) X(2, 2, 2, 4) X(2, 2, 2, 2) X(2, 4, 2, 2) X(2, 4, 2, 4)               \
-  X(1, 4, 2, 0) X(1, 4, 3, 0) X(1, 8, 2, 0) X(1, 2, 3, 0)
+  X(1, 2, 2, 4) X(1, 4, 2, 4) X(2, 2, 2, 4) X(2, 2, 2, 2) X(2, 4, 2, 2) X(2, 4, 2, 4)
 
 cudaError_t launch_mma_bf16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_f16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
@@ -128,15 +123,6 @@ __device__ __forceinline__ void mma_chunks(Step<RG, U>& s, float (&acc)[RG][4], 
   }
 }
 
-// One C element's epilogue: the scales ((acc * x_scale) * w_scale, as the Triton kernel), the
-// bias, one rounding, the store.
-template <DType kIn>
-__device__ __forceinline__ void store_element(const MmaArgs& a, int token, int row, float v) {
-  if constexpr (kIn == DType::kFloat8E4M3) v = v * a.x_scale[token * a.x_scale_step] * a.w_scale[row * a.w_scale_step];
-  if (a.bias != nullptr) v += load_bias(a.bias, a.bias_dtype, row);
-  store_out(a.out, a.out_dtype, int64_t(token) * a.out_row_stride + row, v);
-}
-
 // The warps' tiles summed in warp order, then (SPLIT > 1, sm_90) the cluster's blocks' sums in
 // rank order by block 0; thread i then owns C element (r, j) of lane i % 32: token g + 8 (j / 2),
 // row row0 + 8 r + 2 t + j % 2. Then the scales ((acc * x_scale) * w_scale, as the Triton
@@ -174,7 +160,9 @@ __device__ __forceinline__ void finish(const MmaArgs& a, const float (&acc)[RG][
 #pragma unroll
         for (int q = 0; q < WARPS; ++q) v += partial[q][rj][ln];
       }
-      store_element<kIn>(a, token, row, v);
+      if constexpr (kIn == DType::kFloat8E4M3) v = v * a.x_scale[token * a.x_scale_step] * a.w_scale[row * a.w_scale_step];
+      if (a.bias != nullptr) v += load_bias(a.bias, a.bias_dtype, row);
+      store_out(a.out, a.out_dtype, int64_t(token) * a.out_row_stride + row, v);
     }
   }
   if constexpr (SPLIT > 1) tma::cluster_sync();  // the blocks' sums stay until block 0 has read them
@@ -310,36 +298,6 @@ __device__ __forceinline__ void staged_chunk(float (&acc)[4], const uint4& wf, c
   }
 }
 
-// One step's copies into `stage`: lane l's 16 bytes of rows 2 j + l / 16 of W (w_src[j] + off),
-// and its own x fragments (live rows only) at byte `off` of K.
-template <int RG>
-__device__ __forceinline__ void staged_copy(uint32_t stage, const uint8_t* const (&w_src)[4 * RG], uint32_t w_dst,
-                                            const uint8_t* xa_src, const uint8_t* xb_src, bool xa_live, bool xb_live,
-                                            uint32_t x_dst, int64_t off, uint64_t policy) {
-#pragma unroll
-  for (int j = 0; j < 4 * RG; ++j) cp_async_w(stage + w_dst + 2 * j * kStagedRowBytes, w_src[j] + off, policy);
-#pragma unroll
-  for (int c = 0; c < kStagedChunks; ++c) {
-    if (xa_live) cp_async_x(stage + x_dst + 512 * c, xa_src + off + kMmaChunkBytes * c);
-    if (xb_live) cp_async_x(stage + x_dst + kStagedXBytes + 512 * c, xb_src + off + kMmaChunkBytes * c);
-  }
-}
-
-// One landed stage's products into the accumulators: per chunk, the lane's x fragments and each row
-// group's W fragment read back from shared memory.
-template <DType kIn, int RG, bool TWO_TILES>
-__device__ __forceinline__ void staged_compute(float (&acc)[RG][4], uint32_t stage, uint32_t x_dst, uint32_t w_frag) {
-#pragma unroll
-  for (int c = 0; c < kStagedChunks; ++c) {
-    const uint4 xa = lds128(stage + x_dst + 512 * c);
-    const uint4 xb = TWO_TILES ? lds128(stage + x_dst + kStagedXBytes + 512 * c) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int r = 0; r < RG; ++r) {
-      staged_chunk<kIn, TWO_TILES>(acc[r], lds128(stage + r * kStagedWBytes + w_frag + kMmaChunkBytes * c), xa, xb);
-    }
-  }
-}
-
 template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
 __device__ __forceinline__ void gemv_staged(const MmaArgs& a) {
   constexpr int kStage = staged_stage_bytes(RG, TWO_TILES);
@@ -377,8 +335,15 @@ __device__ __forceinline__ void gemv_staged(const MmaArgs& a) {
   const uint32_t w_frag = g * kStagedRowBytes + 16 * t;    // + chunk x 64, + row group x kStagedWBytes
 
   auto issue = [&](int i) {  // step i of the warp's range into its stage
-    staged_copy<RG>(ring + (i % STAGES) * kStage, w_src, w_dst, xa_src, xb_src, xa_live, xb_live, x_dst,
-                    int64_t(i) * kStagedStepBytes, policy);
+    const uint32_t stage = ring + (i % STAGES) * kStage;
+    const int64_t off = int64_t(i) * kStagedStepBytes;
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) cp_async_w(stage + w_dst + 2 * j * kStagedRowBytes, w_src[j] + off, policy);
+#pragma unroll
+    for (int c = 0; c < kStagedChunks; ++c) {
+      if (xa_live) cp_async_x(stage + x_dst + 512 * c, xa_src + off + kMmaChunkBytes * c);
+      if (xb_live) cp_async_x(stage + x_dst + kStagedXBytes + 512 * c, xb_src + off + kMmaChunkBytes * c);
+    }
   };
 
   float acc[RG][4] = {};
@@ -392,200 +357,19 @@ __device__ __forceinline__ void gemv_staged(const MmaArgs& a) {
     cp_async_commit();
     cp_async_wait<STAGES - 1>();  // this lane's copies of step i have landed
     __syncwarp();                 // and every lane's
-    staged_compute<kIn, RG, TWO_TILES>(acc, ring + (i % STAGES) * kStage, x_dst, w_frag);
+    const uint32_t stage = ring + (i % STAGES) * kStage;
+#pragma unroll
+    for (int c = 0; c < kStagedChunks; ++c) {
+      const uint4 xa = lds128(stage + x_dst + 512 * c);
+      const uint4 xb = TWO_TILES ? lds128(stage + x_dst + kStagedXBytes + 512 * c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+        staged_chunk<kIn, TWO_TILES>(acc[r], lds128(stage + r * kStagedWBytes + w_frag + kMmaChunkBytes * c), xa, xb);
+      }
+    }
     __syncwarp();  // every lane has read the stage before step i + STAGES is copied into it
   }
   finish<kIn, RG, WARPS, SPLIT>(a, acc, row0, rank);
-}
-
-// ---- The balanced staged loop (split 0): every block the same number of K steps ------------
-//
-// Why: a grid of one block per row group leaves SMs unevenly loaded whenever the row groups are
-// not a multiple of the SMs: 2304 rows are 288 row groups, and on 132 SMs 24 hold a third block;
-// their warps end 1-3.5 us after the others' (H200 traces), and at N = 2112 (two blocks on every
-// SM) the same loop read its rows in 19.0 us where 2304 rows took 21.9 (bf16, 4 tokens; 2112 /
-// 2304 of the bytes would be 20.1). A cluster split (576 blocks) spreads them 4-5 an SM, not evenly.
-//
-// Here the grid is B = SMs x min(blocks an SM holds, R / SMs) blocks (R row groups; B = R when
-// R <= SMs), and the K steps of all row groups, row group after row group (T = R x steps), are cut
-// into B equal ranges: block b takes steps [T b / B, T (b + 1) / B). A range is at least one row
-// group long (B <= R), so a row group is shared by at most two blocks: b ends with its first steps
-// (b's "tail" piece), b + 1 starts with the rest (its "head"). Block b
-// * computes its tail piece first and publishes that tile: 128 64-bit words, each an fp32 sum
-//   and a tag of 1 in one store (a word is written and read whole: no fence, no counter);
-// * then its whole row groups, each stored;
-// * then its head piece, whose tile it adds after block b - 1's published one (K's order), stores,
-//   and resets b - 1's words to zero (the workspace is zero between calls). It loads those words
-//   when the piece starts, so their latency hides behind the piece's steps, and polls again at
-//   the end only if they had not arrived.
-// Each piece's steps are split among the block's warps as in the staged loop (a warp may get none),
-// the warps' tiles summed in warp order: deterministic. A block waits only on block b - 1's first
-// piece, which waits on nothing; the grid is sized so that every block is resident at once.
-constexpr int kTileWords = 4 * 32;  // a row group's C tile: 16 tokens x 8 rows, 4 a lane
-
-__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_relaxed_u64(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
-}
-
-// A block's pieces in the order it computes them: the tail (published), the whole row groups
-// (stored), the head (added to block b - 1's tail, stored).
-struct BalancedRange {
-  enum Kind { kPublish, kStore, kConsume };
-  int steps;            // K steps of a row group
-  int first, last;      // row groups of the range's first and last step
-  int head_lo, tail_hi;  // the head piece starts at head_lo (> 0: partial), the tail ends at tail_hi (< steps)
-  int full_lo, full_hi;  // whole row groups [full_lo, full_hi)
-  int count;             // pieces
-
-  __device__ BalancedRange(int row_groups, int s, int b, int blocks) : steps(s) {
-    const int64_t total = int64_t(row_groups) * s;
-    const int64_t lo = total * b / blocks, hi = total * (b + 1) / blocks;
-    first = int(lo / s);
-    last = int((hi - 1) / s);
-    head_lo = int(lo - int64_t(first) * s);
-    tail_hi = int(hi - int64_t(last) * s);
-    full_lo = head_lo > 0 ? first + 1 : first;
-    full_hi = tail_hi < s ? last : last + 1;
-    count = int(tail_hi < s) + max(full_hi - full_lo, 0) + int(head_lo > 0);
-  }
-  // Piece j: its row group and K steps [lo, hi), and what the block does with its tile.
-  __device__ Kind piece(int j, int& rg, int& lo, int& hi) const {
-    if (tail_hi < steps) {
-      if (j == 0) {
-        rg = last, lo = 0, hi = tail_hi;
-        return kPublish;
-      }
-      --j;
-    }
-    if (j < full_hi - full_lo) {
-      rg = full_lo + j, lo = 0, hi = steps;
-      return kStore;
-    }
-    rg = first, lo = head_lo, hi = steps;
-    return kConsume;
-  }
-};
-
-// A warp's share of a piece's steps [lo, hi): its first step and how many (as the staged loop
-// splits a block's range).
-template <int WARPS>
-__device__ __forceinline__ void warp_share(int lo, int hi, int warp, int& first, int& count) {
-  const int len = hi - lo, per = (len + WARPS - 1) / WARPS, w_lo = min(warp * per, len);
-  first = lo + w_lo;
-  count = min(per, len - w_lo);
-}
-
-template <DType kIn, bool TWO_TILES, int WARPS, int STAGES>
-__device__ __forceinline__ void gemv_balanced(const MmaArgs& a) {
-  constexpr int kStage = staged_stage_bytes(1, TWO_TILES);
-  constexpr int kThreads = WARPS * 32, kPerThread = (kTileWords + kThreads - 1) / kThreads;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  extern __shared__ __align__(16) uint8_t staged_smem[];
-  __shared__ float partial[2][WARPS][kTileWords];  // the warps' tiles of a piece (two pieces in turn)
-  const uint32_t ring = tma::smem_u32(staged_smem) + warp * STAGES * kStage;
-  const int b = int(blockIdx.x);
-  const BalancedRange range((a.n + 7) / 8, a.steps, b, int(gridDim.x));
-
-  // The staged loop's lane roles (gemv_staged): W copies of rows 2 j + half, x fragments.
-  const int half = lane >> 4, unit = lane & 15;
-  const uint32_t w_dst = half * kStagedRowBytes + 16 * unit;
-  const bool xa_live = g < a.m, xb_live = TWO_TILES && g + 8 < a.m;
-  const uint8_t* xa_src = a.x + int64_t(g) * a.x_row_bytes + 16 * t;
-  const uint8_t* xb_src = a.x + int64_t(g + 8) * a.x_row_bytes + 16 * t;
-  const uint32_t x_dst = kStagedWBytes + 16 * lane;
-  const uint32_t w_frag = g * kStagedRowBytes + 16 * t;
-
-  // The copy cursor runs STAGES - 1 steps ahead of the math, across pieces (skipping a piece where
-  // this warp has no steps), so the ring never drains at a piece's end.
-  int c_piece = 0, c_step = 0, c_left = 0;
-  const uint8_t* w_src[4];
-  auto open_piece = [&]() {  // from c_piece on: the first piece with steps for this warp
-    for (; c_piece < range.count; ++c_piece) {
-      int rg, lo, hi;
-      range.piece(c_piece, rg, lo, hi);
-      warp_share<WARPS>(lo, hi, warp, c_step, c_left);
-      if (c_left > 0) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          w_src[j] = a.w + int64_t(min(8 * rg + 2 * j + half, a.n - 1)) * a.w_row_bytes + 16 * unit;
-        }
-        return;
-      }
-    }
-  };
-  auto issue = [&](int i) {  // the cursor's step into stage i % STAGES, then the cursor on
-    if (c_piece >= range.count) return;
-    staged_copy<1>(ring + (i % STAGES) * kStage, w_src, w_dst, xa_src, xb_src, xa_live, xb_live, x_dst,
-                   int64_t(c_step) * kStagedStepBytes, policy);
-    ++c_step;
-    if (--c_left == 0) {
-      ++c_piece;
-      open_piece();
-    }
-  };
-
-  open_piece();
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    issue(i);
-    cp_async_commit();  // a group per step, empty past the last: the wait below counts steps
-  }
-  int i = 0;  // the warp's steps so far: its ring's position
-  for (int j = 0; j < range.count; ++j) {
-    int rg, lo, hi;
-    const BalancedRange::Kind kind = range.piece(j, rg, lo, hi);
-    int first, count;
-    warp_share<WARPS>(lo, hi, warp, first, count);
-    unsigned long long before[kPerThread];  // block b - 1's published words, loaded early
-    if (kind == BalancedRange::kConsume) {
-#pragma unroll
-      for (int q = 0; q < kPerThread; ++q) {
-        const int e = threadIdx.x + q * kThreads;
-        before[q] = e < kTileWords ? ld_relaxed_u64(a.slots + int64_t(b - 1) * kTileWords + e) : 0ull;
-      }
-    }
-    float acc[1][4] = {};
-    for (int s = 0; s < count; ++s, ++i) {
-      issue(i + STAGES - 1);
-      cp_async_commit();
-      cp_async_wait<STAGES - 1>();  // this lane's copies of step i have landed
-      __syncwarp();                 // and every lane's
-      staged_compute<kIn, 1, TWO_TILES>(acc, ring + (i % STAGES) * kStage, x_dst, w_frag);
-      __syncwarp();  // every lane has read the stage before it is refilled
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) partial[j & 1][warp][32 * k + lane] = acc[0][k];
-    __syncthreads();  // the piece's tiles written (partial[j & 1] is next written two pieces on)
-#pragma unroll
-    for (int q = 0; q < kPerThread; ++q) {
-      const int e = threadIdx.x + q * kThreads;
-      if (e >= kTileWords) break;
-      float v = 0.f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) v += partial[j & 1][w][e];
-      if (kind == BalancedRange::kPublish) {
-        st_relaxed_u64(a.slots + int64_t(b) * kTileWords + e, (1ull << 32) | __float_as_uint(v));
-        continue;
-      }
-      if (kind == BalancedRange::kConsume) {
-        unsigned long long* word = a.slots + int64_t(b - 1) * kTileWords + e;
-        unsigned long long u = before[q];
-        while ((u >> 32) != 1ull) u = ld_relaxed_u64(word);
-        st_relaxed_u64(word, 0ull);
-        v = __uint_as_float(uint32_t(u)) + v;
-      }
-      const int ln = e % 32, k = e / 32;
-      const int token = (ln >> 2) + (k >= 2 ? 8 : 0), row = 8 * rg + 2 * (ln & 3) + (k & 1);
-      if (token < a.m && row < a.n) store_element<kIn>(a, token, row, v);
-    }
-  }
 }
 
 // mma.sync with e4m3 operands exists from sm_89 on (and cvt to f16x2 from e4m3x2): the sm_80
@@ -609,15 +393,6 @@ template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
 __global__ void __launch_bounds__(WARPS * 32) skinny_mma_staged_kernel(const __grid_constant__ MmaArgs a) {
   if constexpr ((kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) && (SPLIT == 1 || kDeviceArch >= 900)) {
     gemv_staged<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>(a);
-  } else {
-    __trap();
-  }
-}
-
-template <DType kIn, bool TWO_TILES, int WARPS, int STAGES>
-__global__ void __launch_bounds__(WARPS * 32) skinny_mma_balanced_kernel(const __grid_constant__ MmaArgs a) {
-  if constexpr (kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) {
-    gemv_balanced<kIn, TWO_TILES, WARPS, STAGES>(a);
   } else {
     __trap();
   }
@@ -657,42 +432,10 @@ cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
   return err;
 }
 
-// The balanced loop's grid (gemv_balanced): SMs x min(blocks an SM holds, R / SMs), or R row
-// groups where R <= SMs; every block resident at once.
-template <DType kIn, bool TWO_TILES, int WARPS, int STAGES>
-cudaError_t launch_balanced_tiles(const MmaArgs& a, cudaStream_t stream) {
-  auto kernel = skinny_mma_balanced_kernel<kIn, TWO_TILES, WARPS, STAGES>;
-  constexpr int kSmem = WARPS * STAGES * staged_stage_bytes(1, TWO_TILES);
-  static std::atomic<int> smem_opted_in[64], resident[64];
-  if (const cudaError_t err = opt_in_dynamic_smem(smem_opted_in, kernel, kSmem); err != cudaSuccess) return err;
-  int per_sm = 0, sms = 0;
-  cudaError_t err = per_device(resident, &per_sm, [&](int, int* v) {
-    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, kernel, WARPS * 32, kSmem);
-    *v = *v < 1 ? 1 : *v;
-    return e;
-  });
-  if (err == cudaSuccess) err = sm_count(&sms);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return err;
-  }
-  const int row_groups = (a.n + 7) / 8;
-  const int blocks = row_groups <= sms ? row_groups : sms * min(per_sm, row_groups / sms);
-  if (int64_t(blocks) * kTileWords > a.slot_words) return cudaErrorInvalidValue;  // the binding sizes it
-  kernel<<<blocks, WARPS * 32, kSmem, stream>>>(a);
-  return cudaGetLastError();
-}
-
 template <DType kIn, int RG, int WARPS, int STAGES, int SPLIT>
 cudaError_t launch_staged(const MmaArgs& a, cudaStream_t stream) {
-  if constexpr (SPLIT == 0) {
-    static_assert(RG == 1, "the balanced loop: one row group a block");
-    return a.m > 8 ? launch_balanced_tiles<kIn, true, WARPS, STAGES>(a, stream)
-                   : launch_balanced_tiles<kIn, false, WARPS, STAGES>(a, stream);
-  } else {
-    return a.m > 8 ? launch_staged_tiles<kIn, RG, true, WARPS, STAGES, SPLIT>(a, stream)
-                   : launch_staged_tiles<kIn, RG, false, WARPS, STAGES, SPLIT>(a, stream);
-  }
+  return a.m > 8 ? launch_staged_tiles<kIn, RG, true, WARPS, STAGES, SPLIT>(a, stream)
+                 : launch_staged_tiles<kIn, RG, false, WARPS, STAGES, SPLIT>(a, stream);
 }
 
 }  // namespace mma_detail

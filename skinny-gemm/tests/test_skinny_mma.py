@@ -58,7 +58,7 @@ CLUSTERS = MMA and torch.cuda.get_device_capability() >= (9, 0)
 
 def runnable_mma_configs() -> list:
     """The compiled launches this GPU runs: a K split (a thread-block cluster) from capability 9.0."""
-    return [c for c in sg.mma_configs() if c.split <= 1 or CLUSTERS]
+    return [c for c in sg.mma_configs() if c.split == 1 or CLUSTERS]
 
 
 # The staged loop's launches under test: 2 and 3 stages, 1 and 2 row groups, and (sm_90) K split
@@ -67,18 +67,8 @@ STAGED = [sg.MmaConfig(1, 4, 4, 2), sg.MmaConfig(1, 4, 2, 3), sg.MmaConfig(1, 4,
           sg.MmaConfig(2, 4, 2, 2, 4)]
 
 
-# The balanced staged loop (split 0; any capability >= 8.0): 4 warps x 2 stages, 2 warps x 3.
-BALANCED = [sg.MmaConfig(1, 4, 4, 2, 0), sg.MmaConfig(1, 4, 2, 3, 0)]
-
-
 def staged_configs() -> list:
-    return [c for c in STAGED if c.split == 1 or CLUSTERS] + BALANCED
-
-
-def contract_configs() -> list:
-    """The staged launches the opcheck / compile / graph tests take: the last of STAGED this GPU
-    runs (a cluster split on sm_90) and a balanced one."""
-    return [[c for c in STAGED if c.split == 1 or CLUSTERS][-1], BALANCED[0]]
+    return [c for c in STAGED if c.split == 1 or CLUSTERS]
 
 
 def run_mma(x, w, bias=None, cfg=None, out=None):
@@ -108,9 +98,6 @@ def test_config_forms():
     assert staged.as_list() == [-1, 1, 4, 4, 2, 2]
     assert _config.config_from_list(staged.as_list()) == staged
     assert staged.op_args() == (1, 4, 4, 2, 2)
-    balanced = sg.MmaConfig(1, 4, 4, stages=2, split=0)
-    assert balanced.as_list() == [-1, 1, 4, 4, 2, 0]
-    assert _config.config_from_list(balanced.as_list()) == balanced
 
 
 @pytest.mark.kernels_ci
@@ -124,15 +111,11 @@ def test_config_forms():
         (lambda: sg.MmaConfig(1, 2, 4, 2), ValueError,
          r"MmaConfig.stages: the staged loop \(2 stages\) takes unroll 4 \(256-byte steps\), got unroll 2"),
         (lambda: sg.MmaConfig(1, 4, 4, 0, 2), ValueError, r"MmaConfig.split: a K split \(2\) is the staged loop's"),
-        (lambda: sg.MmaConfig(1, 4, 4, 0, 0), ValueError, r"MmaConfig.split: a K split \(0\) is the staged loop's"),
-        (lambda: sg.MmaConfig(2, 4, 4, 2, 0), ValueError, r"MmaConfig.split: the balanced loop \(split 0\) takes one row group"),
-        (lambda: sg.MmaConfig(1, 4, 4, 2, 3), ValueError, r"MmaConfig.split: expected one of \[0, 1, 2, 4\], got 3"),
         (lambda: sg.MmaConfig(1.0), TypeError, "MmaConfig.row_groups: expected an int, got 1.0"),
         (lambda: _config.config_from_list([-1, 2]), ValueError,
          r"\[-1, row_groups, unroll, warps\(, stages, split\)\] \(MmaConfig\)"),
     ],
-    ids=["row_groups", "unroll", "warps", "stages", "staged shape", "split", "balanced stages", "balanced rows",
-         "split value", "type", "list"],
+    ids=["row_groups", "unroll", "warps", "stages", "staged shape", "split", "type", "list"],
 )
 def test_config_errors(make_it, exc, match):
     with pytest.raises(exc, match=match):
@@ -222,11 +205,8 @@ def test_every_compiled_config():
 
 # The staged loop: K in 256-byte steps (128 16-bit columns); 2304 x 16384 (the 405B TP8 QKV), N off
 # the row groups with 33 steps (uneven warp and split ranges), one step (K = 128: most warps and
-# split blocks idle). For the balanced loop 2304 rows are 288 row groups over 2 x SMs blocks and
-# 2000 x 4224 250 row groups of 33 steps over SMs blocks (an H100 / H200: ranges of ~62 steps, a
-# head piece, a whole row group and a tail piece each); 1000 and 40 rows, fewer row groups than
-# SMs, take a block each.
-STAGED_SHAPES = [(2304, 16384), (2000, 4224), (1000, 4224), (40, 128)]
+# split blocks idle).
+STAGED_SHAPES = [(2304, 16384), (1000, 4224), (40, 128)]
 
 
 @needs_mma
@@ -238,34 +218,6 @@ def test_staged_values(N, K, M, dtype):
     want = reference(x, w, b)
     for cfg in staged_configs():
         assert_gemm_close(run_mma(x, w, b, cfg), want, f"{cfg} {M}x{N}x{K}")
-
-
-@needs_mma
-def test_balanced_workspace():
-    """The balanced loop leaves its workspace zero (every published word read and reset), the
-    same bits call after call; the op without a workspace, with one too small or of another dtype
-    is an error naming workspace, before anything is written."""
-    x, w, b = make(16, 2000, 4224, torch.bfloat16, seed=41, bias=True)
-    cfg = BALANCED[0]
-    first = run_mma(x, w, b, cfg)
-    slots = sg._MMA_SLOTS[x.device]
-    assert slots.dtype == torch.int64 and not slots.any()
-    for M in (1, 9, 16):
-        assert torch.equal(run_mma(x[:M], w, b, cfg), first[:M])
-    assert not slots.any()
-    out = poison_(torch.empty(16, 2000, dtype=x.dtype, device=DEVICE))
-    words = sg._mma_slot_words(2000, x.device)
-    args = (out, x, w, b, *cfg.op_args())
-    cases = [
-        (None, r"workspace: split 0 \(the balanced loop\) needs a zeroed int64 workspace of at least %d" % words),
-        (torch.zeros(words - 1, dtype=torch.int64, device=DEVICE), r"workspace: expected a contiguous int64 tensor"),
-        (torch.zeros(words, dtype=torch.int32, device=DEVICE), r"workspace: expected .* got Int"),
-        (torch.zeros(words, 2, dtype=torch.int64, device=DEVICE)[:, 0], r"workspace: .*\(not contiguous\)"),
-    ]
-    for ws, match in cases:
-        with pytest.raises(RuntimeError, match=match):
-            sg.ops.skinny_mma(*args, ws)
-    assert torch.isnan(out.float()).all()
 
 
 @needs_mma
@@ -377,8 +329,7 @@ def test_deterministic():
 @needs_mma
 def test_opcheck():
     check_opcheck(sg.MmaConfig())
-    for cfg in contract_configs():
-        check_opcheck(cfg)
+    check_opcheck(staged_configs()[-1])
 
 
 @needs_mma
@@ -400,8 +351,7 @@ def test_torch_compile_fullgraph(table):
 @pytest.mark.parametrize("M", [1, 16])
 def test_cuda_graph_capture(M):
     check_cuda_graph_capture(sg.MmaConfig(), M)
-    for cfg in contract_configs():
-        check_cuda_graph_capture(cfg, M)
+    check_cuda_graph_capture(staged_configs()[-1], M)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,7 +390,7 @@ def test_fp8_every_compiled_config():
 
 # The staged loop on FP8: 256-column steps (4352 = 17 steps, 256 = one).
 @needs_mma_fp8
-@pytest.mark.parametrize("N, K", [(2304, 16384), (2000, 4352), (1000, 4352), (96, 256)], ids=lambda v: str(v))
+@pytest.mark.parametrize("N, K", [(2304, 16384), (1000, 4352), (96, 256)], ids=lambda v: str(v))
 @pytest.mark.parametrize("M", [1, 9, 16])
 @pytest.mark.parametrize("scales", ["tensor", "token-channel"])
 def test_staged_fp8_values(N, K, M, scales):
@@ -482,8 +432,7 @@ def test_fp8_deterministic():
 @needs_mma_fp8
 def test_fp8_opcheck():
     check_opcheck_fp8(sg.MmaConfig())
-    for cfg in contract_configs():
-        check_opcheck_fp8(cfg)
+    check_opcheck_fp8(staged_configs()[-1])
 
 
 @needs_mma_fp8
@@ -492,7 +441,7 @@ def test_fp8_cuda_graph_capture(M):
     """Captured once, replayed on new x and scales: equal to eager calls, fully written (the
     register loop and the staged one)."""
     x, w, xs, ws = make_fp8(M, 2304, 16384, torch.float8_e4m3fn, seed=37)
-    for cfg in (sg.MmaConfig(), *contract_configs()):
+    for cfg in (sg.MmaConfig(), staged_configs()[-1]):
         sx, sxs = x.clone(), xs.clone()
         sg.gemm_fp8(sx, w, sxs, ws, config=cfg)  # warm-up
         graph = torch.cuda.CUDAGraph()

@@ -10,12 +10,9 @@
 //   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most K slices),
 //                                       flattened)
 //   skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll,
-//              int warps, int stages, int split, Tensor? workspace=None) -> ()
-//                                      (the tensor-core GEMV: csrc/skinny_mma.h)
+//              int warps, int stages, int split) -> ()   (the tensor-core GEMV: csrc/skinny_mma.h)
 //   skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale,
-//                  Tensor? bias, int row_groups, int unroll, int warps, int stages, int split,
-//                  Tensor? workspace=None) -> ()
-//   (workspace: split 0's zeroed scratch, left zero: not a mutated argument)
+//                  Tensor? bias, int row_groups, int unroll, int warps, int stages, int split) -> ()
 //   skinny_mma_configs() -> int[]      (the compiled (row_groups, unroll, warps, stages, split), flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
@@ -248,7 +245,7 @@ void check_fp8_dtypes(const at::Tensor& out, const at::Tensor& x) {
 // [M, N] (its dtype checked by the caller), the configuration; fills p and launches.
 void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
              const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t row_groups, int64_t unroll,
-             int64_t warps, int64_t stages, int64_t split, const std::optional<at::Tensor>& workspace) {
+             int64_t warps, int64_t stages, int64_t split) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
   TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
   const bool fp8 = x.scalar_type() == at::kFloat8_e4m3fn;
@@ -259,7 +256,7 @@ void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const
   const auto narrow = [&](int64_t v) { return static_cast<int>(small(v) ? v : 0); };
   // Out of range: 0, never a compiled value (-1 for stages, whose 0 is the register loop).
   p.config = {narrow(row_groups), narrow(unroll), narrow(warps), stages == 0 ? 0 : (small(stages) ? int(stages) : -1),
-              split == 0 ? 0 : (small(split) ? int(split) : -1)};
+              narrow(split)};
   TORCH_CHECK(sg::skinny_mma_config_supported(p.config),
               msg("config: (row_groups, unroll, warps, stages, split) = (", row_groups, ", ", unroll, ", ", warps, ", ",
                   stages, ", ", split, ") is not compiled; compiled: ", mma_compiled_list()));
@@ -277,21 +274,8 @@ void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const
   TORCH_CHECK(cc >= (fp8 ? 89 : 80),
               msg("skinny_mma: needs a GPU of capability ", fp8 ? "8.9 (mma.sync e4m3)" : "8.0 (mma.sync bf16)",
                   " or above, got ", props->major, ".", props->minor));
-  TORCH_CHECK(split <= 1 || cc >= 90, msg("config: split ", split, " runs in a thread-block cluster: needs a GPU of "
+  TORCH_CHECK(split == 1 || cc >= 90, msg("config: split ", split, " runs in a thread-block cluster: needs a GPU of "
                                           "capability 9.0 or above, got ", props->major, ".", props->minor));
-  if (split == 0) {  // the balanced loop's workspace
-    const int64_t words = sg::skinny_mma_slot_words(N, props->multiProcessorCount);
-    TORCH_CHECK(workspace.has_value(),
-                msg("workspace: split 0 (the balanced loop) needs a zeroed int64 workspace of at least ", words,
-                    " elements, got None"));
-    const at::Tensor& ws = *workspace;
-    TORCH_CHECK(ws.scalar_type() == at::kLong && ws.is_contiguous() && ws.device() == x.device() && ws.numel() >= words,
-                msg("workspace: expected a contiguous int64 tensor of at least ", words, " elements on ", device_str(x),
-                    ", got ", ws.scalar_type(), " ", shape_str(ws), " on ", device_str(ws),
-                    ws.is_contiguous() ? "" : " (not contiguous)"));
-    p.slots = reinterpret_cast<unsigned long long*>(ws.data_ptr());
-    p.slot_words = ws.numel();
-  }
   set_operands(p, out, x, w, bias);
   p.out_dtype = dtype_of(out.scalar_type());
   const cudaError_t err = sg::skinny_mma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
@@ -317,21 +301,19 @@ void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
 }
 
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages, int64_t split,
-                const std::optional<at::Tensor>& workspace) {
+                int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages, int64_t split) {
   check_16bit_dtypes(out, x);
   sg::SkinnyMmaParams p;
-  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps, stages, split, workspace);
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps, stages, split);
 }
 
 void skinny_mma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t row_groups,
-                    int64_t unroll, int64_t warps, int64_t stages, int64_t split,
-                    const std::optional<at::Tensor>& workspace) {
+                    int64_t unroll, int64_t warps, int64_t stages, int64_t split) {
   check_fp8_dtypes(out, x);
   sg::SkinnyMmaParams p;
   check_scales(p, out, x, w, x_scale, w_scale);
-  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps, stages, split, workspace);
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps, stages, split);
 }
 
 std::vector<int64_t> skinny_mma_configs() {
@@ -362,11 +344,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("skinny_tma_configs() -> int[]", &skinny_tma_configs);
   ops.def(
       "skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll, int warps, int stages, "
-      "int split, Tensor? workspace=None) -> ()");
+      "int split) -> ()");
   ops.impl("skinny_mma", c10::kCUDA, &skinny_mma);
   ops.def(
       "skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
-      "int row_groups, int unroll, int warps, int stages, int split, Tensor? workspace=None) -> ()");
+      "int row_groups, int unroll, int warps, int stages, int split) -> ()");
   ops.impl("skinny_mma_fp8", c10::kCUDA, &skinny_mma_fp8);
   ops.def("skinny_mma_configs() -> int[]", &skinny_mma_configs);
 #else

@@ -93,8 +93,6 @@ def reserve_workspaces(device: torch.device | str, tiles: int = 1 << 14, workspa
     kern = _triton_kernels()
     zeroed_buffer(kern._COUNTERS, dev, tiles, torch.int32)
     zeroed_buffer(kern._WORKSPACES, dev, workspace, torch.float32)
-    if _mma_op() is not None:  # the balanced GEMV's (split 0) at any N: 32 blocks an SM at most
-        zeroed_buffer(_MMA_SLOTS, dev, _mma_slot_words(1 << 40, dev), torch.int64)
 
 
 def _triton_kernels():
@@ -217,21 +215,6 @@ def _has_clusters(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
-# The balanced GEMV's (MmaConfig split 0) workspace per device: int64 words the kernel leaves zero.
-_MMA_SLOTS: dict[torch.device, torch.Tensor] = {}
-
-
-def _mma_slot_words(n: int, device: torch.device) -> int:
-    """Words the balanced GEMV needs for n rows (csrc/skinny_mma.h skinny_mma_slot_words): a
-    128-word tile for each of at most min(ceil(n / 8), 32 x SMs) blocks."""
-    return min(-(-n // 8), 32 * _sm_count(device.index)) * 128
-
-
-@functools.cache
-def _sm_count(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig) -> str | None:
     """Why the compiled GEMV with ``cfg`` cannot take x [M, K] and w [N, K] (on one GPU), as an
     error naming the argument; None where it can. x's own strides and alignment are no reason
@@ -278,13 +261,10 @@ def _run_mma(out, x, w, bias, cfg: MmaConfig, x_scale=None, w_scale=None) -> Non
         raise ValueError(
             f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps, stages, split): {compiled}"
         )
-    slots = None
-    if cfg.split == 0:
-        slots = zeroed_buffer(_MMA_SLOTS, x.device, _mma_slot_words(w.shape[0], x.device), torch.int64)
     if x_scale is None:
-        ops.skinny_mma(out, x, w, bias, *cfg.op_args(), slots)
+        ops.skinny_mma(out, x, w, bias, *cfg.op_args())
     else:
-        ops.skinny_mma_fp8(out, x, w, x_scale, w_scale, bias, *cfg.op_args(), slots)
+        ops.skinny_mma_fp8(out, x, w, x_scale, w_scale, bias, *cfg.op_args())
 
 
 def _run(out, x, w, x_scale, w_scale, bias, deterministic: bool, config) -> None:

@@ -113,7 +113,7 @@ MMA_ROW_GROUPS = (1, 2)
 MMA_UNROLL = (1, 2, 4)
 MMA_WARPS = (2, 4, 8, 16)
 MMA_STAGES = (0, 2, 3)
-MMA_SPLIT = (0, 1, 2, 4)  # 0: the balanced loop (equal K steps a block; neighbours share a row group)
+MMA_SPLIT = (1, 2, 4)
 MMA_MAX_M = 16
 MMA_CHUNK_BYTES = 64
 MMA_STAGED_UNROLL = 4  # the staged loop's step: 4 chunks (256 bytes of each of the block's rows)
@@ -131,10 +131,7 @@ class MmaConfig:
     next step's in flight during this step's mmas. ``stages`` 2 or 3 is the staged loop (``unroll``
     4): W copied as 256-byte row runs into a per-warp ring of that many shared-memory stages,
     fragments read back from there; with ``split`` 2 or 4 (capability 9.0) a cluster of that many
-    blocks shares the block's rows, each a K range, summed in rank order. ``split`` 0 is the
-    balanced staged loop (one row group): every block takes the same number of K steps of the row
-    groups laid end to end, a row group shared by two neighbouring blocks summed in K's order
-    through a zeroed workspace the package keeps (``reserve_workspaces``). Its
+    blocks shares the block's rows, each a K range, summed in rank order. Its
     table / op form is ``[-1, row_groups, unroll, warps]`` (register loop) or ``[-1, row_groups,
     unroll, warps, stages, split]``."""
 
@@ -150,10 +147,8 @@ class MmaConfig:
         if self.stages and self.unroll != MMA_STAGED_UNROLL:
             raise ValueError(f"MmaConfig.stages: the staged loop ({self.stages} stages) takes unroll {MMA_STAGED_UNROLL} "
                              f"(256-byte steps), got unroll {self.unroll}")  # fmt: skip
-        if self.split != 1 and not self.stages:
+        if self.split > 1 and not self.stages:
             raise ValueError(f"MmaConfig.split: a K split ({self.split}) is the staged loop's (stages 2 or 3), got stages 0")
-        if self.split == 0 and self.row_groups != 1:
-            raise ValueError(f"MmaConfig.split: the balanced loop (split 0) takes one row group, got row_groups {self.row_groups}")
 
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
