@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/launch.h"  // opt_in_dynamic_smem: a kernel's shared-memory limit, once per device
 #include "gated_mlp_params.h"
 
 namespace fused_llm {
@@ -32,20 +33,6 @@ template <class T>
 __device__ __forceinline__ uint32_t pack2(float a, float b) {
   const T lo(a), hi(b);  // cutlass's float -> half_t / bfloat16_t conversions round to nearest even
   return static_cast<uint32_t>(lo.raw()) | (static_cast<uint32_t>(hi.raw()) << 16);
-}
-
-// Raises `kernel`'s dynamic shared-memory limit to `bytes` (more than the 48 KiB default) once
-// per device (the current one, ordinal `device`): `opted_in` is the caller's per-kernel mask,
-// one bit per device ordinal < 64 (others opt in on every call).
-template <class Kernel>
-cudaError_t opt_in_dynamic_smem(Kernel kernel, int bytes, int device, std::atomic<uint64_t>& opted_in) {
-  const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
-  if (bit == 0 || (opted_in.load(std::memory_order_acquire) & bit) == 0) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (err != cudaSuccess) return err;
-    opted_in.fetch_or(bit, std::memory_order_release);
-  }
-  return cudaSuccess;
 }
 
 inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }

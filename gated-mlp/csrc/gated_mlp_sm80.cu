@@ -284,11 +284,8 @@ template <class Cfg, int kAct>
 cudaError_t launch_typed(const GatedMlpParams& p, cudaStream_t stream) {
   auto kernel = gated_mlp_sm80_kernel<Cfg, kAct>;
   constexpr int kSmem = static_cast<int>(sizeof(SharedStorage<Cfg>));
-  static std::atomic<uint64_t> opted_in{0};  // per kernel instantiation
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = detail::opt_in_dynamic_smem(kernel, kSmem, device, opted_in);
-  if (err != cudaSuccess) return err;
+  static std::atomic<int> opted_in[64];  // per kernel instantiation, per device
+  if (const cudaError_t err = opt_in_dynamic_smem(opted_in, kernel, kSmem); err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((p.m + kSm80BlockM - 1) / kSm80BlockM),
                   static_cast<unsigned>((p.u + kSm80BlockN - 1) / kSm80BlockN));
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(p);

@@ -345,8 +345,8 @@ cudaError_t launch_typed(const GatedMlpParams& p, int sm_count, int device, cuda
   static_assert(layouts_are_box_major<Cfg>(), "shared-memory layouts do not match the TMA boxes");
   auto kernel = gated_mlp_sm90_kernel<Cfg, kAct>;
   constexpr int kSmem = smem_bytes<Cfg>();
-  static std::atomic<uint64_t> opted_in{0};  // per kernel instantiation
-  cudaError_t err = detail::opt_in_dynamic_smem(kernel, kSmem, device, opted_in);
+  static std::atomic<int> opted_in[64];  // per kernel instantiation, per device
+  cudaError_t err = opt_in_dynamic_smem(opted_in, kernel, kSmem);
   if (err != cudaSuccess) return err;
   const int m = static_cast<int>(p.m), u = static_cast<int>(p.u), d = static_cast<int>(p.d);
   Sm90Args<T> args{};

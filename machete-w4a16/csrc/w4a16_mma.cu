@@ -27,6 +27,7 @@
 // split of 2 summed in a thread-block cluster instead, in the same order).
 #include "w4a16_mma.h"
 
+#include "common/launch.h"  // opt_in_dynamic_smem
 #include "common/pdl.cuh"
 #include "w4a16_dequant.cuh"
 #include "common/tma.cuh"
@@ -599,7 +600,7 @@ __global__ void __launch_bounds__(WARPS * 32) w4a16_ring_kernel(const __grid_con
 #endif  // __CUDA_ARCH__ >= 900
 }
 
-constexpr int kMaxDevices = 64;  // devices whose per-device facts (code, shared-memory limit) are cached
+constexpr int kMaxDevices = 64;  // devices whose kernel code version is cached (device_code_waits)
 
 // Whether the kernel's code has griddepcontrol: it was compiled from sm90+ PTX (__CUDA_ARCH__ is
 // the PTX architecture). Not the binary version: compute_80 PTX JIT-compiled for a Hopper GPU
@@ -699,20 +700,10 @@ cudaError_t launch_ring(const W4A16MmaParams& p, dim3 grid, cudaStream_t stream,
   if (!ok) return kRingUnavailable;  // the encoder's own failure leaves no runtime error
   auto kernel = w4a16_ring_kernel<T, NT, RT, ZEROS, WARPS, X_RING>;
   const size_t smem = size_t{WARPS} * kRingStages * St::kBytes + 128;  // + the 128-byte alignment slack
-  // The shared-memory limit is a per-device attribute: set once per device this process uses.
-  static std::atomic<bool> limit_set[kMaxDevices];
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return kRingUnavailable;
-  }
-  if (device >= kMaxDevices || !limit_set[device].load(std::memory_order_relaxed)) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess) {
-      cudaGetLastError();
-      return kRingUnavailable;
-    }
-    if (device < kMaxDevices) limit_set[device].store(true, std::memory_order_relaxed);
-  }
+  // The shared-memory limit is a per-device attribute: set once per device this process uses (a
+  // failure, already cleared, runs the register kernel instead).
+  static std::atomic<int> opted_in[64];
+  if (opt_in_dynamic_smem(opted_in, kernel, static_cast<int>(smem)) != cudaSuccess) return kRingUnavailable;
   // A K split of 2 is one thread-block cluster (1, 2, 1) whose slices sum through distributed
   // shared memory (store_tile); larger splits through global partials.
   // A cluster launch the device refuses (e.g. no room for the cluster) runs with the partials.

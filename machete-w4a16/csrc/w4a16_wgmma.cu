@@ -67,8 +67,9 @@
 #include <algorithm>
 #include <atomic>
 
-#include "w4a16_dequant.cuh"
+#include "common/launch.h"  // opt_in_dynamic_smem
 #include "common/tma.cuh"
+#include "w4a16_dequant.cuh"
 
 namespace fused_llm {
 namespace machete_w4a16 {
@@ -80,7 +81,6 @@ constexpr int kThreads = 256;  // two warpgroups
 constexpr int kSlices = kWgmmaStepK / 16;  // k16 wgmma slices a step
 constexpr int kRows = 128;  // rows of W a block covers: 64 a warpgroup
 constexpr int kGroupM = 8;     // row tiles of x that walk W's tiles together (L2 reuse of W)
-constexpr int kMaxDevices = 64;  // devices whose shared-memory limit is cached as set
 
 // wgmma m64nNk16, A (4 registers a thread) from registers, B from shared memory through a
 // descriptor, D += A B (accumulate != 0) or D = A B; B K-major (no transpose), scales +1.
@@ -657,14 +657,10 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
                                : w4a16_wgmma_kernel<T, ZEROS, TOK, STAGES, MIN_BLOCKS, false>;
   // The shared-memory limit is a per-device attribute of each kernel (split, stream-K): set once
   // per device this process uses.
-  static std::atomic<bool> limit_set[2][kMaxDevices];
-  std::atomic<bool>* set = limit_set[a.split_k == 0 ? 1 : 0];
-  int device = 0;
-  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (device >= kMaxDevices || !set[device].load(std::memory_order_relaxed)) {
-    const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes);
-    if (attr != cudaSuccess) return attr;
-    if (device < kMaxDevices) set[device].store(true, std::memory_order_relaxed);
+  static std::atomic<int> opted_in[2][64];
+  if (const cudaError_t err = opt_in_dynamic_smem(opted_in[a.split_k == 0 ? 1 : 0], kernel, L::kBytes);
+      err != cudaSuccess) {
+    return err;
   }
   // The 256-token tile's K split is a cluster of the tile's split_k blocks (1, split_k, 1).
   cudaLaunchConfig_t config = {};
