@@ -26,11 +26,14 @@ _spec.loader.exec_module(tune)
 ISSUE_SHAPES = {(2304, 16384), (13312, 16384), (16384, 6656), (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336),
                 (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)}  # fmt: skip
 ISSUE_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+# The defaults (tune.py's sweep, the suites' cases): the issue's shapes and the 8B lm_head, the
+# vocabulary projection kernelize also routes through the table.
+DEFAULT_SHAPES = ISSUE_SHAPES | {(128256, 4096)}
 
 
 def test_defaults_are_every_shape_and_bucket():
     args = tune.parse_args([])
-    assert {tune.ref.SHAPES[s] for s in args.shapes} == ISSUE_SHAPES and len(args.shapes) == len(ISSUE_SHAPES)
+    assert {tune.ref.SHAPES[s] for s in args.shapes} == DEFAULT_SHAPES and len(args.shapes) == len(DEFAULT_SHAPES)
     assert tuple(args.tokens) == tune.BUCKETS == ISSUE_TOKENS and args.dtypes == ["bfloat16", "fp8", "fp8-tensor"]
     assert not (args.quick or args.dry_run or args.no_write)
     assert tune.parse_args(["--tokens", "16,1,16"]).tokens == [1, 16]
@@ -54,9 +57,9 @@ def test_dry_run_plans_every_point_without_a_gpu(quick):
     valid configurations (SkinnyConfig checks them), the GEMV at M = 1 only."""
     lines = []
     argv = ["--dry-run", "--sms", "132"] + (["--quick"] if quick else [])
-    assert tune.dry_run(tune.parse_args(argv), sg, 132, lines.append) == 3 * len(ISSUE_SHAPES) * len(ISSUE_TOKENS)
-    assert lines[-1] == "231 points"
-    for N, K in ISSUE_SHAPES:
+    assert tune.dry_run(tune.parse_args(argv), sg, 132, lines.append) == 3 * len(DEFAULT_SHAPES) * len(ISSUE_TOKENS)
+    assert lines[-1] == "252 points"
+    for N, K in DEFAULT_SHAPES:
         for M in ISSUE_TOKENS:
             for elem in (1, 2):
                 cands = tune.candidates(sg, M, N, K, elem, 132, quick)
@@ -158,12 +161,12 @@ def test_written_table_reads_back(tmp_path, monkeypatch):
 
 
 def test_suite_cases_and_the_autotune_peer():
-    """Every suite times the issue's 11 shapes at its 7 token counts against cuBLAS, torch.compile
+    """Every suite times the issue's 11 shapes and the 8B lm_head at its 7 token counts against cuBLAS, torch.compile
     max-autotune and the read floor; the compile peer says why it cannot run here (no GPU)."""
     for suite in bench_run.load_suites("skinny-gemm"):
         shapes = {tune.ref.SHAPES[name] for name in tune.ref.SHAPES}
         assert {c["tokens"] for c in suite.cases} == set(ISSUE_TOKENS) and len(suite.cases) == len(shapes) * 7
-        assert shapes == ISSUE_SHAPES
+        assert shapes == DEFAULT_SHAPES
         providers = {p.name: p for p in suite.providers}
         assert {"ours", "cublas", "torch_compile", "read_floor"} <= set(providers)
         if not torch.cuda.is_available():
