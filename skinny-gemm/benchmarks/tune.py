@@ -6,7 +6,7 @@
     python skinny-gemm/benchmarks/tune.py --from-log LOG     # the entries a run cut short printed
 
 The defaults are every shape of ``benchmark.SHAPES`` (the issue's Llama-405B TP8, Llama-3 8B
-and 70B TP1 projections) at every M bucket of the table (1, 2, 4, 8, 16, 32, 64), all three dtypes;
+and 70B TP1 projections, and the 8B lm_head) at every M bucket of the table (1, 2, 4, 8, 16, 32, 64), all three dtypes;
 a run can take a subset, and its entries are merged into the GPU's existing ones bucket by
 bucket (a bucket a run did not tune keeps its entry; a bucket no run tuned is absent, and a call
 with M tokens takes the first bucket >= M that is present). For every (dtype, shape, M bucket)
