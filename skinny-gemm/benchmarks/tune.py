@@ -76,7 +76,7 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
     at M <= 16, also every launch shape of the compiled Hopper kernel in ``tma`` (the build's
     ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 16 bytes,
     each at the K split of ``tma_split`` and its neighbours (blocks from ~0.7 to ~2.6 an SM), and
-    every launch of the compiled tensor-core GEMV in ``mma`` (the build's ``mma_configs()`` on a
+    every launch of the compiled tensor-core GEMV in ``mma`` (the build's ``mma_configs("cuda")`` on a
     capability >= 8.0 GPU; FP8 too on >= 8.9) where K is a whole number of the launch's steps."""
     default = kernel.skinny_config(M, N, K, elem, sms)
     if quick:  # the neighbourhood of the winners of the H100 sweeps (2026-11-24)
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     # capability 9.0, the tensor-core GEMV's from 8.0 on.
     cap = torch.cuda.get_device_capability(0) if gpu is not None else (0, 0)
     tma = kernel.tma_configs() if cap == (9, 0) else []
-    mma = [c for c in kernel.mma_configs() if c.split == 1 or cap >= (9, 0)] if cap >= (8, 0) else []  # clusters: 9.0
+    mma = kernel.mma_configs("cuda") if cap >= (8, 0) else []
     if args.dry_run:
         dry_run(args, kernel, sms, tma=tma, mma=mma)
         return 0

@@ -58,7 +58,9 @@ CLUSTERS = MMA and torch.cuda.get_device_capability() >= (9, 0)
 
 def runnable_mma_configs() -> list:
     """The compiled launches this GPU runs: a K split (a thread-block cluster) from capability 9.0."""
-    return [c for c in sg.mma_configs() if c.split == 1 or CLUSTERS]
+    configs = sg.mma_configs(DEVICE)
+    assert all(c.split == 1 or CLUSTERS for c in configs) and len(configs) <= len(sg.mma_configs())
+    return configs
 
 
 # The staged loop's launches under test: 2 and 3 stages, 1 and 2 row groups, and (sm_90) K split

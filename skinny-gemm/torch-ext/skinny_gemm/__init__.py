@@ -196,9 +196,14 @@ def _compiled_mma() -> tuple[tuple[int, int, int, int, int], ...]:
     return tuple(tuple(flat[i : i + 5]) for i in range(0, len(flat), 5))
 
 
-def mma_configs() -> list[MmaConfig]:
-    """The :class:`MmaConfig` launches this build has code for; empty on CPU / ROCm builds."""
-    return [MmaConfig(*fields) for fields in _compiled_mma()]
+def mma_configs(device: torch.device | str | None = None) -> list[MmaConfig]:
+    """The :class:`MmaConfig` launches this build has code for; empty on CPU / ROCm builds. With a
+    CUDA ``device``, only those it runs: a K split (a thread-block cluster) from capability 9.0."""
+    configs = [MmaConfig(*fields) for fields in _compiled_mma()]
+    if device is not None and configs:
+        clusters = _has_clusters(torch.device(device).index)
+        configs = [c for c in configs if c.split == 1 or clusters]
+    return configs
 
 
 @functools.cache
