@@ -18,7 +18,7 @@ bool skinny_mma_config_supported(const SkinnyMmaConfig& c) {
   for (int i = 0; i < n; ++i) {
     const SkinnyMmaConfig& k = configs[i];
     if (c.row_groups == k.row_groups && c.unroll == k.unroll && c.warps == k.warps && c.stages == k.stages &&
-        c.split == k.split) {
+        c.split == k.split && c.shared_x == k.shared_x) {
       return true;
     }
   }
@@ -26,11 +26,15 @@ bool skinny_mma_config_supported(const SkinnyMmaConfig& c) {
 }
 
 int skinny_mma_compiled_configs(const SkinnyMmaConfig** configs) {
-#define SKINNY_MMA_ENTRY(RG, U, WARPS) SkinnyMmaConfig{RG, U, WARPS, 0, 1},
+#define SKINNY_MMA_ENTRY(RG, U, WARPS) SkinnyMmaConfig{RG, U, WARPS, 0, 1, 0},
 #define SKINNY_MMA_STAGED_ENTRY(RG, WARPS, STAGES, SPLIT) \
-  SkinnyMmaConfig{RG, mma_detail::kStagedChunks, WARPS, STAGES, SPLIT},
+  SkinnyMmaConfig{RG, mma_detail::kStagedChunks, WARPS, STAGES, SPLIT, 0},
+#define SKINNY_MMA_XS_ENTRY(RG, WARPS, STAGES, SPLIT) \
+  SkinnyMmaConfig{RG, mma_detail::kStagedChunks, WARPS, STAGES, SPLIT, 1},
   static const SkinnyMmaConfig kCompiled[] = {SKINNY_MMA_CONFIGS(SKINNY_MMA_ENTRY)
-                                                  SKINNY_MMA_STAGED_CONFIGS(SKINNY_MMA_STAGED_ENTRY)};
+                                                  SKINNY_MMA_STAGED_CONFIGS(SKINNY_MMA_STAGED_ENTRY)
+                                                      SKINNY_MMA_SHARED_X_CONFIGS(SKINNY_MMA_XS_ENTRY)};
+#undef SKINNY_MMA_XS_ENTRY
 #undef SKINNY_MMA_STAGED_ENTRY
 #undef SKINNY_MMA_ENTRY
   *configs = kCompiled;

@@ -29,6 +29,10 @@
 //   ring of `stages` shared-memory stages and reads its fragments back from there (wider requests:
 //   see skinny_mma_kernel.cuh). With `split` > 1 (sm_90) a thread-block cluster of `split` blocks
 //   shares a row group, each a K range, summed by the cluster's block 0 in rank order.
+// * `shared_x` (the staged loop, split > 1): the block's warps each take their own row groups
+//   over the block's K range instead of a share of K over the same rows, and x's fragments are
+//   copied once a block into shared memory that every warp reads: x's traffic through L2 divided
+//   by the warps.
 //
 // CUDA only (the binding includes this header in CUDA builds alone).
 #pragma once
@@ -54,6 +58,8 @@ struct SkinnyMmaConfig {
   int warps = 8;       // warps a block, each a contiguous range of K's steps: 2, 4, 8 or 16
   int stages = 0;      // 0: the register loop; 2 or 3: the staged loop's shared-memory stages
   int split = 1;       // staged loop: K ranges of a row group, one block each in a cluster (> 1: sm_90)
+  int shared_x = 0;    // staged loop, 1: the warps side by side on rows (row_groups each) over the
+                       // block's K range, x's fragments copied once a block (see above)
 };
 
 struct SkinnyMmaParams {

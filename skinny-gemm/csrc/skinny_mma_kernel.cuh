@@ -50,6 +50,11 @@ struct MmaArgs {
   X(1, 4, 2, 1) X(1, 4, 3, 1) X(1, 8, 2, 1) X(1, 2, 3, 1) X(1, 4, 2, 2) X(1, 2, 2, 2) X(1, 2, 3, 2) \
   X(1, 2, 2, 4) X(1, 4, 2, 4) X(2, 2, 2, 4) X(2, 2, 2, 2) X(2, 4, 2, 2) X(2, 4, 2, 4)
 
+// The compiled configurations of the staged loop with x shared by the block's warps (shared_x):
+// (row_groups, warps, stages, split), each split over a cluster (sm_90): the block's rows are
+// 8 x row_groups x warps, so 2304 rows at 4 warps are 72 row blocks, 288 blocks at split 4.
+#define SKINNY_MMA_SHARED_X_CONFIGS(X) X(1, 4, 2, 4) X(1, 4, 3, 4) X(1, 8, 2, 4) X(1, 8, 2, 8) X(2, 4, 2, 8)
+
 cudaError_t launch_mma_bf16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_f16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_e4m3(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
@@ -372,6 +377,158 @@ __device__ __forceinline__ void gemv_staged(const MmaArgs& a) {
   finish<kIn, RG, WARPS, SPLIT>(a, acc, row0, rank);
 }
 
+// ---- The staged loop with x shared by the block's warps (16 tokens) --------------------------
+//
+// Why: in the staged loop above every warp copies its own x fragments, so a row group reads all
+// of x's K range: at 16 tokens x's bytes are twice W's (16 x 2 bytes a column against 8 rows x 2),
+// 151 MB through L2 for 2304 x 16384's 75 MB of W, and 16 tokens read 2.4 us slower than 2.
+// Here the block's warps take the same K range and different row groups (warp q: rows
+// row0 + 8 RG q ..), and the block copies x's fragments once, kXChunkSteps steps at a time, into
+// two shared buffers that all its warps read: x's traffic through L2 is divided by the warps.
+// A __syncthreads at each chunk's first step orders the buffers (x's copies of a chunk ride in
+// the commit group of its first step's W copies, so a lane's wait for that step covers them;
+// the barrier makes every lane's copies visible and proves the chunk two back consumed, since a
+// chunk is issued kXChunkSteps - (STAGES - 1) >= 1 steps after the barrier that retires the
+// chunk before it). W keeps its per-warp ring. K splits over a cluster as above.
+constexpr int kXChunkSteps = 4;
+
+template <bool TWO_TILES>
+__host__ __device__ constexpr int xs_buffer_bytes() {
+  return kXChunkSteps * (TWO_TILES ? 2 : 1) * kStagedXBytes;
+}
+template <int RG, bool TWO_TILES, int WARPS, int STAGES>
+__host__ __device__ constexpr int xs_smem_bytes() {
+  return 2 * xs_buffer_bytes<TWO_TILES>() + WARPS * STAGES * RG * kStagedWBytes;
+}
+
+template <DType kIn>
+__device__ __forceinline__ void store_c(const MmaArgs& a, int token, int row, float v) {
+  if constexpr (kIn == DType::kFloat8E4M3) v = v * a.x_scale[token * a.x_scale_step] * a.w_scale[row * a.w_scale_step];
+  if (a.bias != nullptr) v += load_bias(a.bias, a.bias_dtype, row);
+  store_out(a.out, a.out_dtype, int64_t(token) * a.out_row_stride + row, v);
+}
+
+template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
+__device__ __forceinline__ void gemv_staged_xs(const MmaArgs& a) {
+  static_assert(kXChunkSteps >= STAGES, "a chunk is issued after the barrier that retires its buffer");
+  constexpr int kTiles = TWO_TILES ? 2 : 1;
+  constexpr int kStage = RG * kStagedWBytes;
+  constexpr int kCopies = 4 * RG;
+  constexpr int kXPieces = kXChunkSteps * kTiles * kStagedChunks;  // 32 lanes x 16 bytes each
+  static_assert(kXPieces % WARPS == 0, "a chunk's x pieces split evenly over the warps");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int rank = SPLIT > 1 ? int(blockIdx.x % SPLIT) : 0;
+  const int row0 = int(blockIdx.x / SPLIT) * 8 * RG * WARPS + 8 * RG * warp;  // this warp's rows
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  extern __shared__ __align__(16) uint8_t staged_smem[];
+  const uint32_t xbuf = tma::smem_u32(staged_smem);
+  const uint32_t ring = xbuf + 2 * xs_buffer_bytes<TWO_TILES>() + warp * STAGES * kStage;
+
+  const int per_rank = (a.steps + SPLIT - 1) / SPLIT;
+  const int r_lo = min(rank * per_rank, a.steps);
+  const int steps = min(r_lo + per_rank, a.steps) - r_lo;  // every warp of the block: the same
+  const int64_t k0 = int64_t(r_lo) * kStagedStepBytes;
+
+  const int half = lane >> 4, unit = lane & 15;
+  const uint8_t* w_src[kCopies];
+#pragma unroll
+  for (int j = 0; j < kCopies; ++j) {
+    w_src[j] = a.w + int64_t(min(row0 + 2 * j + half, a.n - 1)) * a.w_row_bytes + k0 + 16 * unit;
+  }
+  const uint32_t w_dst = half * kStagedRowBytes + 16 * unit;
+  const uint32_t w_frag = g * kStagedRowBytes + 16 * t;
+  // x piece q of this lane (q < kXPieces / WARPS): index i = warp + q WARPS = (step s, tile, chunk c),
+  // lane (g, t)'s 16 bytes of token g + 8 tile at byte 64 c + 16 t of the step, stored where every
+  // warp's lane (g, t) reads them: buffer + s x tiles x 2 KiB + tile x 2 KiB + 512 c + 16 lane.
+  auto issue = [&](int i) {
+    const uint32_t stage = ring + (i % STAGES) * kStage;
+    const int64_t off = int64_t(i) * kStagedStepBytes;
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) cp_async_w(stage + w_dst + 2 * j * kStagedRowBytes, w_src[j] + off, policy);
+    if (i % kXChunkSteps == 0) {
+      const uint32_t buf = xbuf + ((i / kXChunkSteps) & 1) * xs_buffer_bytes<TWO_TILES>();
+#pragma unroll
+      for (int q = 0; q < kXPieces / WARPS; ++q) {
+        const int idx = warp + q * WARPS;
+        const int c = idx % kStagedChunks, tile = (idx / kStagedChunks) % kTiles, s = idx / (kStagedChunks * kTiles);
+        const int token = g + 8 * tile;
+        if (token < a.m && i + s < steps) {
+          cp_async_x(buf + (s * kTiles + tile) * kStagedXBytes + 512 * c + 16 * lane,
+                     a.x + int64_t(token) * a.x_row_bytes + k0 + off + int64_t(s) * kStagedStepBytes + kMmaChunkBytes * c + 16 * t);
+        }
+      }
+    }
+  };
+
+  float acc[RG][4] = {};
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < steps) issue(i);
+    cp_async_commit();
+  }
+  for (int i = 0; i < steps; ++i) {
+    if (i + STAGES - 1 < steps) issue(i + STAGES - 1);
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
+    if (i % kXChunkSteps == 0) {
+      __syncthreads();  // the chunk's x from every lane; the chunk two back read by every warp
+    } else {
+      __syncwarp();
+    }
+    const uint32_t stage = ring + (i % STAGES) * kStage;
+    const uint32_t xs = xbuf + ((i / kXChunkSteps) & 1) * xs_buffer_bytes<TWO_TILES>() +
+                        (i % kXChunkSteps) * kTiles * kStagedXBytes + 16 * lane;
+#pragma unroll
+    for (int c = 0; c < kStagedChunks; ++c) {
+      const uint4 xa = lds128(xs + 512 * c);
+      const uint4 xb = TWO_TILES ? lds128(xs + kStagedXBytes + 512 * c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+        staged_chunk<kIn, TWO_TILES>(acc[r], lds128(stage + r * kStagedWBytes + w_frag + kMmaChunkBytes * c), xa, xb);
+      }
+    }
+    __syncwarp();
+  }
+
+  // Lane (g, t) holds C (token g + 8 (j / 2), row row0 + 8 r + 2 t + j % 2) in acc[r][j]. With a
+  // split, each block's tile goes to its shared memory and the cluster's block 0 sums the ranks
+  // in rank order (the staged loop's order).
+  if constexpr (SPLIT > 1) {
+    __shared__ float tile_sum[WARPS][RG * 4][32];
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) tile_sum[warp][4 * r + j][lane] = acc[r][j];
+    }
+    tma::cluster_sync();
+    if (rank == 0) {
+#pragma unroll
+      for (int r = 0; r < RG; ++r) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int token = g + (j >= 2 ? 8 : 0), row = row0 + 8 * r + 2 * t + (j & 1);
+          if (token >= a.m || row >= a.n) continue;
+          const uint32_t mine = tma::smem_u32(&tile_sum[warp][4 * r + j][lane]);
+          float v = 0.f;
+          for (int q = 0; q < SPLIT; ++q) v += tma::ld_cluster_f32(tma::map_to_cta(mine, q));
+          store_c<kIn>(a, token, row, v);
+        }
+      }
+    }
+    tma::cluster_sync();
+  } else {
+#pragma unroll
+    for (int r = 0; r < RG; ++r) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int token = g + (j >= 2 ? 8 : 0), row = row0 + 8 * r + 2 * t + (j & 1);
+        if (token < a.m && row < a.n) store_c<kIn>(a, token, row, 0.f + acc[r][j]);
+      }
+    }
+  }
+}
+
 // mma.sync with e4m3 operands exists from sm_89 on (and cvt to f16x2 from e4m3x2): the sm_80
 // build has no FP8 kernel body (the launcher refuses FP8 below capability 8.9); clusters are sm_90.
 #if defined(__CUDA_ARCH__)
@@ -393,6 +550,15 @@ template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
 __global__ void __launch_bounds__(WARPS * 32) skinny_mma_staged_kernel(const __grid_constant__ MmaArgs a) {
   if constexpr ((kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) && (SPLIT == 1 || kDeviceArch >= 900)) {
     gemv_staged<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>(a);
+  } else {
+    __trap();
+  }
+}
+
+template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
+__global__ void __launch_bounds__(WARPS * 32) skinny_mma_staged_xs_kernel(const __grid_constant__ MmaArgs a) {
+  if constexpr ((kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) && (SPLIT == 1 || kDeviceArch >= 900)) {
+    gemv_staged_xs<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>(a);
   } else {
     __trap();
   }
@@ -432,6 +598,35 @@ cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
   return err;
 }
 
+template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
+cudaError_t launch_staged_xs_tiles(const MmaArgs& a, cudaStream_t stream) {
+  auto kernel = skinny_mma_staged_xs_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>;
+  constexpr int kSmem = xs_smem_bytes<RG, TWO_TILES, WARPS, STAGES>();
+  static std::atomic<int> smem_opted_in[64];
+  if (const cudaError_t err = opt_in_dynamic_smem(smem_opted_in, kernel, kSmem); err != cudaSuccess) return err;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = SPLIT;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((int64_t(a.n) + 8 * RG * WARPS - 1) / (8 * RG * WARPS) * SPLIT));
+  config.blockDim = dim3(WARPS * 32);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  config.attrs = SPLIT > 1 ? &attr : nullptr;
+  config.numAttrs = SPLIT > 1 ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  return err;
+}
+
+template <DType kIn, int RG, int WARPS, int STAGES, int SPLIT>
+cudaError_t launch_staged_xs(const MmaArgs& a, cudaStream_t stream) {
+  return a.m > 8 ? launch_staged_xs_tiles<kIn, RG, true, WARPS, STAGES, SPLIT>(a, stream)
+                 : launch_staged_xs_tiles<kIn, RG, false, WARPS, STAGES, SPLIT>(a, stream);
+}
+
 template <DType kIn, int RG, int WARPS, int STAGES, int SPLIT>
 cudaError_t launch_staged(const MmaArgs& a, cudaStream_t stream) {
   return a.m > 8 ? launch_staged_tiles<kIn, RG, true, WARPS, STAGES, SPLIT>(a, stream)
@@ -447,13 +642,20 @@ cudaError_t launch_mma_dtype(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStr
   if (c.row_groups == RG && c.unroll == U && c.warps == WARPS) return mma_detail::launch_config<kIn, RG, U, WARPS>(a, stream);
     SKINNY_MMA_CONFIGS(SKINNY_MMA_CASE)
 #undef SKINNY_MMA_CASE
-  } else if (c.unroll == mma_detail::kStagedChunks) {
+  } else if (c.unroll == mma_detail::kStagedChunks && !c.shared_x) {
 #define SKINNY_MMA_STAGED_CASE(RG, WARPS, STAGES, SPLIT)                                  \
   if (c.row_groups == RG && c.warps == WARPS && c.stages == STAGES && c.split == SPLIT) { \
     return mma_detail::launch_staged<kIn, RG, WARPS, STAGES, SPLIT>(a, stream);           \
   }
     SKINNY_MMA_STAGED_CONFIGS(SKINNY_MMA_STAGED_CASE)
 #undef SKINNY_MMA_STAGED_CASE
+  } else if (c.unroll == mma_detail::kStagedChunks) {
+#define SKINNY_MMA_XS_CASE(RG, WARPS, STAGES, SPLIT)                                          \
+  if (c.row_groups == RG && c.warps == WARPS && c.stages == STAGES && c.split == SPLIT) { \
+    return mma_detail::launch_staged_xs<kIn, RG, WARPS, STAGES, SPLIT>(a, stream);             \
+  }
+    SKINNY_MMA_SHARED_X_CONFIGS(SKINNY_MMA_XS_CASE)
+#undef SKINNY_MMA_XS_CASE
   }
   return cudaErrorNotSupported;
 }

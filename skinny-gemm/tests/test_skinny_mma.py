@@ -63,10 +63,11 @@ def runnable_mma_configs() -> list:
     return configs
 
 
-# The staged loop's launches under test: 2 and 3 stages, 1 and 2 row groups, and (sm_90) K split
-# over 2 and 4 blocks.
+# The staged loop's launches under test: 2 and 3 stages, 1 and 2 row groups, (sm_90) K split
+# over 2 and 4 blocks, and x shared by the block's warps (split 4 and 8; 64 rows a block).
 STAGED = [sg.MmaConfig(1, 4, 4, 2), sg.MmaConfig(1, 4, 2, 3), sg.MmaConfig(1, 4, 4, 2, 2), sg.MmaConfig(2, 4, 4, 2, 2),
-          sg.MmaConfig(2, 4, 2, 2, 4)]
+          sg.MmaConfig(1, 4, 8, 2, 8, shared_x=True), sg.MmaConfig(1, 4, 4, 3, 4, shared_x=True),
+          sg.MmaConfig(2, 4, 4, 2, 8, shared_x=True), sg.MmaConfig(2, 4, 2, 2, 4)]
 
 
 def staged_configs() -> list:
@@ -90,8 +91,9 @@ def run_mma_fp8(x, w, xs, ws, cfg=None):
 
 @pytest.mark.kernels_ci
 def test_config_forms():
-    """An MmaConfig's op / table form is [-1, row_groups, unroll, warps] (the register loop) or
-    [-1, row_groups, unroll, warps, stages, split] (the staged loop) and parses back."""
+    """An MmaConfig's op / table form is [-1, row_groups, unroll, warps] (the register loop),
+    [-1, row_groups, unroll, warps, stages, split] (the staged loop) or [..., split, 1] (the
+    staged loop with x shared by the block's warps) and parses back."""
     cfg = sg.MmaConfig(2, 4, 8)
     assert cfg.as_list() == [-1, 2, 4, 8]
     assert _config.config_from_list(cfg.as_list()) == cfg
@@ -99,7 +101,12 @@ def test_config_forms():
     staged = sg.MmaConfig(1, 4, 4, stages=2, split=2)
     assert staged.as_list() == [-1, 1, 4, 4, 2, 2]
     assert _config.config_from_list(staged.as_list()) == staged
-    assert staged.op_args() == (1, 4, 4, 2, 2)
+    assert staged.op_args() == (1, 4, 4, 2, 2, 0)
+    shared = sg.MmaConfig(1, 4, 4, stages=3, split=4, shared_x=True)
+    assert shared.as_list() == [-1, 1, 4, 4, 3, 4, 1]
+    assert _config.config_from_list(shared.as_list()) == shared
+    assert _config.config_from_list([-1, 1, 4, 4, 3, 4, 0]) == sg.MmaConfig(1, 4, 4, 3, 4)
+    assert shared.op_args() == (1, 4, 4, 3, 4, 1)
 
 
 @pytest.mark.kernels_ci
@@ -113,11 +120,16 @@ def test_config_forms():
         (lambda: sg.MmaConfig(1, 2, 4, 2), ValueError,
          r"MmaConfig.stages: the staged loop \(2 stages\) takes unroll 4 \(256-byte steps\), got unroll 2"),
         (lambda: sg.MmaConfig(1, 4, 4, 0, 2), ValueError, r"MmaConfig.split: a K split \(2\) is the staged loop's"),
+        (lambda: sg.MmaConfig(1, 4, 4, 0, 1, True), ValueError,
+         r"MmaConfig.shared_x: x shared by a block's warps is the staged loop's \(stages 2 or 3\), got stages 0"),
+        (lambda: sg.MmaConfig(1, 4, 4, 2, 4, 1), TypeError, "MmaConfig.shared_x: expected True or False, got 1"),
         (lambda: sg.MmaConfig(1.0), TypeError, "MmaConfig.row_groups: expected an int, got 1.0"),
         (lambda: _config.config_from_list([-1, 2]), ValueError,
-         r"\[-1, row_groups, unroll, warps\(, stages, split\)\] \(MmaConfig\)"),
+         r"\[-1, row_groups, unroll, warps\(, stages, split\(, shared_x\)\)\] \(MmaConfig\)"),
+        (lambda: _config.config_from_list([-1, 1, 4, 4, 2, 4, 2]), ValueError, r"\(MmaConfig\), got \[-1, 1, 4, 4, 2, 4, 2\]"),
     ],
-    ids=["row_groups", "unroll", "warps", "stages", "staged shape", "split", "type", "list"],
+    ids=["row_groups", "unroll", "warps", "stages", "staged shape", "split", "shared_x stages", "shared_x type", "type",
+         "list", "shared_x list"],
 )
 def test_config_errors(make_it, exc, match):
     with pytest.raises(exc, match=match):
@@ -297,10 +309,11 @@ def test_binding_checks():
     op = sg.ops.skinny_mma
     cases = [
         ((out, x, w, None, 3, 2, 8, 0, 1),
-         r"config: \(row_groups, unroll, warps, stages, split\) = \(3, 2, 8, 0, 1\) is not compiled"),
-        ((out, x, w, None, 2**32 + 1, 2, 8, 0, 1), r"config: .* = \(4294967297, 2, 8, 0, 1\) is not compiled"),
-        ((out, x, w, None, 1, 4, 4, 4, 1), r"config: .* = \(1, 4, 4, 4, 1\) is not compiled"),
-        ((out, x, w, None, 1, 2, 8, 2**32, 1), r"config: .* = \(1, 2, 8, 4294967296, 1\) is not compiled"),
+         r"config: \(row_groups, unroll, warps, stages, split, shared_x\) = \(3, 2, 8, 0, 1, 0\) is not compiled"),
+        ((out, x, w, None, 2**32 + 1, 2, 8, 0, 1), r"config: .* = \(4294967297, 2, 8, 0, 1, 0\) is not compiled"),
+        ((out, x, w, None, 1, 4, 4, 4, 1), r"config: .* = \(1, 4, 4, 4, 1, 0\) is not compiled"),
+        ((out, x, w, None, 1, 4, 4, 2, 4, 2), r"config: .* = \(1, 4, 4, 2, 4, 2\) is not compiled"),
+        ((out, x, w, None, 1, 2, 8, 2**32, 1), r"config: .* = \(1, 2, 8, 4294967296, 1, 0\) is not compiled"),
         ((out, x[:, :48], w[:, :48], None, 1, 2, 8, 0, 1), r"x: K must be a positive multiple of 64 \(steps of 2 chunks"),
         ((out, x, w, None, 1, 4, 8, 0, 1), "x: K must be a positive multiple of 128"),
         ((out, x, w.half(), None, 1, 2, 8, 0, 1), r"w: expected a BFloat16 \[N, 64\] tensor"),
@@ -414,7 +427,7 @@ def test_fp8_bad_input():
         ((out, x[:, :128], w[:, :128], xs4, ws32, None, 1, 4, 4, 2, 1), r"x: K must be a positive multiple of 256"),
         ((out, x, w.view(torch.uint8), xs4, ws32, None, 1, 2, 8, 0, 1), r"w: expected a Float8_e4m3fn \[N, 256\] tensor"),
         ((out, x, w, xs4, ws32, None, 3, 2, 8, 0, 1),
-         r"config: \(row_groups, unroll, warps, stages, split\) = \(3, 2, 8, 0, 1\) is not compiled"),
+         r"config: \(row_groups, unroll, warps, stages, split, shared_x\) = \(3, 2, 8, 0, 1, 0\) is not compiled"),
     ]  # fmt: skip
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):

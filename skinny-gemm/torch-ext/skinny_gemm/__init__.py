@@ -190,16 +190,16 @@ def _mma_op():
 
 
 @functools.cache
-def _compiled_mma() -> tuple[tuple[int, int, int, int, int], ...]:
-    """The (row_groups, unroll, warps, stages, split) the build compiled (its binding's list)."""
+def _compiled_mma() -> tuple[tuple[int, int, int, int, int, int], ...]:
+    """The (row_groups, unroll, warps, stages, split, shared_x) the build compiled (its binding's list)."""
     flat = list(ops.skinny_mma_configs()) if _mma_op() is not None else []
-    return tuple(tuple(flat[i : i + 5]) for i in range(0, len(flat), 5))
+    return tuple(tuple(flat[i : i + 6]) for i in range(0, len(flat), 6))
 
 
 def mma_configs(device: torch.device | str | None = None) -> list[MmaConfig]:
     """The :class:`MmaConfig` launches this build has code for; empty on CPU / ROCm builds. With a
     CUDA ``device``, only those it runs: a K split (a thread-block cluster) from capability 9.0."""
-    configs = [MmaConfig(*fields) for fields in _compiled_mma()]
+    configs = [MmaConfig(*fields[:5], shared_x=bool(fields[5])) for fields in _compiled_mma()]
     if device is not None and configs:
         clusters = _has_clusters(torch.device(device).index)
         configs = [c for c in configs if c.split == 1 or clusters]
@@ -264,7 +264,8 @@ def _run_mma(out, x, w, bias, cfg: MmaConfig, x_scale=None, w_scale=None) -> Non
     if cfg.op_args() not in _compiled_mma():
         compiled = ", ".join(str(fields) for fields in _compiled_mma())
         raise ValueError(
-            f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps, stages, split): {compiled}"
+            f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps, stages, split, shared_x): "
+            f"{compiled}"
         )
     if x_scale is None:
         ops.skinny_mma(out, x, w, bias, *cfg.op_args())
