@@ -85,6 +85,17 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Part `i` of `parts` even ranges of [0, total): ceil(total / parts) each, the last ones shorter or
+// empty. How every loop here cuts K's steps over a cluster's blocks and a block's warps.
+struct StepRange {
+  int lo, n;
+};
+__device__ __forceinline__ StepRange even_part(int total, int parts, int i) {
+  const int per = (total + parts - 1) / parts;
+  const int lo = min(i * per, total);
+  return {lo, min(lo + per, total) - lo};
+}
+
 // One step's registers: U chunks of RG weight rows' and the two x rows' 16 bytes.
 template <int RG, int U>
 struct Step {
@@ -187,10 +198,9 @@ __device__ __forceinline__ void gemv(const MmaArgs& a) {
   // remainder: with a remainder loop of single chunks (1, 2, 8) compiled to 74 registers a thread,
   // without it to 64 (bf16, sm_90): 3 against 4 blocks an SM, 26.1 against 22.0 us at 2304 x 16384
   // with 4 tokens (H200, in a layer).
-  const int per_warp = (a.steps + WARPS - 1) / WARPS;  // warp q takes steps [q per_warp, (q + 1) per_warp)
-  const int s_lo = min(warp * per_warp, a.steps);
-  const int steps = min(s_lo + per_warp, a.steps) - s_lo;
-  const int64_t k0 = int64_t(s_lo) * kStepBytes + 16 * t;
+  const StepRange mine = even_part(a.steps, WARPS, warp);
+  const int steps = mine.n;
+  const int64_t k0 = int64_t(mine.lo) * kStepBytes + 16 * t;
   const uint8_t* w[RG];
 #pragma unroll
   for (int r = 0; r < RG; ++r) w[r] = a.w + int64_t(min(row0 + 8 * r + g, a.n - 1)) * a.w_row_bytes + k0;
@@ -316,12 +326,9 @@ __device__ __forceinline__ void gemv_staged(const MmaArgs& a) {
   const uint32_t ring = tma::smem_u32(staged_smem) + warp * STAGES * kStage;
 
   // The cluster's blocks take K's steps in even ranges, their warps even ranges of those.
-  const int per_rank = (a.steps + SPLIT - 1) / SPLIT;
-  const int r_lo = min(rank * per_rank, a.steps), r_n = min(r_lo + per_rank, a.steps) - r_lo;
-  const int per_warp = (r_n + WARPS - 1) / WARPS;
-  const int w_lo = min(warp * per_warp, r_n);
-  const int steps = min(w_lo + per_warp, r_n) - w_lo;
-  const int64_t k0 = int64_t(r_lo + w_lo) * kStagedStepBytes;
+  const StepRange block = even_part(a.steps, SPLIT, rank), mine = even_part(block.n, WARPS, warp);
+  const int steps = mine.n;
+  const int64_t k0 = int64_t(block.lo + mine.lo) * kStagedStepBytes;
 
   // Copies: lane l takes 16 bytes at byte 16 (l % 16) of rows 2 j + l / 16, j < 4 x row_groups
   // (the last row for rows past n: copied, never stored); x: its own fragments (rows g, g + 8;
@@ -425,10 +432,9 @@ __device__ __forceinline__ void gemv_staged_xs(const MmaArgs& a) {
   const uint32_t xbuf = tma::smem_u32(staged_smem);
   const uint32_t ring = xbuf + 2 * xs_buffer_bytes<TWO_TILES>() + warp * STAGES * kStage;
 
-  const int per_rank = (a.steps + SPLIT - 1) / SPLIT;
-  const int r_lo = min(rank * per_rank, a.steps);
-  const int steps = min(r_lo + per_rank, a.steps) - r_lo;  // every warp of the block: the same
-  const int64_t k0 = int64_t(r_lo) * kStagedStepBytes;
+  const StepRange block = even_part(a.steps, SPLIT, rank);
+  const int steps = block.n;  // every warp of the block: the same
+  const int64_t k0 = int64_t(block.lo) * kStagedStepBytes;
 
   const int half = lane >> 4, unit = lane & 15;
   const uint8_t* w_src[kCopies];
