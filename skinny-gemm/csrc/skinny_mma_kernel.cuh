@@ -396,7 +396,10 @@ __device__ __forceinline__ void gemv_staged(const MmaArgs& a) {
 // the commit group of its first step's W copies, so a lane's wait for that step covers them;
 // the barrier makes every lane's copies visible and proves the chunk two back consumed, since a
 // chunk is issued kXChunkSteps - (STAGES - 1) >= 1 steps after the barrier that retires the
-// chunk before it). W keeps its per-warp ring. K splits over a cluster as above.
+// chunk before it). W keeps its per-warp ring. K splits over a cluster as above. The W copies and
+// the chunk loop repeat gemv_staged's: folded into shared helpers they compiled to different SASS
+// for gemv_staged's 3-stage launches (its main loop no longer unrolled twice: 16 HMMA fewer in the
+// body), which no GPU has timed, so the two stay apart.
 constexpr int kXChunkSteps = 4;
 
 template <bool TWO_TILES>
