@@ -142,7 +142,9 @@ def test_off_gpu_an_mma_config_is_the_reference_path():
     if DEVICE == "cuda":
         pytest.skip("CPU semantics")
     x, w, b = make(5, 40, 256, torch.bfloat16, seed=2, bias=True)
-    assert_gemm_close(run_mma(x, w, b), reference(x, w, b), "MmaConfig on CPU")
+    want = reference(x, w, b)
+    for cfg in (sg.MmaConfig(), *STAGED):
+        assert_gemm_close(run_mma(x, w, b, cfg), want, f"{cfg} on CPU")
     assert sg.mma_configs() == []  # a CPU build has no compiled kernel
 
 
