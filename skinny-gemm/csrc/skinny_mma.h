@@ -29,7 +29,7 @@
 //   ring of `stages` shared-memory stages and reads its fragments back from there (wider requests:
 //   see skinny_mma_kernel.cuh). With `split` > 1 (sm_90) a thread-block cluster of `split` blocks
 //   shares a row group, each a K range, summed by the cluster's block 0 in rank order.
-// * `shared_x` (the staged loop, split > 1): the block's warps each take their own row groups
+// * `shared_x` (the staged loop; its compiled launches split K over a cluster): the block's warps each take their own row groups
 //   over the block's K range instead of a share of K over the same rows, and x's fragments are
 //   copied once a block into shared memory that every warp reads: x's traffic through L2 divided
 //   by the warps.
