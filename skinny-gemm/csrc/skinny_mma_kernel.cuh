@@ -139,10 +139,18 @@ __device__ __forceinline__ void mma_chunks(Step<RG, U>& s, float (&acc)[RG][4], 
   }
 }
 
+// C element (token, row) from its fp32 sum: the FP8 scales ((acc * x_scale) * w_scale, as the
+// Triton kernel), the bias, one rounding, the store.
+template <DType kIn>
+__device__ __forceinline__ void store_c(const MmaArgs& a, int token, int row, float v) {
+  if constexpr (kIn == DType::kFloat8E4M3) v = v * a.x_scale[token * a.x_scale_step] * a.w_scale[row * a.w_scale_step];
+  if (a.bias != nullptr) v += load_bias(a.bias, a.bias_dtype, row);
+  store_out(a.out, a.out_dtype, int64_t(token) * a.out_row_stride + row, v);
+}
+
 // The warps' tiles summed in warp order, then (SPLIT > 1, sm_90) the cluster's blocks' sums in
 // rank order by block 0; thread i then owns C element (r, j) of lane i % 32: token g + 8 (j / 2),
-// row row0 + 8 r + 2 t + j % 2. Then the scales ((acc * x_scale) * w_scale, as the Triton
-// kernel), the bias, one rounding.
+// row row0 + 8 r + 2 t + j % 2, and stores it (store_c).
 template <DType kIn, int RG, int WARPS, int SPLIT>
 __device__ __forceinline__ void finish(const MmaArgs& a, const float (&acc)[RG][4], int row0, int rank) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -176,9 +184,7 @@ __device__ __forceinline__ void finish(const MmaArgs& a, const float (&acc)[RG][
 #pragma unroll
         for (int q = 0; q < WARPS; ++q) v += partial[q][rj][ln];
       }
-      if constexpr (kIn == DType::kFloat8E4M3) v = v * a.x_scale[token * a.x_scale_step] * a.w_scale[row * a.w_scale_step];
-      if (a.bias != nullptr) v += load_bias(a.bias, a.bias_dtype, row);
-      store_out(a.out, a.out_dtype, int64_t(token) * a.out_row_stride + row, v);
+      store_c<kIn>(a, token, row, v);
     }
   }
   if constexpr (SPLIT > 1) tma::cluster_sync();  // the blocks' sums stay until block 0 has read them
@@ -413,13 +419,6 @@ __host__ __device__ constexpr int xs_smem_bytes() {
   return 2 * xs_buffer_bytes<TWO_TILES>() + WARPS * STAGES * RG * kStagedWBytes;
 }
 
-template <DType kIn>
-__device__ __forceinline__ void store_c(const MmaArgs& a, int token, int row, float v) {
-  if constexpr (kIn == DType::kFloat8E4M3) v = v * a.x_scale[token * a.x_scale_step] * a.w_scale[row * a.w_scale_step];
-  if (a.bias != nullptr) v += load_bias(a.bias, a.bias_dtype, row);
-  store_out(a.out, a.out_dtype, int64_t(token) * a.out_row_stride + row, v);
-}
-
 template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
 __device__ __forceinline__ void gemv_staged_xs(const MmaArgs& a) {
   static_assert(kXChunkSteps >= STAGES, "a chunk is issued after the barrier that retires its buffer");
@@ -586,50 +585,43 @@ cudaError_t launch_config(const MmaArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
-cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
-  auto kernel = skinny_mma_staged_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>;
-  constexpr int kSmem = WARPS * STAGES * staged_stage_bytes(RG, TWO_TILES);
-  static std::atomic<int> smem_opted_in[64];
-  if (const cudaError_t err = opt_in_dynamic_smem(smem_opted_in, kernel, kSmem); err != cudaSuccess) return err;
+// A staged loop's launch: `rows` weight rows a block, `split` blocks a row block (one thread-block
+// cluster along x, consecutive blocks), `smem` bytes of dynamic shared memory (the limit raised
+// once per device; `opted_in` is the kernel instantiation's cache).
+template <class Kernel>
+cudaError_t launch_staged_kernel(Kernel kernel, std::atomic<int> (&opted_in)[64], int rows, int split, int threads,
+                                 int smem, const MmaArgs& a, cudaStream_t stream) {
+  if (const cudaError_t err = opt_in_dynamic_smem(opted_in, kernel, smem); err != cudaSuccess) return err;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = SPLIT;
+  attr.val.clusterDim.x = static_cast<unsigned>(split);
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((int64_t(a.n) + 8 * RG - 1) / (8 * RG) * SPLIT));
-  config.blockDim = dim3(WARPS * 32);
-  config.dynamicSmemBytes = kSmem;
+  config.gridDim = dim3(static_cast<unsigned>((int64_t(a.n) + rows - 1) / rows * split));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
   config.stream = stream;
-  config.attrs = SPLIT > 1 ? &attr : nullptr;
-  config.numAttrs = SPLIT > 1 ? 1 : 0;
+  config.attrs = split > 1 ? &attr : nullptr;
+  config.numAttrs = split > 1 ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
   if (err != cudaSuccess) (void)cudaGetLastError();  // clear it: the caller reports the returned error
   return err;
 }
 
 template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
+cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
+  static std::atomic<int> opted_in[64];
+  return launch_staged_kernel(skinny_mma_staged_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>, opted_in, 8 * RG,
+                              SPLIT, WARPS * 32, WARPS * STAGES * staged_stage_bytes(RG, TWO_TILES), a, stream);
+}
+
+template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
 cudaError_t launch_staged_xs_tiles(const MmaArgs& a, cudaStream_t stream) {
-  auto kernel = skinny_mma_staged_xs_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>;
-  constexpr int kSmem = xs_smem_bytes<RG, TWO_TILES, WARPS, STAGES>();
-  static std::atomic<int> smem_opted_in[64];
-  if (const cudaError_t err = opt_in_dynamic_smem(smem_opted_in, kernel, kSmem); err != cudaSuccess) return err;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = SPLIT;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((int64_t(a.n) + 8 * RG * WARPS - 1) / (8 * RG * WARPS) * SPLIT));
-  config.blockDim = dim3(WARPS * 32);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  config.attrs = SPLIT > 1 ? &attr : nullptr;
-  config.numAttrs = SPLIT > 1 ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
-  if (err != cudaSuccess) (void)cudaGetLastError();
-  return err;
+  static std::atomic<int> opted_in[64];
+  return launch_staged_kernel(skinny_mma_staged_xs_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>, opted_in,
+                              8 * RG * WARPS, SPLIT, WARPS * 32, xs_smem_bytes<RG, TWO_TILES, WARPS, STAGES>(), a,
+                              stream);
 }
 
 template <DType kIn, int RG, int WARPS, int STAGES, int SPLIT>
