@@ -292,6 +292,12 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
   asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(r) : "r"(pair));
   return r;
 }
+// The high two e4m3 of `word` as f16x2, the half taken in place (no shift).
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t word) {
+  uint32_t r;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(r) : "r"(word));
+  return r;
+}
 
 // One 64-byte chunk of the staged loop: lane (g, t) holds 16 bytes of W row g (wf) and of x rows
 // g (xa) and g + 8 (xb) at the same K offsets. 16-bit: two m16n8k16, words (0, 1) then (2, 3), the
@@ -305,9 +311,9 @@ __device__ __forceinline__ void staged_chunk(float (&acc)[4], const uint4& wf, c
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t w = word(wf, j), x0 = word(xa, j), x1 = TWO_TILES ? word(xb, j) : 0u;
-      const uint32_t frag[4] = {e4m3x2_to_f16x2(x0), TWO_TILES ? e4m3x2_to_f16x2(x1) : 0u, e4m3x2_to_f16x2(x0 >> 16),
-                                TWO_TILES ? e4m3x2_to_f16x2(x1 >> 16) : 0u};
-      mma_step<DType::kFloat16>(acc, frag, e4m3x2_to_f16x2(w), e4m3x2_to_f16x2(w >> 16));
+      const uint32_t frag[4] = {e4m3x2_to_f16x2(x0), TWO_TILES ? e4m3x2_to_f16x2(x1) : 0u, e4m3x2_hi_to_f16x2(x0),
+                                TWO_TILES ? e4m3x2_hi_to_f16x2(x1) : 0u};
+      mma_step<DType::kFloat16>(acc, frag, e4m3x2_to_f16x2(w), e4m3x2_hi_to_f16x2(w));
     }
   } else {
 #pragma unroll
