@@ -250,6 +250,10 @@ __device__ __forceinline__ void gemv(const MmaArgs& a) {
 //   then x's fragments: lane (g, t)'s 16 bytes of x row g (and g + 8) at byte 16 t of each
 //   64-byte chunk, stored where that lane reads them back (it copies only its own bytes; lanes
 //   past m copy nothing, and the garbage they read reaches only C rows past m, never stored);
+// * building mma's A operand from those 16-byte reads costs register moves (29% of the 4-token
+//   launch's executed instructions, ncu), yet fragments by ldmatrix from plain rows, which need
+//   none, read 0.6-2.5 us slower at 2-8 bf16 tokens (one token tile's x read twice), and two
+//   accumulator chains changed nothing (H200; docs/skinny-gemm-mma-gemv.md, nineteenth session);
 // * cp.async.cg for W (L2 only, evict-first), .ca for x (read by every block: kept in L1);
 //   `stages - 1` steps in flight; one __syncwarp before a stage is read (other lanes' copies)
 //   and one after (before it is refilled);
