@@ -74,6 +74,12 @@ def staged_configs() -> list:
     return [c for c in STAGED if c.split == 1 or CLUSTERS]
 
 
+def contract_configs() -> list:
+    """The launches the op-contract and graph tests run: the register loop, the last staged launch
+    and (sm_90: its launches split K over a cluster) the first one with x shared."""
+    return [sg.MmaConfig(), staged_configs()[-1], *[c for c in staged_configs() if c.shared_x][:1]]
+
+
 def run_mma(x, w, bias=None, cfg=None, out=None):
     """gemm with an MmaConfig (default: MmaConfig()) on a poisoned output."""
     return run_config(x, w, bias, cfg or sg.MmaConfig(), out)
@@ -345,8 +351,8 @@ def test_deterministic():
 
 @needs_mma
 def test_opcheck():
-    check_opcheck(sg.MmaConfig())
-    check_opcheck(staged_configs()[-1])
+    for cfg in contract_configs():
+        check_opcheck(cfg)
 
 
 @needs_mma
@@ -367,8 +373,8 @@ def test_torch_compile_fullgraph(table):
 @needs_mma
 @pytest.mark.parametrize("M", [1, 16])
 def test_cuda_graph_capture(M):
-    check_cuda_graph_capture(sg.MmaConfig(), M)
-    check_cuda_graph_capture(staged_configs()[-1], M)
+    for cfg in contract_configs():
+        check_cuda_graph_capture(cfg, M)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,17 +454,17 @@ def test_fp8_deterministic():
 
 @needs_mma_fp8
 def test_fp8_opcheck():
-    check_opcheck_fp8(sg.MmaConfig())
-    check_opcheck_fp8(staged_configs()[-1])
+    for cfg in contract_configs():
+        check_opcheck_fp8(cfg)
 
 
 @needs_mma_fp8
 @pytest.mark.parametrize("M", [1, 16])
 def test_fp8_cuda_graph_capture(M):
     """Captured once, replayed on new x and scales: equal to eager calls, fully written (the
-    register loop and the staged one)."""
+    register loop, the staged one and, on sm_90, the staged one with x shared)."""
     x, w, xs, ws = make_fp8(M, 2304, 16384, torch.float8_e4m3fn, seed=37)
-    for cfg in (sg.MmaConfig(), staged_configs()[-1]):
+    for cfg in contract_configs():
         sx, sxs = x.clone(), xs.clone()
         sg.gemm_fp8(sx, w, sxs, ws, config=cfg)  # warm-up
         graph = torch.cuda.CUDAGraph()
