@@ -296,7 +296,9 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
   asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(r) : "r"(pair));
   return r;
 }
-// The high two e4m3 of `word` as f16x2, the half taken in place (no shift).
+// The high two e4m3 of `word` as f16x2, the half taken in place: the shift down before the
+// conversion cost 32 / 48 SHF a staged loop body (one / two token tiles); without it the staged
+// FP8 launches read 0.1-1.5 us faster (H200, 2304 x 16384, 1-16 tokens).
 __device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t word) {
   uint32_t r;
   asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(r) : "r"(word));
