@@ -568,19 +568,14 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_mma_kernel(const __grid_con
   }
 }
 
-template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
+template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT, bool SHARED_X>
 __global__ void __launch_bounds__(WARPS * 32) skinny_mma_staged_kernel(const __grid_constant__ MmaArgs a) {
   if constexpr ((kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) && (SPLIT == 1 || kDeviceArch >= 900)) {
-    gemv_staged<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>(a);
-  } else {
-    __trap();
-  }
-}
-
-template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
-__global__ void __launch_bounds__(WARPS * 32) skinny_mma_staged_xs_kernel(const __grid_constant__ MmaArgs a) {
-  if constexpr ((kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) && (SPLIT == 1 || kDeviceArch >= 900)) {
-    gemv_staged_xs<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>(a);
+    if constexpr (SHARED_X) {
+      gemv_staged_xs<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>(a);
+    } else {
+      gemv_staged<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>(a);
+    }
   } else {
     __trap();
   }
@@ -597,55 +592,39 @@ cudaError_t launch_config(const MmaArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// A staged loop's launch: `rows` weight rows a block, `split` blocks a row block (one thread-block
-// cluster along x, consecutive blocks), `smem` bytes of dynamic shared memory (the limit raised
-// once per device; `opted_in` is the kernel instantiation's cache).
-template <class Kernel>
-cudaError_t launch_staged_kernel(Kernel kernel, std::atomic<int> (&opted_in)[64], int rows, int split, int threads,
-                                 int smem, const MmaArgs& a, cudaStream_t stream) {
-  if (const cudaError_t err = opt_in_dynamic_smem(opted_in, kernel, smem); err != cudaSuccess) return err;
+// A staged loop's launch: a block covers 8 x row_groups rows (x row_groups for each warp with x
+// shared: side by side on rows), `SPLIT` consecutive blocks a row block (one thread-block cluster
+// along x); dynamic shared memory: the warps' W rings and x's stages, or with x shared its two
+// buffers (the limit raised once per device, `opted_in` caching it).
+template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT, bool SHARED_X>
+cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
+  constexpr int kRows = 8 * RG * (SHARED_X ? WARPS : 1);
+  constexpr int kSmem = SHARED_X ? xs_smem_bytes<RG, TWO_TILES, WARPS, STAGES>()
+                                 : WARPS * STAGES * staged_stage_bytes(RG, TWO_TILES);
+  auto kernel = skinny_mma_staged_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT, SHARED_X>;
+  static std::atomic<int> opted_in[64];
+  if (const cudaError_t err = opt_in_dynamic_smem(opted_in, kernel, kSmem); err != cudaSuccess) return err;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(split);
+  attr.val.clusterDim.x = SPLIT;
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((int64_t(a.n) + rows - 1) / rows * split));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.gridDim = dim3(static_cast<unsigned>((int64_t(a.n) + kRows - 1) / kRows * SPLIT));
+  config.blockDim = dim3(WARPS * 32);
+  config.dynamicSmemBytes = kSmem;
   config.stream = stream;
-  config.attrs = split > 1 ? &attr : nullptr;
-  config.numAttrs = split > 1 ? 1 : 0;
+  config.attrs = SPLIT > 1 ? &attr : nullptr;
+  config.numAttrs = SPLIT > 1 ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
   if (err != cudaSuccess) (void)cudaGetLastError();  // clear it: the caller reports the returned error
   return err;
 }
 
-template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
-cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
-  static std::atomic<int> opted_in[64];
-  return launch_staged_kernel(skinny_mma_staged_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>, opted_in, 8 * RG,
-                              SPLIT, WARPS * 32, WARPS * STAGES * staged_stage_bytes(RG, TWO_TILES), a, stream);
-}
-
-template <DType kIn, int RG, bool TWO_TILES, int WARPS, int STAGES, int SPLIT>
-cudaError_t launch_staged_xs_tiles(const MmaArgs& a, cudaStream_t stream) {
-  static std::atomic<int> opted_in[64];
-  return launch_staged_kernel(skinny_mma_staged_xs_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>, opted_in,
-                              8 * RG * WARPS, SPLIT, WARPS * 32, xs_smem_bytes<RG, TWO_TILES, WARPS, STAGES>(), a,
-                              stream);
-}
-
-template <DType kIn, int RG, int WARPS, int STAGES, int SPLIT>
-cudaError_t launch_staged_xs(const MmaArgs& a, cudaStream_t stream) {
-  return a.m > 8 ? launch_staged_xs_tiles<kIn, RG, true, WARPS, STAGES, SPLIT>(a, stream)
-                 : launch_staged_xs_tiles<kIn, RG, false, WARPS, STAGES, SPLIT>(a, stream);
-}
-
-template <DType kIn, int RG, int WARPS, int STAGES, int SPLIT>
+template <DType kIn, int RG, int WARPS, int STAGES, int SPLIT, bool SHARED_X>
 cudaError_t launch_staged(const MmaArgs& a, cudaStream_t stream) {
-  return a.m > 8 ? launch_staged_tiles<kIn, RG, true, WARPS, STAGES, SPLIT>(a, stream)
-                 : launch_staged_tiles<kIn, RG, false, WARPS, STAGES, SPLIT>(a, stream);
+  return a.m > 8 ? launch_staged_tiles<kIn, RG, true, WARPS, STAGES, SPLIT, SHARED_X>(a, stream)
+                 : launch_staged_tiles<kIn, RG, false, WARPS, STAGES, SPLIT, SHARED_X>(a, stream);
 }
 
 }  // namespace mma_detail
@@ -657,20 +636,18 @@ cudaError_t launch_mma_dtype(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStr
   if (c.row_groups == RG && c.unroll == U && c.warps == WARPS) return mma_detail::launch_config<kIn, RG, U, WARPS>(a, stream);
     SKINNY_MMA_CONFIGS(SKINNY_MMA_CASE)
 #undef SKINNY_MMA_CASE
-  } else if (c.unroll == mma_detail::kStagedChunks && !c.shared_x) {
-#define SKINNY_MMA_STAGED_CASE(RG, WARPS, STAGES, SPLIT)                                  \
-  if (c.row_groups == RG && c.warps == WARPS && c.stages == STAGES && c.split == SPLIT) { \
-    return mma_detail::launch_staged<kIn, RG, WARPS, STAGES, SPLIT>(a, stream);           \
-  }
-    SKINNY_MMA_STAGED_CONFIGS(SKINNY_MMA_STAGED_CASE)
-#undef SKINNY_MMA_STAGED_CASE
   } else if (c.unroll == mma_detail::kStagedChunks) {
-#define SKINNY_MMA_XS_CASE(RG, WARPS, STAGES, SPLIT)                                      \
-  if (c.row_groups == RG && c.warps == WARPS && c.stages == STAGES && c.split == SPLIT) { \
-    return mma_detail::launch_staged_xs<kIn, RG, WARPS, STAGES, SPLIT>(a, stream);        \
+#define SKINNY_MMA_STAGED_CASE(SHARED_X, RG, WARPS, STAGES, SPLIT)                                                 \
+  if (c.shared_x == SHARED_X && c.row_groups == RG && c.warps == WARPS && c.stages == STAGES && c.split == SPLIT) { \
+    return mma_detail::launch_staged<kIn, RG, WARPS, STAGES, SPLIT, SHARED_X>(a, stream);                          \
   }
+#define SKINNY_MMA_PLAIN_CASE(...) SKINNY_MMA_STAGED_CASE(false, __VA_ARGS__)
+#define SKINNY_MMA_XS_CASE(...) SKINNY_MMA_STAGED_CASE(true, __VA_ARGS__)
+    SKINNY_MMA_STAGED_CONFIGS(SKINNY_MMA_PLAIN_CASE)
     SKINNY_MMA_SHARED_X_CONFIGS(SKINNY_MMA_XS_CASE)
 #undef SKINNY_MMA_XS_CASE
+#undef SKINNY_MMA_PLAIN_CASE
+#undef SKINNY_MMA_STAGED_CASE
   }
   return cudaErrorNotSupported;
 }
