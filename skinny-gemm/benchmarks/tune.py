@@ -77,7 +77,8 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
     ``tma_configs()`` on a capability 9.0 GPU, else none) where K is a multiple of 16 bytes,
     each at the K split of ``tma_split`` and its neighbours (blocks from ~0.7 to ~2.6 an SM), and
     every launch of the compiled tensor-core GEMV in ``mma`` (the build's ``mma_configs("cuda")`` on a
-    capability >= 8.0 GPU; FP8 too on >= 8.9) where K is a whole number of the launch's steps."""
+    capability >= 8.0 GPU; FP8 too on >= 8.9) where K is a whole number of the launch's steps and
+    M at most the launch's tokens (``max_m``: 4 or 8 for the row-run loop)."""
     default = kernel.skinny_config(M, N, K, elem, sms)
     if quick:  # the neighbourhood of the winners of the H100 sweeps (2026-11-24)
         block_ns, kbytes, per_sm, stages = (32, 64), (256,), (1, 2, 4), (4,)
@@ -106,7 +107,7 @@ def candidates(kernel, M: int, N: int, K: int, elem: int, sms: int, quick: bool,
                 if split == base or (1 <= split <= 8 and 0.7 * sms <= blocks <= 2.6 * sms):
                     out.add(kernel.TmaConfig(c.tile_n, c.boxes_k, c.stages, split))
     if mma and M <= 16:
-        out |= {c for c in mma if K % c.step_k(elem) == 0}
+        out |= {c for c in mma if K % c.step_k(elem) == 0 and M <= c.max_m}
     return sorted(out, key=lambda c: c.as_list())
 
 

@@ -18,7 +18,7 @@ bool skinny_mma_config_supported(const SkinnyMmaConfig& c) {
   for (int i = 0; i < n; ++i) {
     const SkinnyMmaConfig& k = configs[i];
     if (c.row_groups == k.row_groups && c.unroll == k.unroll && c.warps == k.warps && c.stages == k.stages &&
-        c.split == k.split && c.shared_x == k.shared_x) {
+        c.split == k.split && c.shared_x == k.shared_x && c.segments == k.segments) {
       return true;
     }
   }
@@ -26,14 +26,17 @@ bool skinny_mma_config_supported(const SkinnyMmaConfig& c) {
 }
 
 int skinny_mma_compiled_configs(const SkinnyMmaConfig** configs) {
-#define SKINNY_MMA_ENTRY(RG, U, WARPS) SkinnyMmaConfig{RG, U, WARPS, 0, 1, 0},
+#define SKINNY_MMA_ENTRY(RG, U, WARPS) SkinnyMmaConfig{RG, U, WARPS, 0, 1, 0, 0},
 #define SKINNY_MMA_STAGED_ENTRY(RG, WARPS, STAGES, SPLIT) \
-  SkinnyMmaConfig{RG, mma_detail::kStagedChunks, WARPS, STAGES, SPLIT, 0},
+  SkinnyMmaConfig{RG, mma_detail::kStagedChunks, WARPS, STAGES, SPLIT, 0, 0},
 #define SKINNY_MMA_XS_ENTRY(RG, WARPS, STAGES, SPLIT) \
-  SkinnyMmaConfig{RG, mma_detail::kStagedChunks, WARPS, STAGES, SPLIT, 1},
+  SkinnyMmaConfig{RG, mma_detail::kStagedChunks, WARPS, STAGES, SPLIT, 1, 0},
+#define SKINNY_MMA_ROWS_ENTRY(S, RI, U, WARPS) SkinnyMmaConfig{RI, U, WARPS, 0, 1, 0, S},
   static const SkinnyMmaConfig kCompiled[] = {SKINNY_MMA_CONFIGS(SKINNY_MMA_ENTRY)
                                                   SKINNY_MMA_STAGED_CONFIGS(SKINNY_MMA_STAGED_ENTRY)
-                                                      SKINNY_MMA_SHARED_X_CONFIGS(SKINNY_MMA_XS_ENTRY)};
+                                                      SKINNY_MMA_SHARED_X_CONFIGS(SKINNY_MMA_XS_ENTRY)
+                                                          SKINNY_MMA_ROW_RUN_CONFIGS(SKINNY_MMA_ROWS_ENTRY)};
+#undef SKINNY_MMA_ROWS_ENTRY
 #undef SKINNY_MMA_XS_ENTRY
 #undef SKINNY_MMA_STAGED_ENTRY
 #undef SKINNY_MMA_ENTRY
@@ -49,9 +52,9 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
   const bool bias_ok = p.bias == nullptr || p.bias_dtype == DType::kFloat32 ||
                        (fp8 ? p.bias_dtype != DType::kFloat8E4M3 : p.bias_dtype == p.dtype);
   const bool scales_ok = !fp8 || (p.x_scale != nullptr && p.w_scale != nullptr);
-  const int64_t elem = dtype_bytes(p.dtype), step_bytes = int64_t(kMmaChunkBytes) * p.config.unroll;
+  const int64_t elem = dtype_bytes(p.dtype), step_bytes = mma_step_bytes(p.config);
   const int64_t k_bytes = p.k * elem;
-  if (!(fp8 || sixteen) || !out_ok || !bias_ok || !scales_ok || p.m < 0 || p.m > kMmaMaxM || p.n < 0 ||
+  if (!(fp8 || sixteen) || !out_ok || !bias_ok || !scales_ok || p.m < 0 || p.m > mma_max_m(p.config) || p.n < 0 ||
       p.n > INT32_MAX || !skinny_mma_config_supported(p.config) || p.k <= 0 || k_bytes % step_bytes != 0 ||
       k_bytes > INT32_MAX || !aligned(p.x, 16) || !aligned(p.w, 16) || (p.w_row_stride * elem) % 16 != 0 ||
       (p.m > 1 && (p.x_row_stride * elem) % 16 != 0)) {

@@ -33,6 +33,11 @@
 //   over the block's K range instead of a share of K over the same rows, and x's fragments are
 //   copied once a block into shared memory that every warp reads: x's traffic through L2 divided
 //   by the warps.
+// * The row-run loop (`segments` 4 or 8, 2-8 tokens): each lane's 16-byte W load is the one-token
+//   GEMV's (a warp load covers 2 rows x 256 or 1 row x 512 contiguous bytes) and goes straight
+//   into mma.sync as B columns (row, 64-byte segment); x's A rows are (token, segment) alike, and
+//   the wanted products are the tile's segment-diagonal entries, summed over segments at the end
+//   (see skinny_mma_kernel.cuh).
 //
 // CUDA only (the binding includes this header in CUDA builds alone).
 #pragma once
@@ -60,7 +65,17 @@ struct SkinnyMmaConfig {
   int split = 1;       // staged loop: K ranges of a row group, one block each in a cluster (> 1: sm_90)
   int shared_x = 0;    // staged loop, 1: the warps side by side on rows (row_groups each) over the
                        // block's K range, x's fragments copied once a block (see above)
+  int segments = 0;    // 4 or 8: the row-run loop (see above; stages 0, split 1): row_groups is then
+                       // the W loads a span (each 8 / segments rows x segments x 64 bytes), unroll
+                       // the spans a step; at most 32 / segments tokens
 };
+
+// The most tokens a configuration takes: kMmaMaxM, or two token tiles of the row-run loop.
+constexpr int mma_max_m(const SkinnyMmaConfig& c) { return c.segments != 0 ? 32 / c.segments : kMmaMaxM; }
+// Bytes of K one step of a configuration reads from each row.
+constexpr int mma_step_bytes(const SkinnyMmaConfig& c) {
+  return kMmaChunkBytes * c.unroll * (c.segments != 0 ? c.segments : 1);
+}
 
 struct SkinnyMmaParams {
   int64_t m = 0;  // 1 .. kMmaMaxM (0 launches nothing)

@@ -55,6 +55,13 @@ struct MmaArgs {
 // 8 x row_groups x warps, so 2304 rows at 4 warps are 72 row blocks, 288 blocks at split 4.
 #define SKINNY_MMA_SHARED_X_CONFIGS(X) X(1, 4, 2, 4) X(1, 4, 3, 4) X(1, 8, 2, 4) X(1, 8, 2, 8) X(2, 4, 2, 8)
 
+// The compiled configurations of the row-run loop: (segments, runs a span, spans a step, warps).
+// Each takes up to two token tiles: 8 tokens at 4 segments, 4 at 8. The set is the H200 probe's
+// fastest at 2 / 4 / 8 tokens (2304 x 16384 bf16) and their neighbours.
+#define SKINNY_MMA_ROW_RUN_CONFIGS(X)                                                     \
+  X(8, 4, 2, 8) X(8, 4, 2, 4) X(8, 2, 2, 16) X(8, 2, 2, 8) X(8, 2, 1, 8) X(8, 4, 1, 8) \
+  X(4, 1, 2, 8) X(4, 1, 2, 4) X(4, 1, 4, 8) X(4, 2, 1, 8) X(4, 2, 2, 4) X(4, 2, 2, 8) X(4, 4, 1, 4)
+
 cudaError_t launch_mma_bf16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_f16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_e4m3(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
@@ -553,6 +560,145 @@ __device__ __forceinline__ void gemv_staged_xs(const MmaArgs& a) {
 
 // mma.sync with e4m3 operands exists from sm_89 on (and cvt to f16x2 from e4m3x2): the sm_80
 // build has no FP8 kernel body (the launcher refuses FP8 below capability 8.9); clusters are sm_90.
+// ---- The row-run loop: W read as the one-token GEMV reads it, straight into fragments --------
+//
+// Why: a warp of the register loop covers 8 rows x 64 bytes a load, of the staged loop 2 rows x
+// 256 bytes but through shared memory; the one-token FMA GEMV's 16-byte lane loads cover 256-512
+// contiguous bytes of 1-2 rows and read 2304 x 16384 bf16 at 95% of the read floor. Here each
+// lane's 16-byte W load is that GEMV's, and mma.sync still does the products:
+//
+// * B's 8 columns are (row, segment) pairs, n = row * S + seg: S segments of 64 bytes, side by
+//   side, of 8 / S rows (S = 4: 2 rows x 256 bytes a warp load, S = 8: 1 row x 512 bytes). Lane
+//   (g, t) loads 16 bytes of row g / S at byte 64 (g % S) + 16 t of the span (the register loop's
+//   lane layout inside each segment, so the same K permutation makes the loaded words fragments).
+// * A's 16 rows are (token, segment) pairs alike, m = token * S + seg: lane (g, t) loads x's
+//   tokens g / S and g / S + 8 / S at the same bytes as its W load. A token tile is 16 / S tokens
+//   (4 or 2); `MT` tiles cover m.
+// * C[(token, seg)][(row, seg')] multiplies segment seg of x by segment seg' of W; only seg ==
+//   seg' is wanted (1 / S of the tile, the rest dropped by a select, so nothing of it reaches a
+//   sum), and out[token][row] sums those diagonal entries over the segments (a fixed butterfly of
+//   shuffles) and over every span of K. The tensor cores do S times the useful products: at 2-8
+//   tokens they have the room (one to four mma a 16-byte W load).
+// * A block is `WARPS` warps over the same RI x 8 / S rows, each a contiguous range of K's steps
+//   (`U` spans of S x 64 bytes), summed in shared memory in warp order (deterministic). A step's
+//   loads are all issued before its first mma (hold); the warp's next loads wait for its mmas, and
+//   the many resident warps (48-96 registers a thread) keep the memory system busy.
+//
+// H200, 2304 x 16384 bf16 in a layer (.exp probe, 2026-11-29): 19.05 / 19.76 / 20.52 us at 2 / 4 / 8
+// tokens (S 8 x 4 runs x 2 spans x 8 warps; S 4 x 1 x 2 x 8; S 4 x 2 x 2 x 4) against cuBLAS's
+// 23.54 / 23.68 / 23.94 and the staged loop's 20.75 / 20.91 / 21.33.
+template <int MT, int RI, int U>
+struct RowStep {
+  uint4 w[U][RI], xa[U][MT], xb[U][MT];
+};
+
+// Lane (g, t)'s lanes to sum over (the other segments of its (token, row)): the bits of g % S
+// (lane bits 2..) and of (2 t) % S / 2 (lane bits 0..).
+template <int S>
+__device__ __forceinline__ float sum_segments(float v) {
+#pragma unroll
+  for (int b = 1; b < S / 2; b <<= 1) v += __shfl_xor_sync(0xffffffffu, v, b);
+#pragma unroll
+  for (int b = 4; b < 4 * S; b <<= 1) v += __shfl_xor_sync(0xffffffffu, v, b);
+  return v;
+}
+
+template <DType kIn, int S, int MT, int RI, int U, int WARPS>
+__device__ __forceinline__ void gemv_rows(const MmaArgs& a) {
+  constexpr int kRowsALoad = 8 / S, kTileTokens = 16 / S, kRows = RI * kRowsALoad;
+  constexpr int kSpanBytes = kMmaChunkBytes * S, kStepBytes = kSpanBytes * U;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * kRows;
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+
+  // Rows past n read row n - 1 and tokens past m token m - 1: their C entries are never stored.
+  // The warp's K start goes into the loop's offset, not the pointers: at 8 segments a load's row
+  // does not depend on the lane, and its base then stays in a uniform register (80 against 98
+  // registers a thread at 8 segments x 4 runs x 2 spans, sm_90).
+  const StepRange mine = even_part(a.steps, WARPS, warp);
+  const int lane_bytes = kMmaChunkBytes * (g % S) + 16 * t;
+  const int lane_row = S == 8 ? 0 : g / S;  // the lane's row in a load, and token in a tile's half
+  const int w_stride = static_cast<int>(a.w_row_bytes), x_stride = static_cast<int>(a.x_row_bytes);
+  const uint8_t* w[RI];
+#pragma unroll
+  for (int i = 0; i < RI; ++i) w[i] = a.w + int64_t(min(row0 + kRowsALoad * i + lane_row, a.n - 1)) * w_stride + lane_bytes;
+  const uint8_t *xa[MT], *xb[MT];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    xa[mt] = a.x + int64_t(min(kTileTokens * mt + lane_row, a.m - 1)) * x_stride + lane_bytes;
+    xb[mt] = a.x + int64_t(min(kTileTokens * mt + lane_row + 8 / S, a.m - 1)) * x_stride + lane_bytes;
+  }
+  float acc[MT][RI][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < RI; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+  }
+  // One step at a time, not unrolled (the compiler otherwise unrolls by two and hoists the next
+  // step's loads: 96 -> 160+ registers, a third of the resident warps).
+#pragma unroll 1
+  for (int step = mine.lo; step < mine.lo + mine.n; ++step) {
+    const int64_t o = int64_t(step) * kStepBytes;
+    RowStep<MT, RI, U> s;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int i = 0; i < RI; ++i) s.w[u][i] = load_w(w[i] + o + kSpanBytes * u, policy);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        s.xa[u][mt] = load_x(xa[mt] + o + kSpanBytes * u);
+        s.xb[u][mt] = load_x(xb[mt] + o + kSpanBytes * u);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int i = 0; i < RI; ++i) hold(s.w[u][i]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        hold(s.xa[u][mt]);
+        hold(s.xb[u][mt]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int i = 0; i < RI; ++i) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) staged_chunk<kIn, true>(acc[mt][i], s.w[u][i], s.xa[u][mt], s.xb[u][mt]);
+      }
+    }
+  }
+
+  // Lane (g, t) holds C[g (+ 8)][2 t + j]: the diagonal entry where (2 t + j) % S == g % S. After the
+  // segment sum, lane (g, t) with g % S == 0 and (2 t) % S == 0 owns (token, row) = (g / S (+ 8 / S)
+  // of its tile, 2 t / S of its load).
+  __shared__ float partial[WARPS][MT * kTileTokens][kRows];
+  const int j = g % S - (2 * t) % S;
+  const bool owner = g % S == 0 && (2 * t) % S == 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < RI; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v = sum_segments<S>(j == 0 ? acc[mt][i][2 * h] : j == 1 ? acc[mt][i][2 * h + 1] : 0.f);
+        if (owner) partial[warp][kTileTokens * mt + g / S + h * (8 / S)][kRowsALoad * i + 2 * t / S] = v;
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < MT * kTileTokens * kRows; e += WARPS * 32) {
+    const int token = e / kRows, row = row0 + e % kRows;
+    if (token >= a.m || row >= a.n) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int q = 0; q < WARPS; ++q) v += partial[q][token][e % kRows];
+    store_c<kIn>(a, token, row, v);
+  }
+}
+
 #if defined(__CUDA_ARCH__)
 constexpr int kDeviceArch = __CUDA_ARCH__;
 #else
@@ -576,6 +722,15 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_mma_staged_kernel(const __g
     } else {
       gemv_staged<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT>(a);
     }
+  } else {
+    __trap();
+  }
+}
+
+template <DType kIn, int S, int MT, int RI, int U, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) skinny_mma_rows_kernel(const __grid_constant__ MmaArgs a) {
+  if constexpr (kIn != DType::kFloat8E4M3 || kDeviceArch >= 890) {
+    gemv_rows<kIn, S, MT, RI, U, WARPS>(a);
   } else {
     __trap();
   }
@@ -621,6 +776,20 @@ cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
   return err;
 }
 
+// A row-run launch: a block covers RI x 8 / S rows; the fewest token tiles (16 / S tokens each)
+// that hold m, at most two (the launcher refuses more tokens).
+template <DType kIn, int S, int RI, int U, int WARPS>
+cudaError_t launch_rows(const MmaArgs& a, cudaStream_t stream) {
+  constexpr int kRows = RI * 8 / S;
+  const dim3 grid(static_cast<unsigned>((int64_t(a.n) + kRows - 1) / kRows));
+  if (a.m > 16 / S) {
+    skinny_mma_rows_kernel<kIn, S, 2, RI, U, WARPS><<<grid, WARPS * 32, 0, stream>>>(a);
+  } else {
+    skinny_mma_rows_kernel<kIn, S, 1, RI, U, WARPS><<<grid, WARPS * 32, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
 template <DType kIn, int RG, int WARPS, int STAGES, int SPLIT, bool SHARED_X>
 cudaError_t launch_staged(const MmaArgs& a, cudaStream_t stream) {
   return a.m > 8 ? launch_staged_tiles<kIn, RG, true, WARPS, STAGES, SPLIT, SHARED_X>(a, stream)
@@ -631,7 +800,14 @@ cudaError_t launch_staged(const MmaArgs& a, cudaStream_t stream) {
 
 template <DType kIn>
 cudaError_t launch_mma_dtype(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream) {
-  if (c.stages == 0) {
+  if (c.segments != 0) {
+#define SKINNY_MMA_ROWS_CASE(S, RI, U, WARPS)                                               \
+  if (c.segments == S && c.row_groups == RI && c.unroll == U && c.warps == WARPS) {         \
+    return mma_detail::launch_rows<kIn, S, RI, U, WARPS>(a, stream);                        \
+  }
+    SKINNY_MMA_ROW_RUN_CONFIGS(SKINNY_MMA_ROWS_CASE)
+#undef SKINNY_MMA_ROWS_CASE
+  } else if (c.stages == 0) {
 #define SKINNY_MMA_CASE(RG, U, WARPS) \
   if (c.row_groups == RG && c.unroll == U && c.warps == WARPS) return mma_detail::launch_config<kIn, RG, U, WARPS>(a, stream);
     SKINNY_MMA_CONFIGS(SKINNY_MMA_CASE)

@@ -74,10 +74,18 @@ def staged_configs() -> list:
     return [c for c in STAGED if c.split == 1 or CLUSTERS]
 
 
-def contract_configs() -> list:
-    """The launches the op-contract and graph tests run: the register loop, the last staged launch
-    and (sm_90: its launches split K over a cluster) the first one with x shared."""
-    return [sg.MmaConfig(), staged_configs()[-1], *[c for c in staged_configs() if c.shared_x][:1]]
+# The row-run loop's launches under test: 8 segments (up to 4 tokens) and 4 (up to 8), one to four
+# loads a span, one to four spans a step, 4-16 warps.
+ROW_RUNS = [sg.MmaConfig(4, 2, 8, segments=8), sg.MmaConfig(2, 2, 16, segments=8), sg.MmaConfig(1, 2, 8, segments=4),
+            sg.MmaConfig(2, 2, 4, segments=4), sg.MmaConfig(1, 4, 8, segments=4), sg.MmaConfig(4, 1, 4, segments=4)]
+
+
+def contract_configs(M: int = 1) -> list:
+    """The launches the op-contract and graph tests run: the register loop, the last staged launch,
+    (sm_90: its launches split K over a cluster) the first one with x shared and, where M fits, a
+    row-run launch."""
+    return [sg.MmaConfig(), staged_configs()[-1], *[c for c in staged_configs() if c.shared_x][:1],
+            *[c for c in ROW_RUNS if c.segments == 4 and M <= c.max_m][:1]]  # fmt: skip
 
 
 def run_mma(x, w, bias=None, cfg=None, out=None):
@@ -107,12 +115,18 @@ def test_config_forms():
     staged = sg.MmaConfig(1, 4, 4, stages=2, split=2)
     assert staged.as_list() == [-1, 1, 4, 4, 2, 2]
     assert _config.config_from_list(staged.as_list()) == staged
-    assert staged.op_args() == (1, 4, 4, 2, 2, 0)
+    assert staged.op_args() == (1, 4, 4, 2, 2, 0, 0)
     shared = sg.MmaConfig(1, 4, 4, stages=3, split=4, shared_x=True)
     assert shared.as_list() == [-1, 1, 4, 4, 3, 4, 1]
     assert _config.config_from_list(shared.as_list()) == shared
     assert _config.config_from_list([-1, 1, 4, 4, 3, 4, 0]) == sg.MmaConfig(1, 4, 4, 3, 4)
-    assert shared.op_args() == (1, 4, 4, 3, 4, 1)
+    assert shared.op_args() == (1, 4, 4, 3, 4, 1, 0)
+    rows = sg.MmaConfig(4, 2, 8, segments=8)
+    assert rows.as_list() == [-1, 4, 2, 8, 0, 1, 0, 8]
+    assert _config.config_from_list(rows.as_list()) == rows
+    assert rows.op_args() == (4, 2, 8, 0, 1, 0, 8)
+    assert (rows.max_m, rows.step_k(2), rows.step_k(1)) == (4, 512, 1024)
+    assert (sg.MmaConfig(1, 2, 8, segments=4).max_m, shared.max_m) == (8, 16)
 
 
 @pytest.mark.kernels_ci
@@ -131,11 +145,16 @@ def test_config_forms():
         (lambda: sg.MmaConfig(1, 4, 4, 2, 4, 1), TypeError, "MmaConfig.shared_x: expected True or False, got 1"),
         (lambda: sg.MmaConfig(1.0), TypeError, "MmaConfig.row_groups: expected an int, got 1.0"),
         (lambda: _config.config_from_list([-1, 2]), ValueError,
-         r"\[-1, row_groups, unroll, warps\(, stages, split\(, shared_x\)\)\] \(MmaConfig\)"),
+         r"\[-1, row_groups, unroll, warps\(, stages, split\(, shared_x\(, segments\)\)\)\] \(MmaConfig\)"),
         (lambda: _config.config_from_list([-1, 1, 4, 4, 2, 4, 2]), ValueError, r"\(MmaConfig\), got \[-1, 1, 4, 4, 2, 4, 2\]"),
+        (lambda: sg.MmaConfig(1, 2, 8, segments=2), ValueError, r"MmaConfig.segments: expected one of \[0, 4, 8\], got 2"),
+        (lambda: sg.MmaConfig(8, 2, 8, segments=4), ValueError, r"MmaConfig.row_groups: expected one of \[1, 2, 4\], got 8"),
+        (lambda: sg.MmaConfig(4, 2, 8), ValueError, r"MmaConfig.row_groups: expected one of \[1, 2\], got 4"),
+        (lambda: sg.MmaConfig(1, 4, 4, 2, segments=4), ValueError,
+         r"MmaConfig.segments: the row-run loop \(4 segments\) takes stages 0, split 1 and shared_x False, got stages 2"),
     ],
     ids=["row_groups", "unroll", "warps", "stages", "staged shape", "split", "shared_x stages", "shared_x type", "type",
-         "list", "shared_x list"],
+         "list", "shared_x list", "segments", "row runs", "row runs off the loop", "segments stages"],
 )
 def test_config_errors(make_it, exc, match):
     with pytest.raises(exc, match=match):
@@ -217,12 +236,52 @@ def test_values(N, K, M, dtype):
 def test_every_compiled_config():
     """Every compiled launch at 1, 8 and 16 tokens (one and two x rows a lane), with an fp32 bias,
     at a K of 33 four-chunk steps (66 / 132 of two / one chunk: uneven warp ranges) and an N off
-    the row groups."""
+    the row groups; the row-run loop at 1, half its tokens + 1 and all (one and two token tiles)
+    at 33 of its steps where 4224 is not a whole number of them."""
     x16, w, _ = make(16, 1000, 4224, torch.bfloat16, seed=4)
     b = torch.randn(1000, generator=gen(5)).to(DEVICE)
     for cfg in runnable_mma_configs():
-        for x in (x16[:1], x16[:8], x16):
-            assert_gemm_close(run_mma(x, w, b, cfg), reference(x, w, b), f"{cfg} M={x.shape[0]}")
+        xs, ws = x16, w
+        if 4224 % cfg.step_k(2):
+            xs, ws, _ = make(16, 1000, 33 * cfg.step_k(2), torch.bfloat16, seed=6)
+        tokens = (1, 8, 16) if not cfg.segments else (1, cfg.max_m // 2 + 1, cfg.max_m)
+        for x in (xs[:M] for M in tokens):
+            assert_gemm_close(run_mma(x, ws, b, cfg), reference(x, ws, b), f"{cfg} M={x.shape[0]}")
+
+
+# The row-run loop: 2304 x 16384; Llama-3-8B down's K (14336: 28 or 56 steps: uneven warp ranges);
+# N off the loads' rows (1001, odd) and below one block (3); one step (K = 512 at 8 segments x 2
+# spans: most warps idle).
+ROW_RUN_SHAPES = [(2304, 16384), (1001, 14336), (3, 2048), (40, 512)]
+
+
+@needs_mma
+@pytest.mark.parametrize("N, K", ROW_RUN_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_row_run_values(N, K, M, dtype):
+    x, w, b = make(M, N, K, dtype, seed=M * 19 + N, bias=M % 2 == 1)
+    want = reference(x, w, b)
+    for cfg in ROW_RUNS:
+        if M <= cfg.max_m and K % cfg.step_k(2) == 0:
+            assert_gemm_close(run_mma(x, w, b, cfg), want, f"{cfg} {M}x{N}x{K}")
+
+
+@needs_mma
+def test_row_run_bad_input():
+    """The row-run loop's rules, each an error naming the argument before anything is written:
+    at most 32 / segments tokens, K a whole number of its steps (segments x 64-byte chunks)."""
+    x, w, _ = make(5, 32, 1024, torch.bfloat16, seed=14)
+    out = poison_(torch.empty(5, 32, dtype=x.dtype, device=DEVICE))
+    with pytest.raises(ValueError, match=r"x: an MmaConfig takes 1 to 4 rows \(tokens\) with 8 segments, got 5"):
+        sg.gemm(x, w, out=out, config=sg.MmaConfig(4, 2, 8, segments=8))
+    with pytest.raises(ValueError, match="x: an MmaConfig with unroll 2 and 8 segments needs K a multiple of 512"):
+        sg.gemm(x[:4, :768], w[:, :768].contiguous(), out=out[:4], config=sg.MmaConfig(4, 2, 8, segments=8))
+    with pytest.raises(RuntimeError, match=r"x: this mma configuration takes at most 4 rows \(tokens\), got 5"):
+        sg.ops.skinny_mma(out, x, w, None, 4, 2, 8, 0, 1, 0, 8)
+    with pytest.raises(RuntimeError, match=r"config: .* = \(4, 2, 8, 2, 1, 0, 8\) is not compiled"):
+        sg.ops.skinny_mma(out, x, w, None, 4, 2, 8, 2, 1, 0, 8)
+    assert torch.isnan(out.float()).all()
 
 
 # The staged loop: K in 256-byte steps (128 16-bit columns); 2304 x 16384 (the 405B TP8 QKV), N off
@@ -280,7 +339,7 @@ def test_layouts_and_out():
     missing = next(
         sg.MmaConfig(rg, u, wp)
         for rg in _config.MMA_ROW_GROUPS for u in _config.MMA_UNROLL for wp in _config.MMA_WARPS
-        if (rg, u, wp, 0, 1) not in compiled
+        if sg.MmaConfig(rg, u, wp).op_args() not in compiled
     )  # fmt: skip
     with pytest.raises(ValueError, match="config: MmaConfig.* is not compiled in this build"):
         sg.gemm(x, w, out=out, config=missing)
@@ -317,12 +376,13 @@ def test_binding_checks():
     op = sg.ops.skinny_mma
     cases = [
         ((out, x, w, None, 3, 2, 8, 0, 1),
-         r"config: \(row_groups, unroll, warps, stages, split, shared_x\) = \(3, 2, 8, 0, 1, 0\) is not compiled"),
-        ((out, x, w, None, 2**32 + 1, 2, 8, 0, 1), r"config: .* = \(4294967297, 2, 8, 0, 1, 0\) is not compiled"),
-        ((out, x, w, None, 1, 4, 4, 4, 1), r"config: .* = \(1, 4, 4, 4, 1, 0\) is not compiled"),
-        ((out, x, w, None, 1, 4, 4, 2, 4, 2), r"config: .* = \(1, 4, 4, 2, 4, 2\) is not compiled"),
-        ((out, x, w, None, 1, 2, 8, 2**32, 1), r"config: .* = \(1, 2, 8, 4294967296, 1, 0\) is not compiled"),
-        ((out, x[:, :48], w[:, :48], None, 1, 2, 8, 0, 1), r"x: K must be a positive multiple of 64 \(steps of 2 chunks"),
+         r"config: \(row_groups, unroll, warps, stages, split, shared_x, segments\) = \(3, 2, 8, 0, 1, 0, 0\) is not compiled"),
+        ((out, x, w, None, 2**32 + 1, 2, 8, 0, 1), r"config: .* = \(4294967297, 2, 8, 0, 1, 0, 0\) is not compiled"),
+        ((out, x, w, None, 1, 4, 4, 4, 1), r"config: .* = \(1, 4, 4, 4, 1, 0, 0\) is not compiled"),
+        ((out, x, w, None, 1, 4, 4, 2, 4, 2), r"config: .* = \(1, 4, 4, 2, 4, 2, 0\) is not compiled"),
+        ((out, x, w, None, 1, 2, 8, 2**32, 1), r"config: .* = \(1, 2, 8, 4294967296, 1, 0, 0\) is not compiled"),
+        ((out, x, w, None, 1, 2, 8, 0, 1, 0, 3), r"config: .* = \(1, 2, 8, 0, 1, 0, 3\) is not compiled"),
+        ((out, x[:, :48], w[:, :48], None, 1, 2, 8, 0, 1), r"x: K must be a positive multiple of 64 \(one step"),
         ((out, x, w, None, 1, 4, 8, 0, 1), "x: K must be a positive multiple of 128"),
         ((out, x, w.half(), None, 1, 2, 8, 0, 1), r"w: expected a BFloat16 \[N, 64\] tensor"),
         ((out[:, :16], x, w, None, 1, 2, 8, 0, 1), r"out: expected a \[4, 32\] tensor"),
@@ -342,6 +402,8 @@ def test_deterministic():
     check_deterministic(sg.MmaConfig())
     for cfg in staged_configs():
         check_deterministic(cfg)
+    for cfg in ROW_RUNS[:3]:
+        check_deterministic(cfg, M=cfg.max_m)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,7 +413,7 @@ def test_deterministic():
 
 @needs_mma
 def test_opcheck():
-    for cfg in contract_configs():
+    for cfg in contract_configs(5):
         check_opcheck(cfg)
 
 
@@ -373,7 +435,7 @@ def test_torch_compile_fullgraph(table):
 @needs_mma
 @pytest.mark.parametrize("M", [1, 16])
 def test_cuda_graph_capture(M):
-    for cfg in contract_configs():
+    for cfg in contract_configs(M):
         check_cuda_graph_capture(cfg, M)
 
 
@@ -403,12 +465,25 @@ def test_fp8_out_and_bias_dtypes(out_dtype, bias_dtype):
 
 @needs_mma_fp8
 def test_fp8_every_compiled_config():
-    """Every compiled launch on FP8 at 1, 8 and 16 tokens, K = 17 four-chunk steps."""
+    """Every compiled launch on FP8 at 1, 8 and 16 tokens, K = 17 four-chunk steps; the row-run
+    loop at 1, half its tokens + 1 and all, at 17 of its steps."""
     x16, w, xs16, ws = make_fp8(16, 1000, 4352, torch.float8_e4m3fn, seed=33)
     for cfg in runnable_mma_configs():
-        for M in (1, 8, 16):
-            got = run_mma_fp8(x16[:M], w, xs16[:M], ws, cfg=cfg)
-            assert_gemm_close(got, reference_fp8(x16[:M], w, xs16[:M], ws), f"FP8 {cfg} M={M}")
+        xq, wq, xsq, wsq = (x16, w, xs16, ws) if 4352 % cfg.step_k(1) == 0 else \
+            make_fp8(16, 1000, 17 * cfg.step_k(1), torch.float8_e4m3fn, seed=36)
+        for M in ((1, 8, 16) if not cfg.segments else (1, cfg.max_m // 2 + 1, cfg.max_m)):
+            got = run_mma_fp8(xq[:M], wq, xsq[:M], wsq, cfg=cfg)
+            assert_gemm_close(got, reference_fp8(xq[:M], wq, xsq[:M], wsq), f"FP8 {cfg} M={M}")
+
+
+@needs_mma_fp8
+@pytest.mark.parametrize("N, K", [(2304, 16384), (1001, 14336)], ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("scales", ["tensor", "token-channel"])
+def test_row_run_fp8_values(N, K, M, scales):
+    for cfg in ROW_RUNS:
+        if M <= cfg.max_m and K % cfg.step_k(1) == 0:
+            check_fp8_values(N, K, M, scales, cfg, seed=M * 23 + N)
 
 
 # The staged loop on FP8: 256-column steps (4352 = 17 steps, 256 = one).
@@ -435,7 +510,7 @@ def test_fp8_bad_input():
         ((out, x[:, :128], w[:, :128], xs4, ws32, None, 1, 4, 4, 2, 1), r"x: K must be a positive multiple of 256"),
         ((out, x, w.view(torch.uint8), xs4, ws32, None, 1, 2, 8, 0, 1), r"w: expected a Float8_e4m3fn \[N, 256\] tensor"),
         ((out, x, w, xs4, ws32, None, 3, 2, 8, 0, 1),
-         r"config: \(row_groups, unroll, warps, stages, split, shared_x\) = \(3, 2, 8, 0, 1, 0\) is not compiled"),
+         r"config: \(row_groups, unroll, warps, stages, split, shared_x, segments\) = \(3, 2, 8, 0, 1, 0, 0\) is not compiled"),
     ]  # fmt: skip
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):
@@ -446,15 +521,16 @@ def test_fp8_bad_input():
 @needs_mma_fp8
 def test_fp8_deterministic():
     x, w, xs, ws = make_fp8(16, 2304, 16384, torch.float8_e4m3fn, seed=35)
-    for cfg in [sg.MmaConfig(), *staged_configs()]:
-        first = run_mma_fp8(x, w, xs, ws, cfg)
+    for cfg in [sg.MmaConfig(), *staged_configs(), *ROW_RUNS[:2]]:
+        xm, xsm = x[: cfg.max_m], xs[: cfg.max_m]
+        first = run_mma_fp8(xm, w, xsm, ws, cfg)
         for _ in range(3):
-            assert torch.equal(run_mma_fp8(x, w, xs, ws, cfg), first), cfg
+            assert torch.equal(run_mma_fp8(xm, w, xsm, ws, cfg), first), cfg
 
 
 @needs_mma_fp8
 def test_fp8_opcheck():
-    for cfg in contract_configs():
+    for cfg in contract_configs(5):
         check_opcheck_fp8(cfg)
 
 
@@ -464,7 +540,7 @@ def test_fp8_cuda_graph_capture(M):
     """Captured once, replayed on new x and scales: equal to eager calls, fully written (the
     register loop, the staged one and, on sm_90, the staged one with x shared)."""
     x, w, xs, ws = make_fp8(M, 2304, 16384, torch.float8_e4m3fn, seed=37)
-    for cfg in contract_configs():
+    for cfg in contract_configs(M):
         sx, sxs = x.clone(), xs.clone()
         sg.gemm_fp8(sx, w, sxs, ws, config=cfg)  # warm-up
         graph = torch.cuda.CUDAGraph()

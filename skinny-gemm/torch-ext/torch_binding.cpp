@@ -10,13 +10,13 @@
 //   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most K slices),
 //                                       flattened)
 //   skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll,
-//              int warps, int stages, int split, int shared_x=0) -> ()
+//              int warps, int stages, int split, int shared_x=0, int segments=0) -> ()
 //              (the tensor-core GEMV: csrc/skinny_mma.h)
 //   skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale,
 //                  Tensor? bias, int row_groups, int unroll, int warps, int stages, int split,
-//                  int shared_x=0) -> ()
+//                  int shared_x=0, int segments=0) -> ()
 //   skinny_mma_configs() -> int[]      (the compiled (row_groups, unroll, warps, stages, split,
-//                                       shared_x), flattened)
+//                                       shared_x, segments), flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -77,8 +77,8 @@ std::string compiled_list() {
                      [](const sg::SkinnyTmaConfig& c) { return std::array<int, 3>{c.tile_n, c.boxes_k, c.stages}; });
 }
 
-std::array<int, 6> mma_fields(const sg::SkinnyMmaConfig& c) {
-  return {c.row_groups, c.unroll, c.warps, c.stages, c.split, c.shared_x};
+std::array<int, 7> mma_fields(const sg::SkinnyMmaConfig& c) {
+  return {c.row_groups, c.unroll, c.warps, c.stages, c.split, c.shared_x, c.segments};
 }
 
 std::string mma_compiled_list() {
@@ -248,25 +248,26 @@ void check_fp8_dtypes(const at::Tensor& out, const at::Tensor& x) {
 // [M, N] (its dtype checked by the caller), the configuration; fills p and launches.
 void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
              const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t row_groups, int64_t unroll,
-             int64_t warps, int64_t stages, int64_t split, int64_t shared_x) {
+             int64_t warps, int64_t stages, int64_t split, int64_t shared_x, int64_t segments) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
   TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
   const bool fp8 = x.scalar_type() == at::kFloat8_e4m3fn;
   const int64_t elem = fp8 ? 1 : 2, unit = 16 / elem;  // 16-byte loads
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(M <= sg::kMmaMaxM, msg("x: the mma kernel takes at most ", sg::kMmaMaxM, " rows (tokens), got ", M));
   const auto small = [](int64_t v) { return v >= 1 && v <= 1024; };  // checked before the narrowing below
   const auto narrow = [&](int64_t v) { return static_cast<int>(small(v) ? v : 0); };
   // Out of range: 0, never a compiled value (-1 for stages, whose 0 is the register loop).
   p.config = {narrow(row_groups), narrow(unroll), narrow(warps), stages == 0 ? 0 : (small(stages) ? int(stages) : -1),
-              narrow(split), shared_x == 0 ? 0 : (shared_x == 1 ? 1 : -1)};
+              narrow(split), shared_x == 0 ? 0 : (shared_x == 1 ? 1 : -1), segments == 0 ? 0 : narrow(segments)};
   TORCH_CHECK(sg::skinny_mma_config_supported(p.config),
-              msg("config: (row_groups, unroll, warps, stages, split, shared_x) = (", row_groups, ", ", unroll, ", ",
-                  warps, ", ", stages, ", ", split, ", ", shared_x, ") is not compiled; compiled: ", mma_compiled_list()));
-  const int64_t step = sg::kMmaChunkBytes / elem * unroll;  // K columns of one step
+              msg("config: (row_groups, unroll, warps, stages, split, shared_x, segments) = (", row_groups, ", ", unroll,
+                  ", ", warps, ", ", stages, ", ", split, ", ", shared_x, ", ", segments,
+                  ") is not compiled; compiled: ", mma_compiled_list()));
+  const int max_m = sg::mma_max_m(p.config);
+  TORCH_CHECK(M <= max_m, msg("x: this mma configuration takes at most ", max_m, " rows (tokens), got ", M));
+  const int64_t step = sg::mma_step_bytes(p.config) / elem;  // K columns of one step
   TORCH_CHECK(M == 0 || (K >= step && K % step == 0),
-              msg("x: K must be a positive multiple of ", step, " (steps of ", unroll, " chunks of ",
-                  sg::kMmaChunkBytes / elem, " columns) with unroll ", unroll, ", got ", K));
+              msg("x: K must be a positive multiple of ", step, " (one step of the configuration), got ", K));
   const int64_t N = check_operands(out, x, w, bias, unit, bias_any_out_dtype);
   TORCH_CHECK(N <= INT32_MAX, msg("w: expected at most 2^31 - 1 rows, got ", N));
   if (M == 0 || N == 0) return;
@@ -304,19 +305,23 @@ void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
 }
 
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages, int64_t split, int64_t shared_x) {
+                int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages, int64_t split, int64_t shared_x,
+                int64_t segments) {
   check_16bit_dtypes(out, x);
   sg::SkinnyMmaParams p;
-  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps, stages, split, shared_x);
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps, stages, split, shared_x,
+          segments);
 }
 
 void skinny_mma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t row_groups,
-                    int64_t unroll, int64_t warps, int64_t stages, int64_t split, int64_t shared_x) {
+                    int64_t unroll, int64_t warps, int64_t stages, int64_t split, int64_t shared_x,
+                    int64_t segments) {
   check_fp8_dtypes(out, x);
   sg::SkinnyMmaParams p;
   check_scales(p, out, x, w, x_scale, w_scale);
-  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps, stages, split, shared_x);
+  run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps, stages, split, shared_x,
+          segments);
 }
 
 std::vector<int64_t> skinny_mma_configs() {
@@ -347,11 +352,11 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("skinny_tma_configs() -> int[]", &skinny_tma_configs);
   ops.def(
       "skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll, int warps, int stages, "
-      "int split, int shared_x=0) -> ()");
+      "int split, int shared_x=0, int segments=0) -> ()");
   ops.impl("skinny_mma", c10::kCUDA, &skinny_mma);
   ops.def(
       "skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
-      "int row_groups, int unroll, int warps, int stages, int split, int shared_x=0) -> ()");
+      "int row_groups, int unroll, int warps, int stages, int split, int shared_x=0, int segments=0) -> ()");
   ops.impl("skinny_mma_fp8", c10::kCUDA, &skinny_mma_fp8);
   ops.def("skinny_mma_configs() -> int[]", &skinny_mma_configs);
 #else

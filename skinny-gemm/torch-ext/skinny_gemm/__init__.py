@@ -190,16 +190,16 @@ def _mma_op():
 
 
 @functools.cache
-def _compiled_mma() -> tuple[tuple[int, int, int, int, int, int], ...]:
-    """The (row_groups, unroll, warps, stages, split, shared_x) the build compiled (its binding's list)."""
+def _compiled_mma() -> tuple[tuple[int, int, int, int, int, int, int], ...]:
+    """The (row_groups, unroll, warps, stages, split, shared_x, segments) the build compiled (its binding's list)."""
     flat = list(ops.skinny_mma_configs()) if _mma_op() is not None else []
-    return tuple(tuple(flat[i : i + 6]) for i in range(0, len(flat), 6))
+    return tuple(tuple(flat[i : i + 7]) for i in range(0, len(flat), 7))
 
 
 def mma_configs(device: torch.device | str | None = None) -> list[MmaConfig]:
     """The :class:`MmaConfig` launches this build has code for; empty on CPU / ROCm builds. With a
     CUDA ``device``, only those it runs: a K split (a thread-block cluster) from capability 9.0."""
-    configs = [MmaConfig(*fields[:5], shared_x=bool(fields[5])) for fields in _compiled_mma()]
+    configs = [MmaConfig(*fields[:5], shared_x=bool(fields[5]), segments=fields[6]) for fields in _compiled_mma()]
     if device is not None and configs:
         clusters = _has_clusters(torch.device(device).index)
         configs = [c for c in configs if c.split == 1 or clusters]
@@ -237,11 +237,13 @@ def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig) -> str | None
                 f"or above; got {x.device} of capability {torch.cuda.get_device_capability(x.device.index)}")  # fmt: skip
     if x.dtype not in _DTYPES and not fp8:
         return f"x: an MmaConfig multiplies float16, bfloat16 or float8_e4m3fn, got {x.dtype}"
-    if not 1 <= M <= MMA_MAX_M:
-        return f"x: an MmaConfig takes 1 to {MMA_MAX_M} rows (tokens), got {M}"
+    if not 1 <= M <= cfg.max_m:
+        return (f"x: an MmaConfig takes 1 to {cfg.max_m} rows (tokens)"
+                f"{f' with {cfg.segments} segments' if cfg.segments else ''}, got {M}")  # fmt: skip
     step = cfg.step_k(x.element_size())
     if K % step:
-        return f"x: an MmaConfig with unroll {cfg.unroll} needs K a multiple of {step} (whole steps of the kernel), got K = {K}"
+        return (f"x: an MmaConfig with unroll {cfg.unroll}{f' and {cfg.segments} segments' if cfg.segments else ''} "
+                f"needs K a multiple of {step} (whole steps of the kernel), got K = {K}")  # fmt: skip
     if (w.stride(0) * w.element_size()) % 16 or w.data_ptr() % 16:
         return (
             f"w: an MmaConfig needs 16-byte aligned rows (a row stride of a multiple of {16 // w.element_size()} "
@@ -264,7 +266,8 @@ def _run_mma(out, x, w, bias, cfg: MmaConfig, x_scale=None, w_scale=None) -> Non
     if cfg.op_args() not in _compiled_mma():
         compiled = ", ".join(str(fields) for fields in _compiled_mma())
         raise ValueError(
-            f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps, stages, split, shared_x): "
+            f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps, stages, split, shared_x, "
+            f"segments): "
             f"{compiled}"
         )
     if x_scale is None:

@@ -107,9 +107,11 @@ class TmaConfig:
 # The compiled GEMV's choices (csrc/skinny_mma.h): groups of 8 weight rows a block, 64-byte
 # chunks of K a step (32 columns of a 16-bit dtype, 64 of e4m3), warps a block (each a contiguous
 # range of K's steps), shared-memory stages (0: the register loop) and K ranges a row group (a
-# cluster of blocks, the staged loop on sm_90). Which combinations a build has code for is the
-# binding's list (``skinny_mma_configs``), checked when a call reaches a GPU.
+# cluster of blocks, the staged loop on sm_90), and the row-run loop's segments (0: not it). Which
+# combinations a build has code for is the binding's list (``skinny_mma_configs``), checked when a
+# call reaches a GPU.
 MMA_ROW_GROUPS = (1, 2)
+MMA_ROW_RUNS = (1, 2, 4)  # the row-run loop's row_groups: W loads a span
 MMA_UNROLL = (1, 2, 4)
 MMA_WARPS = (2, 4, 8, 16)
 MMA_STAGES = (0, 2, 3)
@@ -117,6 +119,7 @@ MMA_SPLIT = (1, 2, 4, 8)
 MMA_MAX_M = 16
 MMA_CHUNK_BYTES = 64
 MMA_STAGED_UNROLL = 4  # the staged loop's step: 4 chunks (256 bytes of each of the block's rows)
+MMA_SEGMENTS = (0, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -135,8 +138,19 @@ class MmaConfig:
     staged loop): the block's warps take ``row_groups`` groups of rows each, side by side, over the
     block's K range, and x's fragments are copied once a block into shared memory all its warps
     read (x's traffic through L2 divided by the warps; 8 tokens at 2304 x 16384 bf16: 21.1 against
-    21.8 us, H200). Its table / op form is ``[-1, row_groups, unroll, warps]`` (register loop),
-    ``[-1, row_groups, unroll, warps, stages, split]`` or, shared x, ``[..., split, 1]``."""
+    21.8 us, H200).
+
+    ``segments`` 4 or 8 is the row-run loop (stages 0, 2-8 tokens): each lane's 16-byte W load is
+    the one-token GEMV's (a warp load covers 2 rows x 256 or 1 row x 512 contiguous bytes) and
+    goes straight into mma.sync, the wanted products being the tile's segment-diagonal entries;
+    ``row_groups`` (1, 2 or 4) is then the W loads a span of ``segments`` 64-byte chunks (a block
+    covers ``row_groups * 8 // segments`` rows), ``unroll`` the spans a step; it takes up to
+    ``32 // segments`` tokens (:attr:`max_m`). At 2304 x 16384 bf16 on an H200, in a layer: 19.1 /
+    19.8 / 20.5 us at 2 / 4 / 8 tokens against cuBLAS's 23.5 / 23.7 / 23.9.
+
+    Its table / op form is ``[-1, row_groups, unroll, warps]`` (register loop),
+    ``[-1, row_groups, unroll, warps, stages, split]`` or, shared x, ``[..., split, 1]``, and the
+    row-run loop ``[-1, row_groups, unroll, warps, 0, 1, 0, segments]``."""
 
     row_groups: int = 1
     unroll: int = 2
@@ -144,10 +158,16 @@ class MmaConfig:
     stages: int = 0
     split: int = 1
     shared_x: bool = False
+    segments: int = 0
 
     def __post_init__(self):
-        check_config(self, choices={"row_groups": MMA_ROW_GROUPS, "unroll": MMA_UNROLL, "warps": MMA_WARPS,
-                                    "stages": MMA_STAGES, "split": MMA_SPLIT}, flags=("shared_x",))  # fmt: skip
+        check_config(self, choices={"segments": MMA_SEGMENTS,
+                                    "row_groups": MMA_ROW_RUNS if self.segments else MMA_ROW_GROUPS,
+                                    "unroll": MMA_UNROLL, "warps": MMA_WARPS, "stages": MMA_STAGES, "split": MMA_SPLIT},
+                     flags=("shared_x",))  # fmt: skip
+        if self.segments and (self.stages or self.split != 1 or self.shared_x):
+            raise ValueError(f"MmaConfig.segments: the row-run loop ({self.segments} segments) takes stages 0, split 1 and "
+                             f"shared_x False, got stages {self.stages}, split {self.split}, shared_x {self.shared_x}")  # fmt: skip
         if self.stages and self.unroll != MMA_STAGED_UNROLL:
             raise ValueError(f"MmaConfig.stages: the staged loop ({self.stages} stages) takes unroll {MMA_STAGED_UNROLL} "
                              f"(256-byte steps), got unroll {self.unroll}")  # fmt: skip
@@ -159,23 +179,31 @@ class MmaConfig:
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
         head = [-1, self.row_groups, self.unroll, self.warps]
+        if self.segments:
+            return [*head, 0, 1, 0, self.segments]
         if not self.stages:
             return head
         return [*head, self.stages, self.split, 1] if self.shared_x else [*head, self.stages, self.split]
 
-    def op_args(self) -> tuple[int, int, int, int, int, int]:
-        """The ops' (row_groups, unroll, warps, stages, split, shared_x) arguments."""
-        return (self.row_groups, self.unroll, self.warps, self.stages, self.split, int(self.shared_x))
+    def op_args(self) -> tuple[int, int, int, int, int, int, int]:
+        """The ops' (row_groups, unroll, warps, stages, split, shared_x, segments) arguments."""
+        return (self.row_groups, self.unroll, self.warps, self.stages, self.split, int(self.shared_x), self.segments)
 
     def step_k(self, elem_bytes: int) -> int:
         """K columns of one step (K must be a multiple of it) for inputs of ``elem_bytes``."""
-        return MMA_CHUNK_BYTES // elem_bytes * self.unroll
+        return MMA_CHUNK_BYTES // elem_bytes * self.unroll * max(1, self.segments)
+
+    @property
+    def max_m(self) -> int:
+        """The most tokens the launch takes: 16, or two token tiles of the row-run loop."""
+        return 32 // self.segments if self.segments else MMA_MAX_M
 
 
 def config_from_list(fields) -> SkinnyConfig | TmaConfig | MmaConfig:
     """An ``int[] config`` (an op argument, a table entry) as its configuration: six ints a
     :class:`SkinnyConfig`, ``[0, ...]`` with four more a :class:`TmaConfig`, ``[-1, ...]`` with
-    three, five or six (the last ``shared_x``, 0 or 1) more an :class:`MmaConfig`."""
+    three, five, six (the last ``shared_x``, 0 or 1) or seven (then ``segments``) more an
+    :class:`MmaConfig`."""
     fields = [int(f) for f in fields]
     if len(fields) == 5 and fields[0] == 0:
         return TmaConfig(*fields[1:])
@@ -183,9 +211,11 @@ def config_from_list(fields) -> SkinnyConfig | TmaConfig | MmaConfig:
         return MmaConfig(*fields[1:])
     if len(fields) == 7 and fields[0] == -1 and fields[6] in (0, 1):
         return MmaConfig(*fields[1:6], shared_x=bool(fields[6]))
+    if len(fields) == 8 and fields[0] == -1 and fields[6] in (0, 1):
+        return MmaConfig(*fields[1:6], shared_x=bool(fields[6]), segments=fields[7])
     if len(fields) != 6:
         raise ValueError(f"config: expected 6 ints (SkinnyConfig), [0, tile_n, boxes_k, stages, split] "
-                         f"(TmaConfig) or [-1, row_groups, unroll, warps(, stages, split(, shared_x))] (MmaConfig), "
+                         f"(TmaConfig) or [-1, row_groups, unroll, warps(, stages, split(, shared_x(, segments)))] (MmaConfig), "
                          f"got {fields}")  # fmt: skip
     return SkinnyConfig(*fields)
 
