@@ -153,11 +153,11 @@ def two_token_gemv_candidates(kernel, K: int, quick: bool) -> list:
 
 
 def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, margin: float, log, tma: list | None = None,
-             method: Method = METHOD, mma: list | None = None):
+             method: Method = METHOD, mma: list | None = None, only: list | None = None):
     """(cuBLAS us, best skinny us, the entry: the best config or None, the best config). dtype
     ``fp8``: per-token x and per-channel w scales against cuBLAS's rowwise GEMM; ``fp8-tensor``:
     both scales per tensor against its per-tensor GEMM. Timed with ``method`` (default: in a
-    layer)."""
+    layer). ``only``: these candidates instead of the sweep."""
     N, K = ref.SHAPES[shape]
     fp8 = dtype != "bfloat16"
     if fp8:
@@ -192,7 +192,7 @@ def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, marg
     expected = cublas(0)().float()
     t_cublas = time_us(cublas, nbytes, method).median_us
     best, best_cfg = float("inf"), None
-    for cfg in candidates(kernel, M, N, K, 1 if fp8 else 2, sms, quick, tma, mma):
+    for cfg in only if only is not None else candidates(kernel, M, N, K, 1 if fp8 else 2, sms, quick, tma, mma):
         try:
             got = ours(cfg)(0)().float()
             err = (got - expected).abs().max().item()
@@ -207,6 +207,17 @@ def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, marg
             best, best_cfg = t, cfg
     chosen = best_cfg.as_list() if best_cfg is not None and best <= margin * t_cublas else None
     return t_cublas, best, chosen, None if best_cfg is None else best_cfg.as_list()
+
+
+def rows_only_candidates(kernel, mma: list, entry, M: int, K: int, elem: int) -> list:
+    """--rows-only: the row-run launches that take M tokens and K, and the bucket's current table
+    entry (a list, or None: cuBLAS, timed anyway)."""
+    from importlib import import_module
+
+    out = [c for c in mma if c.segments and M <= c.max_m and K % c.step_k(elem) == 0]
+    if entry is not None:
+        out.append(import_module(kernel.__name__ + "._config").config_from_list(entry))
+    return out
 
 
 def write_table(table: dict, made_by: str) -> None:
@@ -234,6 +245,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="time the calls back to back, not each after another kernel as in a layer (the default)")
     parser.add_argument("--sms", type=int, default=None, help="SM count for --dry-run without a GPU (default: the GPU's, else 132)")
     parser.add_argument("--no-write", action="store_true", help="measure and print the table, do not write _tuning.py")
+    parser.add_argument("--rows-only", action="store_true",
+                        help="time only the row-run launches of the compiled GEMV (MmaConfig segments) and each bucket's "
+                             "current table entry (an earlier sweep's winner) against cuBLAS: a re-tune after those "
+                             "launches were added, at a fraction of a sweep's time")
     parser.add_argument("--dry-run", action="store_true", help="list the sweep; measure nothing (no GPU needed)")
     parser.add_argument("--from-log", metavar="LOG", default=None,
                         help="write the entries a run printed to LOG (one cut short by a time limit): no GPU needed")
@@ -328,8 +343,10 @@ def main(argv: list[str] | None = None) -> int:
             N, K = ref.SHAPES[shape]
             chosen_by_m = {}
             for M in args.tokens:
+                only = rows_only_candidates(kernel, mma, dict(before.get((gpu, name, N, K), [])).get(M), M, K,
+                                            1 if dtype != "bfloat16" else 2) if args.rows_only else None  # fmt: skip
                 t_cublas, t_best, chosen, best = tune_one(kernel, dtype, shape, M, sms, args.quick, args.margin, print, tma,
-                                                          BACK_TO_BACK if args.back_to_back else METHOD, mma)
+                                                          BACK_TO_BACK if args.back_to_back else METHOD, mma, only)
                 chosen_by_m[M] = chosen
                 print(f"{gpu} {name} {shape} M={M}: cuBLAS {t_cublas:.1f} us, best skinny {t_best:.1f} us "
                       f"({t_cublas / t_best:.3f}x) {best} -> {'skinny' if chosen else 'cuBLAS'}", flush=True)  # fmt: skip

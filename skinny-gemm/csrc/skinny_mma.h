@@ -33,8 +33,8 @@
 //   over the block's K range instead of a share of K over the same rows, and x's fragments are
 //   copied once a block into shared memory that every warp reads: x's traffic through L2 divided
 //   by the warps.
-// * The row-run loop (`segments` 4 or 8, 2-8 tokens): each lane's 16-byte W load is the one-token
-//   GEMV's (a warp load covers 2 rows x 256 or 1 row x 512 contiguous bytes) and goes straight
+// * The row-run loop (`segments` 2, 4 or 8, 1-8 tokens): each lane's 16-byte W load is the one-token
+//   GEMV's (a warp load covers 4 rows x 128, 2 x 256 or 1 x 512 contiguous bytes) and goes straight
 //   into mma.sync as B columns (row, 64-byte segment); x's A rows are (token, segment) alike, and
 //   the wanted products are the tile's segment-diagonal entries, summed over segments at the end
 //   (see skinny_mma_kernel.cuh).
@@ -65,7 +65,7 @@ struct SkinnyMmaConfig {
   int split = 1;       // staged loop: K ranges of a row group, one block each in a cluster (> 1: sm_90)
   int shared_x = 0;    // staged loop, 1: the warps side by side on rows (row_groups each) over the
                        // block's K range, x's fragments copied once a block (see above)
-  int segments = 0;    // 4 or 8: the row-run loop (see above; stages 0, split 1): row_groups is then
+  int segments = 0;    // 2, 4 or 8: the row-run loop (see above; stages 0, split 1): row_groups is then
                        // the W loads a span (each 8 / segments rows x segments x 64 bytes), unroll
                        // the spans a step; at most 32 / segments tokens
 };

@@ -56,11 +56,11 @@ struct MmaArgs {
 #define SKINNY_MMA_SHARED_X_CONFIGS(X) X(1, 4, 2, 4) X(1, 4, 3, 4) X(1, 8, 2, 4) X(1, 8, 2, 8) X(2, 4, 2, 8)
 
 // The compiled configurations of the row-run loop: (segments, runs a span, spans a step, warps).
-// Each takes up to two token tiles: 8 tokens at 4 segments, 4 at 8. The set is the H200 probe's
-// fastest at 2 / 4 / 8 tokens (2304 x 16384 bf16) and their neighbours.
-#define SKINNY_MMA_ROW_RUN_CONFIGS(X)                                                     \
-  X(8, 4, 2, 8) X(8, 4, 2, 4) X(8, 2, 2, 16) X(8, 2, 2, 8) X(8, 2, 1, 8) X(8, 4, 1, 8) \
-  X(4, 1, 2, 8) X(4, 1, 2, 4) X(4, 1, 4, 8) X(4, 2, 1, 8) X(4, 2, 2, 4) X(4, 2, 2, 8) X(4, 4, 1, 4)
+// Each takes up to two token tiles: 16 tokens at 2 segments, 8 at 4, 4 at 8. The set is the H200
+// probe's fastest at 2 / 4 / 8 tokens (2304 x 16384 bf16) and their neighbours.
+#define SKINNY_MMA_ROW_RUN_CONFIGS(X)                                                                     \
+  X(8, 4, 2, 8) X(8, 4, 2, 4) X(8, 2, 2, 16) X(8, 2, 2, 8) X(8, 2, 1, 8) X(8, 4, 1, 8) X(4, 1, 2, 8) \
+  X(4, 1, 2, 4) X(4, 1, 4, 8) X(4, 2, 1, 8) X(4, 2, 2, 4) X(4, 2, 2, 8) X(4, 4, 1, 4) X(2, 1, 2, 8) X(2, 2, 2, 8)
 
 cudaError_t launch_mma_bf16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_f16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
@@ -568,25 +568,26 @@ __device__ __forceinline__ void gemv_staged_xs(const MmaArgs& a) {
 // lane's 16-byte W load is that GEMV's, and mma.sync still does the products:
 //
 // * B's 8 columns are (row, segment) pairs, n = row * S + seg: S segments of 64 bytes, side by
-//   side, of 8 / S rows (S = 4: 2 rows x 256 bytes a warp load, S = 8: 1 row x 512 bytes). Lane
+//   side, of 8 / S rows (S = 2: 4 rows x 128 bytes a warp load, 4: 2 x 256, 8: 1 x 512). Lane
 //   (g, t) loads 16 bytes of row g / S at byte 64 (g % S) + 16 t of the span (the register loop's
 //   lane layout inside each segment, so the same K permutation makes the loaded words fragments).
 // * A's 16 rows are (token, segment) pairs alike, m = token * S + seg: lane (g, t) loads x's
 //   tokens g / S and g / S + 8 / S at the same bytes as its W load. A token tile is 16 / S tokens
-//   (4 or 2); `MT` tiles cover m.
+//   (8, 4 or 2); `MT` tiles cover m.
 // * C[(token, seg)][(row, seg')] multiplies segment seg of x by segment seg' of W; only seg ==
 //   seg' is wanted (1 / S of the tile, the rest dropped by a select, so nothing of it reaches a
 //   sum), and out[token][row] sums those diagonal entries over the segments (a fixed butterfly of
-//   shuffles) and over every span of K. The tensor cores do S times the useful products: at 2-8
-//   tokens they have the room (one to four mma a 16-byte W load).
+//   shuffles) and over every span of K. The tensor cores do S times the useful products: at 1-8
+//   tokens they have the room (one to four mma a 16-byte W load); at 16 they do not (the best
+//   launch, 2 segments x 2 tiles, read 2304 x 16384 bf16 in 25.3 us against cuBLAS's 23.3).
 // * A block is `WARPS` warps over the same RI x 8 / S rows, each a contiguous range of K's steps
 //   (`U` spans of S x 64 bytes), summed in shared memory in warp order (deterministic). A step's
 //   loads are all issued before its first mma (hold); the warp's next loads wait for its mmas, and
 //   the many resident warps (48-96 registers a thread) keep the memory system busy.
 //
-// H200, 2304 x 16384 bf16 in a layer (.exp probe, 2026-11-29): 19.05 / 19.76 / 20.52 us at 2 / 4 / 8
-// tokens (S 8 x 4 runs x 2 spans x 8 warps; S 4 x 1 x 2 x 8; S 4 x 2 x 2 x 4) against cuBLAS's
-// 23.54 / 23.68 / 23.94 and the staged loop's 20.75 / 20.91 / 21.33.
+// H200, 2304 x 16384 bf16 in a layer (.exp probe, 2026-11-29): 19.05 / 19.76 / 19.86 us at 2 / 4 / 8
+// tokens (S 8 x 4 runs x 2 spans x 8 warps; S 4 x 1 x 2 x 8; S 2 x 1 x 2 x 8) against cuBLAS's
+// 23.54 / 23.68 / 24.29 and the staged loop's 20.75 / 20.91 / 21.18.
 template <int MT, int RI, int U>
 struct RowStep {
   uint4 w[U][RI], xa[U][MT], xb[U][MT];

@@ -74,10 +74,11 @@ def staged_configs() -> list:
     return [c for c in STAGED if c.split == 1 or CLUSTERS]
 
 
-# The row-run loop's launches under test: 8 segments (up to 4 tokens) and 4 (up to 8), one to four
-# loads a span, one to four spans a step, 4-16 warps.
+# The row-run loop's launches under test: 8 segments (up to 4 tokens), 4 (up to 8) and 2 (up to 16),
+# one to four loads a span, one to four spans a step, 4-16 warps.
 ROW_RUNS = [sg.MmaConfig(4, 2, 8, segments=8), sg.MmaConfig(2, 2, 16, segments=8), sg.MmaConfig(1, 2, 8, segments=4),
-            sg.MmaConfig(2, 2, 4, segments=4), sg.MmaConfig(1, 4, 8, segments=4), sg.MmaConfig(4, 1, 4, segments=4)]
+            sg.MmaConfig(2, 2, 4, segments=4), sg.MmaConfig(1, 4, 8, segments=4), sg.MmaConfig(4, 1, 4, segments=4),
+            sg.MmaConfig(2, 2, 8, segments=2)]
 
 
 def contract_configs(M: int = 1) -> list:
@@ -126,7 +127,7 @@ def test_config_forms():
     assert _config.config_from_list(rows.as_list()) == rows
     assert rows.op_args() == (4, 2, 8, 0, 1, 0, 8)
     assert (rows.max_m, rows.step_k(2), rows.step_k(1)) == (4, 512, 1024)
-    assert (sg.MmaConfig(1, 2, 8, segments=4).max_m, shared.max_m) == (8, 16)
+    assert (sg.MmaConfig(1, 2, 8, segments=4).max_m, sg.MmaConfig(1, 2, 8, segments=2).max_m, shared.max_m) == (8, 16, 16)
 
 
 @pytest.mark.kernels_ci
@@ -147,7 +148,7 @@ def test_config_forms():
         (lambda: _config.config_from_list([-1, 2]), ValueError,
          r"\[-1, row_groups, unroll, warps\(, stages, split\(, shared_x\(, segments\)\)\)\] \(MmaConfig\)"),
         (lambda: _config.config_from_list([-1, 1, 4, 4, 2, 4, 2]), ValueError, r"\(MmaConfig\), got \[-1, 1, 4, 4, 2, 4, 2\]"),
-        (lambda: sg.MmaConfig(1, 2, 8, segments=2), ValueError, r"MmaConfig.segments: expected one of \[0, 4, 8\], got 2"),
+        (lambda: sg.MmaConfig(1, 2, 8, segments=16), ValueError, r"MmaConfig.segments: expected one of \[0, 2, 4, 8\], got 16"),
         (lambda: sg.MmaConfig(8, 2, 8, segments=4), ValueError, r"MmaConfig.row_groups: expected one of \[1, 2, 4\], got 8"),
         (lambda: sg.MmaConfig(4, 2, 8), ValueError, r"MmaConfig.row_groups: expected one of \[1, 2\], got 4"),
         (lambda: sg.MmaConfig(1, 4, 4, 2, segments=4), ValueError,
@@ -257,7 +258,7 @@ ROW_RUN_SHAPES = [(2304, 16384), (1001, 14336), (3, 2048), (40, 512)]
 
 @needs_mma
 @pytest.mark.parametrize("N, K", ROW_RUN_SHAPES, ids=lambda v: str(v))
-@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9, 16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_row_run_values(N, K, M, dtype):
     x, w, b = make(M, N, K, dtype, seed=M * 19 + N, bias=M % 2 == 1)
@@ -478,7 +479,7 @@ def test_fp8_every_compiled_config():
 
 @needs_mma_fp8
 @pytest.mark.parametrize("N, K", [(2304, 16384), (1001, 14336)], ids=lambda v: str(v))
-@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("M", [1, 3, 8, 16])
 @pytest.mark.parametrize("scales", ["tensor", "token-channel"])
 def test_row_run_fp8_values(N, K, M, scales):
     for cfg in ROW_RUNS:

@@ -119,7 +119,7 @@ MMA_SPLIT = (1, 2, 4, 8)
 MMA_MAX_M = 16
 MMA_CHUNK_BYTES = 64
 MMA_STAGED_UNROLL = 4  # the staged loop's step: 4 chunks (256 bytes of each of the block's rows)
-MMA_SEGMENTS = (0, 4, 8)
+MMA_SEGMENTS = (0, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -140,13 +140,13 @@ class MmaConfig:
     read (x's traffic through L2 divided by the warps; 8 tokens at 2304 x 16384 bf16: 21.1 against
     21.8 us, H200).
 
-    ``segments`` 4 or 8 is the row-run loop (stages 0, 2-8 tokens): each lane's 16-byte W load is
-    the one-token GEMV's (a warp load covers 2 rows x 256 or 1 row x 512 contiguous bytes) and
+    ``segments`` 2, 4 or 8 is the row-run loop (stages 0, 1-8 tokens): each lane's 16-byte W load
+    is the one-token GEMV's (a warp load covers 4 rows x 128, 2 x 256 or 1 x 512 contiguous bytes) and
     goes straight into mma.sync, the wanted products being the tile's segment-diagonal entries;
     ``row_groups`` (1, 2 or 4) is then the W loads a span of ``segments`` 64-byte chunks (a block
     covers ``row_groups * 8 // segments`` rows), ``unroll`` the spans a step; it takes up to
     ``32 // segments`` tokens (:attr:`max_m`). At 2304 x 16384 bf16 on an H200, in a layer: 19.1 /
-    19.8 / 20.5 us at 2 / 4 / 8 tokens against cuBLAS's 23.5 / 23.7 / 23.9.
+    19.8 / 19.9 us at 2 / 4 / 8 tokens against cuBLAS's 23.5 / 23.7 / 24.3.
 
     Its table / op form is ``[-1, row_groups, unroll, warps]`` (register loop),
     ``[-1, row_groups, unroll, warps, stages, split]`` or, shared x, ``[..., split, 1]``, and the
