@@ -60,6 +60,10 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
       (p.m > 1 && (p.x_row_stride * elem) % 16 != 0)) {
     return cudaErrorNotSupported;
   }
+  // The row-run loop addresses rows with 32-bit byte strides.
+  if (p.config.segments != 0 && (p.w_row_stride * elem > INT32_MAX || (p.m > 1 && p.x_row_stride * elem > INT32_MAX))) {
+    return cudaErrorNotSupported;
+  }
   int cc = 0;
   if (const cudaError_t err = compute_capability(&cc); err != cudaSuccess) return err;
   if (cc < (fp8 ? 89 : 80)) return cudaErrorNotSupported;  // mma.sync bf16 / e4m3

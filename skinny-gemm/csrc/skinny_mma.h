@@ -83,8 +83,8 @@ struct SkinnyMmaParams {
   int64_t k = 0;  // a positive multiple of a step: kMmaChunkBytes * unroll bytes
   DType dtype = DType::kBFloat16;      // x and w: kBFloat16, kFloat16 or kFloat8E4M3
   DType out_dtype = DType::kBFloat16;  // dtype for 16-bit inputs; bf16, fp16 or fp32 for e4m3
-  // x [m, k] and w [n, k]: unit-stride rows, row strides multiples of 16 bytes, bases 16-byte
-  // aligned (every load is 16 bytes).
+  // x [m, k] and w [n, k]: unit-stride rows, row strides multiples of 16 bytes (below 2^31 bytes
+  // for the row-run loop), bases 16-byte aligned (every load is 16 bytes).
   const void* x = nullptr;
   int64_t x_row_stride = 0;  // elements
   const void* w = nullptr;

@@ -620,6 +620,7 @@ __device__ __forceinline__ void gemv_rows(const MmaArgs& a) {
   const StepRange mine = even_part(a.steps, WARPS, warp);
   const int lane_bytes = kMmaChunkBytes * (g % S) + 16 * t;
   const int lane_row = S == 8 ? 0 : g / S;  // the lane's row in a load, and token in a tile's half
+  // 32-bit strides (the launcher's rule for this loop): 98 -> 64 registers at 2 loads x 2 spans.
   const int w_stride = static_cast<int>(a.w_row_bytes), x_stride = static_cast<int>(a.x_row_bytes);
   const uint8_t* w[RI];
 #pragma unroll
@@ -636,8 +637,8 @@ __device__ __forceinline__ void gemv_rows(const MmaArgs& a) {
 #pragma unroll
     for (int i = 0; i < RI; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
   }
-  // One step at a time, not unrolled (the compiler otherwise unrolls by two and hoists the next
-  // step's loads: 96 -> 160+ registers, a third of the resident warps).
+  // One step at a time, not unrolled: unrolled by two, the next step's loads were hoisted and the
+  // probe's loop compiled to 164-186 registers a thread instead of 96 (sm_90a).
 #pragma unroll 1
   for (int step = mine.lo; step < mine.lo + mine.n; ++step) {
     const int64_t o = int64_t(step) * kStepBytes;
