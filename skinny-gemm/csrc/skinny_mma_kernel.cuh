@@ -558,8 +558,6 @@ __device__ __forceinline__ void gemv_staged_xs(const MmaArgs& a) {
   }
 }
 
-// mma.sync with e4m3 operands exists from sm_89 on (and cvt to f16x2 from e4m3x2): the sm_80
-// build has no FP8 kernel body (the launcher refuses FP8 below capability 8.9); clusters are sm_90.
 // ---- The row-run loop: W read as the one-token GEMV reads it, straight into fragments --------
 //
 // Why: a warp of the register loop covers 8 rows x 64 bytes a load, of the staged loop 2 rows x
@@ -614,13 +612,12 @@ __device__ __forceinline__ void gemv_rows(const MmaArgs& a) {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 
   // Rows past n read row n - 1 and tokens past m token m - 1: their C entries are never stored.
-  // The warp's K start goes into the loop's offset, not the pointers: at 8 segments a load's row
-  // does not depend on the lane, and its base then stays in a uniform register (80 against 98
-  // registers a thread at 8 segments x 4 runs x 2 spans, sm_90).
+  // The pointers hold the row and the lane's bytes; the warp's K start is the loop's offset.
   const StepRange mine = even_part(a.steps, WARPS, warp);
   const int lane_bytes = kMmaChunkBytes * (g % S) + 16 * t;
   const int lane_row = S == 8 ? 0 : g / S;  // the lane's row in a load, and token in a tile's half
-  // 32-bit strides (the launcher's rule for this loop): 98 -> 64 registers at 2 loads x 2 spans.
+  // 32-bit strides (the launcher's rule for this loop): 58 -> 48 registers a thread at 4 segments x
+  // 1 load x 2 spans x 8 warps (sm_90a), 5 blocks an SM instead of 4.
   const int w_stride = static_cast<int>(a.w_row_bytes), x_stride = static_cast<int>(a.x_row_bytes);
   const uint8_t* w[RI];
 #pragma unroll
@@ -701,6 +698,8 @@ __device__ __forceinline__ void gemv_rows(const MmaArgs& a) {
   }
 }
 
+// mma.sync with e4m3 operands exists from sm_89 on (and cvt to f16x2 from e4m3x2): the sm_80
+// build has no FP8 kernel body (the launcher refuses FP8 below capability 8.9); clusters are sm_90.
 #if defined(__CUDA_ARCH__)
 constexpr int kDeviceArch = __CUDA_ARCH__;
 #else
