@@ -104,6 +104,23 @@ def test_the_gemv_joins_the_sweep_where_k_is_whole_steps():
     assert got == {sg.MmaConfig(1, 1, 8)}
 
 
+def test_row_run_launches_join_the_sweep_up_to_their_tokens():
+    """A row-run launch (MmaConfig segments) is a candidate only where M fits its two token tiles
+    (32 / segments tokens) and K is a whole number of its steps (segments x 64 bytes x unroll);
+    --rows-only plans those launches and the bucket's current table entry, nothing else."""
+    rows = [sg.MmaConfig(4, 2, 8, segments=8), sg.MmaConfig(1, 2, 8, segments=4), sg.MmaConfig(1, 2, 8, segments=2)]
+    for M, want in ((1, rows), (4, rows), (5, rows[1:]), (8, rows[1:]), (9, rows[2:]), (16, rows[2:]), (32, [])):
+        cands = {c for c in tune.candidates(sg, M, 2304, 16384, 2, 132, True, mma=rows) if isinstance(c, sg.MmaConfig)}
+        assert cands == set(want), M
+    # K = 768: 24 chunks of 16-bit: steps of 8 x 2 (16 chunks) do not divide it, 4 x 2 and 2 x 2 do
+    got = {c for c in tune.candidates(sg, 2, 100, 768, 2, 132, True, mma=rows) if isinstance(c, sg.MmaConfig)}
+    assert got == set(rows[1:])
+    entry = [-1, 1, 4, 4, 2, 1]
+    assert tune.rows_only_candidates(sg, rows + [sg.MmaConfig()], entry, 8, 16384, 2) == [*rows[1:], sg.MmaConfig(1, 4, 4, 2)]
+    assert tune.rows_only_candidates(sg, rows, None, 2, 16384, 1) == rows
+    assert tune.parse_args(["--rows-only"]).rows_only and not tune.parse_args([]).rows_only
+
+
 def test_a_table_from_a_run_cut_short(tmp_path, monkeypatch):
     """--from-log writes the points a run printed (its first line the command), merged into the
     table as the run would have: a skinny pick as its configuration, a cuBLAS one as None."""
