@@ -539,7 +539,8 @@ def test_fp8_opcheck():
 @pytest.mark.parametrize("M", [1, 16])
 def test_fp8_cuda_graph_capture(M):
     """Captured once, replayed on new x and scales: equal to eager calls, fully written (the
-    register loop, the staged one and, on sm_90, the staged one with x shared)."""
+    register loop, the staged one, on sm_90 the staged one with x shared, and at one token a
+    row-run launch)."""
     x, w, xs, ws = make_fp8(M, 2304, 16384, torch.float8_e4m3fn, seed=37)
     for cfg in contract_configs(M):
         sx, sxs = x.clone(), xs.clone()
