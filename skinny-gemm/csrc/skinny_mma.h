@@ -5,7 +5,7 @@
 //            x, w e4m3fn; scales fp32 per tensor or per token / output row; O = bf16, fp16 or fp32
 //
 // products and sums in fp32, the scales and the bias applied in fp32, one rounding, for
-// 1 <= m <= kMmaMaxM tokens.
+// 1 <= m <= kMmaMaxM tokens (32 / segments for the row-run loop).
 //
 // Why a second compiled kernel: at 2-16 tokens every kernel built on staged tiles (the package's
 // Triton dot tile and TMA ring, cuBLAS) read 2304 x 16384 bf16 at 80-86% of the read floor on an
@@ -78,9 +78,9 @@ constexpr int mma_step_bytes(const SkinnyMmaConfig& c) {
 }
 
 struct SkinnyMmaParams {
-  int64_t m = 0;  // 1 .. kMmaMaxM (0 launches nothing)
+  int64_t m = 0;  // 1 .. mma_max_m(config) (0 launches nothing)
   int64_t n = 0;  // >= 1, any value (rows past n read row n - 1, never stored)
-  int64_t k = 0;  // a positive multiple of a step: kMmaChunkBytes * unroll bytes
+  int64_t k = 0;  // a positive multiple of a step: mma_step_bytes(config) bytes
   DType dtype = DType::kBFloat16;      // x and w: kBFloat16, kFloat16 or kFloat8E4M3
   DType out_dtype = DType::kBFloat16;  // dtype for 16-bit inputs; bf16, fp16 or fp32 for e4m3
   // x [m, k] and w [n, k]: unit-stride rows, row strides multiples of 16 bytes (below 2^31 bytes
