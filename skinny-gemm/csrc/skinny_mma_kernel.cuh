@@ -615,7 +615,7 @@ __device__ __forceinline__ void gemv_rows(const MmaArgs& a) {
   // The pointers hold the row and the lane's bytes; the warp's K start is the loop's offset.
   const StepRange mine = even_part(a.steps, WARPS, warp);
   const int lane_bytes = kMmaChunkBytes * (g % S) + 16 * t;
-  const int lane_row = S == 8 ? 0 : g / S;  // the lane's row in a load, and token in a tile's half
+  const int lane_row = g / S;  // the lane's row in a load, and its token in a tile's half
   // 32-bit strides (the launcher's rule for this loop): 58 -> 48 registers a thread at 4 segments x
   // 1 load x 2 spans x 8 warps (sm_90a), 5 blocks an SM instead of 4.
   const int w_stride = static_cast<int>(a.w_row_bytes), x_stride = static_cast<int>(a.x_row_bytes);

@@ -39,7 +39,6 @@ import torch.nn.functional as F
 
 from . import _reference, _tuning
 from ._config import (
-    MMA_MAX_M,
     TMA_MAX_M,
     MmaConfig,
     SkinnyConfig,
