@@ -22,10 +22,10 @@
 //   proxy fence, the K part's named barrier, issue the copies of step + stages - 1, the wgmmas,
 //   wait for them (the next step's copies land in the stage they read).
 // * Sums, all in fixed orders (deterministic): the K parts' tiles through shared memory; a
-//   cluster's ranks 1..split-1 store theirs into rank 0's shared memory and each makes one release
-//   arrive on its mbarrier (set up, and the cluster barrier's arrival made, at the start, the wait
-//   only before those stores); rank 0 adds them in rank order, applies the FP8 scales and the bias
-//   and writes the rows.
+//   cluster's ranks 1..split-1 store theirs into rank 0's shared memory, each thread then one
+//   release arrive on rank 0's mbarrier (set up, and the cluster barrier's arrival made, at the
+//   start, the wait only before those stores); rank 0 adds them in rank order, applies the FP8
+//   scales and the bias and writes the rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -130,7 +130,9 @@ __device__ __forceinline__ void gemv_wgmma(const MmaArgs& a) {
 
   if (split > 1) {
     if (tid == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(tma::smem_u32(&inbox_bar)), "r"(split - 1) : "memory");
+      // every thread of ranks 1..split-1 arrives once, after its own remote stores (its release orders them)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(tma::smem_u32(&inbox_bar)),
+                   "r"((split - 1) * KP * 128) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
@@ -225,11 +227,8 @@ __device__ __forceinline__ void gemv_wgmma(const MmaArgs& a) {
       const uint32_t dst = tma::map_to_cta(tma::smem_u32(&inbox[rank - 1][0]), 0);
       for (int idx = tid; idx < 16 * kRows; idx += KP * 128)
         asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(dst + 4 * idx), "f"(fin[idx]) : "memory");
-      __syncthreads();  // the block's stores issued before its one release arrive
-      if (tid == 0) {
-        const uint32_t bar = tma::map_to_cta(tma::smem_u32(&inbox_bar), 0);
-        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-      }
+      const uint32_t bar = tma::map_to_cta(tma::smem_u32(&inbox_bar), 0);
+      asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
       return;
     }
     uint32_t done = 0;
