@@ -93,17 +93,11 @@ __device__ __forceinline__ void wgmma_step(float* d, uint64_t a, uint64_t b) {
 #undef SKINNY_WGMMA_ASM
 }
 
-__device__ __forceinline__ void cp_async_w(uint32_t dst, const uint8_t* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(policy)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_x(uint32_t dst, const uint8_t* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
+// The copies are the staged loop's (skinny_mma_kernel.cuh): W .cg with an evict-first policy, x .ca.
+using mma_detail::cp_async_commit;
+using mma_detail::cp_async_w;
+using mma_detail::cp_async_wait;
+using mma_detail::cp_async_x;
 
 template <DType kIn, int S, int U, int KP, int D>
 __device__ __forceinline__ void gemv_wgmma(const MmaArgs& a) {
@@ -178,7 +172,7 @@ __device__ __forceinline__ void gemv_wgmma(const MmaArgs& a) {
 #pragma unroll
   for (int q = 0; q < D - 1; ++q) {
     if (q < n) copy(q);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");  // a group a step, empty past the range
+    cp_async_commit();  // a group a step, empty past the range
   }
 #pragma unroll 1
   for (int i = 0; i < n; ++i) {
@@ -186,7 +180,7 @@ __device__ __forceinline__ void gemv_wgmma(const MmaArgs& a) {
     tma::fence_proxy_async();  // generic-proxy writes before the wgmmas' reads
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + kp) : "memory");  // the K part's copies; its wgmmas of i - 1 done
     if (i + D - 1 < n) copy(i + D - 1);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    cp_async_commit();
     const uint32_t stage = ring + (i % D) * kStage;
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
