@@ -472,7 +472,7 @@ def test_binding_checks():
         ((out, x, w, None, 1, 4, 4, 2, 4, 2), r"config: .* = \(1, 4, 4, 2, 4, 2, 0, 0\) is not compiled"),
         ((out, x, w, None, 1, 2, 8, 2**32, 1), r"config: .* = \(1, 2, 8, 4294967296, 1, 0, 0, 0\) is not compiled"),
         ((out, x, w, None, 1, 2, 8, 0, 1, 0, 3), r"config: .* = \(1, 2, 8, 0, 1, 0, 3, 0\) is not compiled"),
-        ((out, x, w, None, 1, 1, 8, 4, 3, 0, 2, 2), r"config: .* = \(1, 1, 8, 4, 3, 0, 2, -1\) is not compiled"),
+        ((out, x, w, None, 1, 1, 8, 4, 3, 0, 2, 2), r"config: .* = \(1, 1, 8, 4, 3, 0, 2, 2\) is not compiled"),
         ((out, x[:, :48], w[:, :48], None, 1, 2, 8, 0, 1), r"x: K must be a positive multiple of 64 \(one step"),
         ((out, x, w, None, 1, 4, 8, 0, 1), "x: K must be a positive multiple of 128"),
         ((out, x, w.half(), None, 1, 2, 8, 0, 1), r"w: expected a BFloat16 \[N, 64\] tensor"),
