@@ -121,6 +121,22 @@ def test_row_run_launches_join_the_sweep_up_to_their_tokens():
     assert tune.parse_args(["--rows-only"]).rows_only and not tune.parse_args([]).rows_only
 
 
+def test_wgmma_launches_and_wgmma_only():
+    """A wgmma launch (MmaConfig wgmma) takes 1-16 tokens and K in whole steps of segments x unroll
+    128-byte chunks; --rows-only leaves it out, --wgmma-only plans it and the bucket's entry."""
+    wg = [sg.MmaConfig(1, 1, 8, 4, 3, segments=2, wgmma=True), sg.MmaConfig(1, 2, 4, 3, 2, segments=2, wgmma=True)]
+    rows = [sg.MmaConfig(1, 2, 8, segments=2)]
+    for M in (1, 9, 16):
+        cands = {c for c in tune.candidates(sg, M, 2304, 16384, 2, 132, True, mma=wg) if isinstance(c, sg.MmaConfig)}
+        assert cands == set(wg), M
+    # K = 384 16-bit columns: 768 bytes, 3 steps of the first (256 bytes), not whole steps of the second (512)
+    got = {c for c in tune.candidates(sg, 16, 100, 384, 2, 132, True, mma=wg) if isinstance(c, sg.MmaConfig)}
+    assert got == {wg[0]}
+    assert tune.rows_only_candidates(sg, wg + rows, None, 16, 16384, 2) == rows
+    assert tune.rows_only_candidates(sg, wg + rows, [-1, 1, 2, 8], 16, 16384, 2, wgmma=True) == [*wg, sg.MmaConfig()]
+    assert tune.parse_args(["--wgmma-only"]).wgmma_only and not tune.parse_args([]).wgmma_only
+
+
 def test_a_table_from_a_run_cut_short(tmp_path, monkeypatch):
     """--from-log writes the points a run printed (its first line the command), merged into the
     table as the run would have: a skinny pick as its configuration, a cuBLAS one as None."""

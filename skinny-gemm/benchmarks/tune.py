@@ -209,12 +209,12 @@ def tune_one(kernel, dtype: str, shape: str, M: int, sms: int, quick: bool, marg
     return t_cublas, best, chosen, None if best_cfg is None else best_cfg.as_list()
 
 
-def rows_only_candidates(kernel, mma: list, entry, M: int, K: int, elem: int) -> list:
-    """--rows-only: the row-run launches that take M tokens and K, and the bucket's current table
-    entry (a list, or None: cuBLAS, timed anyway)."""
+def rows_only_candidates(kernel, mma: list, entry, M: int, K: int, elem: int, wgmma: bool = False) -> list:
+    """--rows-only (--wgmma-only: ``wgmma``): the row-run (wgmma) launches that take M tokens and K,
+    and the bucket's current table entry (a list, or None: cuBLAS, timed anyway)."""
     from importlib import import_module
 
-    out = [c for c in mma if c.segments and M <= c.max_m and K % c.step_k(elem) == 0]
+    out = [c for c in mma if (c.wgmma if wgmma else c.segments and not c.wgmma) and M <= c.max_m and K % c.step_k(elem) == 0]
     if entry is not None:
         out.append(import_module(kernel.__name__ + "._config").config_from_list(entry))
     return out
@@ -249,6 +249,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="time only the row-run launches of the compiled GEMV (MmaConfig segments) and each bucket's "
                              "current table entry (an earlier sweep's winner) against cuBLAS: a re-tune after those "
                              "launches were added, at a fraction of a sweep's time")
+    parser.add_argument("--wgmma-only", action="store_true",
+                        help="as --rows-only, with the wgmma launches of the compiled GEMV (MmaConfig wgmma; capability 9.0)")
     parser.add_argument("--dry-run", action="store_true", help="list the sweep; measure nothing (no GPU needed)")
     parser.add_argument("--from-log", metavar="LOG", default=None,
                         help="write the entries a run printed to LOG (one cut short by a time limit): no GPU needed")
@@ -344,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             chosen_by_m = {}
             for M in args.tokens:
                 only = rows_only_candidates(kernel, mma, dict(before.get((gpu, name, N, K), [])).get(M), M, K,
-                                            1 if dtype != "bfloat16" else 2) if args.rows_only else None  # fmt: skip
+                                            1 if dtype != "bfloat16" else 2, wgmma=args.wgmma_only)  \
+                    if args.rows_only or args.wgmma_only else None  # fmt: skip
                 t_cublas, t_best, chosen, best = tune_one(kernel, dtype, shape, M, sms, args.quick, args.margin, print, tma,
                                                           BACK_TO_BACK if args.back_to_back else METHOD, mma, only)
                 chosen_by_m[M] = chosen

@@ -18,7 +18,7 @@ bool skinny_mma_config_supported(const SkinnyMmaConfig& c) {
   for (int i = 0; i < n; ++i) {
     const SkinnyMmaConfig& k = configs[i];
     if (c.row_groups == k.row_groups && c.unroll == k.unroll && c.warps == k.warps && c.stages == k.stages &&
-        c.split == k.split && c.shared_x == k.shared_x && c.segments == k.segments) {
+        c.split == k.split && c.shared_x == k.shared_x && c.segments == k.segments && c.wgmma == k.wgmma) {
       return true;
     }
   }
@@ -32,10 +32,16 @@ int skinny_mma_compiled_configs(const SkinnyMmaConfig** configs) {
 #define SKINNY_MMA_XS_ENTRY(RG, WARPS, STAGES, SPLIT) \
   SkinnyMmaConfig{RG, mma_detail::kStagedChunks, WARPS, STAGES, SPLIT, 1, 0},
 #define SKINNY_MMA_ROWS_ENTRY(S, RI, U, WARPS) SkinnyMmaConfig{RI, U, WARPS, 0, 1, 0, S},
+// The wgmma loop's split is a launch argument: each compiled shape at split 1-4.
+#define SKINNY_WGMMA_ENTRY(S, U, WARPS, STAGES)                                                 \
+  SkinnyMmaConfig{1, U, WARPS, STAGES, 1, 0, S, 1}, SkinnyMmaConfig{1, U, WARPS, STAGES, 2, 0, S, 1}, \
+      SkinnyMmaConfig{1, U, WARPS, STAGES, 3, 0, S, 1}, SkinnyMmaConfig{1, U, WARPS, STAGES, 4, 0, S, 1},
   static const SkinnyMmaConfig kCompiled[] = {SKINNY_MMA_CONFIGS(SKINNY_MMA_ENTRY)
                                                   SKINNY_MMA_STAGED_CONFIGS(SKINNY_MMA_STAGED_ENTRY)
                                                       SKINNY_MMA_SHARED_X_CONFIGS(SKINNY_MMA_XS_ENTRY)
-                                                          SKINNY_MMA_ROW_RUN_CONFIGS(SKINNY_MMA_ROWS_ENTRY)};
+                                                          SKINNY_MMA_ROW_RUN_CONFIGS(SKINNY_MMA_ROWS_ENTRY)
+                                                              SKINNY_WGMMA_CONFIGS(SKINNY_WGMMA_ENTRY)};
+#undef SKINNY_WGMMA_ENTRY
 #undef SKINNY_MMA_ROWS_ENTRY
 #undef SKINNY_MMA_XS_ENTRY
 #undef SKINNY_MMA_STAGED_ENTRY
@@ -61,13 +67,15 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;
   }
   // The row-run loop addresses rows with 32-bit byte strides.
-  if (p.config.segments != 0 && (p.w_row_stride * elem > INT32_MAX || (p.m > 1 && p.x_row_stride * elem > INT32_MAX))) {
+  if (p.config.segments != 0 && p.config.wgmma == 0 &&
+      (p.w_row_stride * elem > INT32_MAX || (p.m > 1 && p.x_row_stride * elem > INT32_MAX))) {
     return cudaErrorNotSupported;
   }
   int cc = 0;
   if (const cudaError_t err = compute_capability(&cc); err != cudaSuccess) return err;
   if (cc < (fp8 ? 89 : 80)) return cudaErrorNotSupported;  // mma.sync bf16 / e4m3
   if (p.config.split > 1 && cc < 90) return cudaErrorNotSupported;  // thread-block clusters
+  if (p.config.wgmma != 0 && cc != 90) return cudaErrorNotSupported;  // wgmma: the 9.0a build
   MmaArgs a;
   a.x = static_cast<const uint8_t*>(p.x);
   a.x_row_bytes = p.x_row_stride * elem;
@@ -85,6 +93,16 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
   a.m = static_cast<int>(p.m);
   a.n = static_cast<int>(p.n);
   a.steps = static_cast<int>(k_bytes / step_bytes);
+  if (p.config.wgmma != 0) {
+    switch (p.dtype) {
+      case DType::kBFloat16:
+        return launch_wgmma_bf16(p.config, a, stream);
+      case DType::kFloat16:
+        return launch_wgmma_f16(p.config, a, stream);
+      default:
+        return launch_wgmma_e4m3(p.config, a, stream);
+    }
+  }
   switch (p.dtype) {
     case DType::kBFloat16:
       return launch_mma_bf16(p.config, a, stream);

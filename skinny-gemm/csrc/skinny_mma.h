@@ -38,6 +38,10 @@
 //   into mma.sync as B columns (row, 64-byte segment); x's A rows are (token, segment) alike, and
 //   the wanted products are the tile's segment-diagonal entries, summed over segments at the end
 //   (see skinny_mma_kernel.cuh).
+// * The wgmma loop (`wgmma` 1, sm_90a, 1-16 tokens): W and x both copied by 16-byte cp.async into
+//   128-byte-swizzled shared memory, wgmma's A rows (row, segment) pairs (`segments` 1 or 2) and B
+//   columns (segment, token): x read once a warpgroup by the tensor cores, not once a warp; K split
+//   over the block's warpgroups and a cluster of `split` blocks (see skinny_wgmma_kernel.cuh).
 //
 // CUDA only (the binding includes this header in CUDA builds alone).
 #pragma once
@@ -68,13 +72,18 @@ struct SkinnyMmaConfig {
   int segments = 0;    // 2, 4 or 8: the row-run loop (see above; stages 0, split 1): row_groups is then
                        // the W loads a span (each 8 / segments rows x segments x 64 bytes), unroll
                        // the spans a step; at most 32 / segments tokens
+  int wgmma = 0;       // 1: the wgmma loop (row_groups 1, shared_x 0): segments 1 or 2 (64 / segments
+                       // rows a block), unroll the 128-byte chunks of each segment a step, warps 4 a
+                       // K part, stages 3 or 4, split 1-4 (a cluster)
 };
 
 // The most tokens a configuration takes: kMmaMaxM, or two token tiles of the row-run loop.
-constexpr int mma_max_m(const SkinnyMmaConfig& c) { return c.segments != 0 ? 32 / c.segments : kMmaMaxM; }
-// Bytes of K one step of a configuration reads from each row.
+constexpr int mma_max_m(const SkinnyMmaConfig& c) {
+  return c.segments != 0 && c.wgmma == 0 ? 32 / c.segments : kMmaMaxM;
+}
+// Bytes of K one step of a configuration reads from each row (the wgmma loop: 128-byte chunks).
 constexpr int mma_step_bytes(const SkinnyMmaConfig& c) {
-  return kMmaChunkBytes * c.unroll * (c.segments != 0 ? c.segments : 1);
+  return (c.wgmma != 0 ? 2 : 1) * kMmaChunkBytes * c.unroll * (c.segments != 0 ? c.segments : 1);
 }
 
 struct SkinnyMmaParams {

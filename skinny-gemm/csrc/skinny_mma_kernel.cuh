@@ -62,6 +62,16 @@ struct MmaArgs {
   X(8, 4, 2, 8) X(8, 4, 2, 4) X(8, 2, 2, 16) X(8, 2, 2, 8) X(8, 2, 1, 8) X(8, 4, 1, 8) X(4, 1, 2, 8) \
   X(4, 1, 2, 4) X(4, 1, 4, 8) X(4, 2, 1, 8) X(4, 2, 2, 4) X(4, 2, 2, 8) X(4, 4, 1, 4) X(2, 1, 2, 8) X(2, 2, 2, 8)
 
+// The compiled configurations of the wgmma loop (sm_90a, skinny_wgmma_kernel.cuh): (segments, chunks a
+// step, warps: 4 a K part, stages); `split` 1-4 at run time (a cluster). The first is the H200 probe's
+// fastest at 16 tokens (2304 x 16384: 216 blocks at split 3, 2 an SM, 97 KiB of ring each).
+#define SKINNY_WGMMA_CONFIGS(X) X(2, 1, 8, 4) X(2, 1, 4, 4) X(2, 1, 8, 3) X(2, 2, 4, 3) X(1, 2, 4, 3) X(1, 2, 8, 3)
+
+// The wgmma loop's launches, in the 9.0a units (skinny_wgmma_{bf16,f16,e4m3}.cu).
+cudaError_t launch_wgmma_bf16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
+cudaError_t launch_wgmma_f16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
+cudaError_t launch_wgmma_e4m3(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
+
 cudaError_t launch_mma_bf16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_f16(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);
 cudaError_t launch_mma_e4m3(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream);

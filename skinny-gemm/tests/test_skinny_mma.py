@@ -81,12 +81,25 @@ ROW_RUNS = [sg.MmaConfig(4, 2, 8, segments=8), sg.MmaConfig(2, 2, 16, segments=8
             sg.MmaConfig(2, 2, 8, segments=2)]
 
 
+# The wgmma loop's launches under test (capability 9.0): segments 2 and 1, one and two warpgroups,
+# 3 and 4 stages, clusters of 1-4 blocks.
+WGMMA = MMA and torch.cuda.get_device_capability() == (9, 0)
+needs_wgmma = pytest.mark.skipif(not WGMMA, reason="the GEMV's wgmma loop: a CUDA build on a capability 9.0 GPU")
+WGMMAS = [sg.MmaConfig(1, 1, 8, 4, 3, segments=2, wgmma=True), sg.MmaConfig(1, 1, 4, 4, 4, segments=2, wgmma=True),
+          sg.MmaConfig(1, 1, 8, 3, 1, segments=2, wgmma=True), sg.MmaConfig(1, 2, 4, 3, 2, segments=2, wgmma=True),
+          sg.MmaConfig(1, 2, 4, 3, 4, segments=1, wgmma=True), sg.MmaConfig(1, 2, 8, 3, 3, segments=1, wgmma=True)]
+
+
+def wgmma_configs() -> list:
+    return WGMMAS if WGMMA else []
+
+
 def contract_configs(M: int = 1) -> list:
     """The launches the op-contract and graph tests run: the register loop, the last staged launch,
-    (sm_90: its launches split K over a cluster) the first one with x shared and, where M fits, a
-    row-run launch."""
+    (sm_90: its launches split K over a cluster) the first one with x shared, where M fits, a
+    row-run launch and (capability 9.0) a wgmma launch."""
     return [sg.MmaConfig(), staged_configs()[-1], *[c for c in staged_configs() if c.shared_x][:1],
-            *[c for c in ROW_RUNS if c.segments == 4 and M <= c.max_m][:1]]  # fmt: skip
+            *[c for c in ROW_RUNS if c.segments == 4 and M <= c.max_m][:1], *wgmma_configs()[:1]]  # fmt: skip
 
 
 def run_mma(x, w, bias=None, cfg=None, out=None):
@@ -116,18 +129,25 @@ def test_config_forms():
     staged = sg.MmaConfig(1, 4, 4, stages=2, split=2)
     assert staged.as_list() == [-1, 1, 4, 4, 2, 2]
     assert _config.config_from_list(staged.as_list()) == staged
-    assert staged.op_args() == (1, 4, 4, 2, 2, 0, 0)
+    assert staged.op_args() == (1, 4, 4, 2, 2, 0, 0, 0)
     shared = sg.MmaConfig(1, 4, 4, stages=3, split=4, shared_x=True)
     assert shared.as_list() == [-1, 1, 4, 4, 3, 4, 1]
     assert _config.config_from_list(shared.as_list()) == shared
     assert _config.config_from_list([-1, 1, 4, 4, 3, 4, 0]) == sg.MmaConfig(1, 4, 4, 3, 4)
-    assert shared.op_args() == (1, 4, 4, 3, 4, 1, 0)
+    assert shared.op_args() == (1, 4, 4, 3, 4, 1, 0, 0)
     rows = sg.MmaConfig(4, 2, 8, segments=8)
     assert rows.as_list() == [-1, 4, 2, 8, 0, 1, 0, 8]
     assert _config.config_from_list(rows.as_list()) == rows
-    assert rows.op_args() == (4, 2, 8, 0, 1, 0, 8)
+    assert rows.op_args() == (4, 2, 8, 0, 1, 0, 8, 0)
     assert (rows.max_m, rows.step_k(2), rows.step_k(1)) == (4, 512, 1024)
     assert (sg.MmaConfig(1, 2, 8, segments=4).max_m, sg.MmaConfig(1, 2, 8, segments=2).max_m, shared.max_m) == (8, 16, 16)
+    wg = sg.MmaConfig(1, 1, 8, 4, 3, segments=2, wgmma=True)
+    assert wg.as_list() == [-1, 1, 1, 8, 4, 3, 0, 2, 1]
+    assert _config.config_from_list(wg.as_list()) == wg
+    assert wg.op_args() == (1, 1, 8, 4, 3, 0, 2, 1)
+    # 128-byte chunks of each segment a step; 16 tokens at any segments
+    assert (wg.max_m, wg.step_k(2), wg.step_k(1)) == (16, 128, 256)
+    assert sg.MmaConfig(1, 2, 4, 3, 4, segments=1, wgmma=True).step_k(2) == 128
 
 
 @pytest.mark.kernels_ci
@@ -146,16 +166,28 @@ def test_config_forms():
         (lambda: sg.MmaConfig(1, 4, 4, 2, 4, 1), TypeError, "MmaConfig.shared_x: expected True or False, got 1"),
         (lambda: sg.MmaConfig(1.0), TypeError, "MmaConfig.row_groups: expected an int, got 1.0"),
         (lambda: _config.config_from_list([-1, 2]), ValueError,
-         r"\[-1, row_groups, unroll, warps\(, stages, split\(, shared_x\(, segments\)\)\)\] \(MmaConfig\)"),
+         r"\[-1, row_groups, unroll, warps\(, stages, split\(, shared_x\(, segments\(, wgmma\)\)\)\)\] \(MmaConfig\)"),
         (lambda: _config.config_from_list([-1, 1, 4, 4, 2, 4, 2]), ValueError, r"\(MmaConfig\), got \[-1, 1, 4, 4, 2, 4, 2\]"),
         (lambda: sg.MmaConfig(1, 2, 8, segments=16), ValueError, r"MmaConfig.segments: expected one of \[0, 2, 4, 8\], got 16"),
         (lambda: sg.MmaConfig(8, 2, 8, segments=4), ValueError, r"MmaConfig.row_groups: expected one of \[1, 2, 4\], got 8"),
         (lambda: sg.MmaConfig(4, 2, 8), ValueError, r"MmaConfig.row_groups: expected one of \[1, 2\], got 4"),
         (lambda: sg.MmaConfig(1, 4, 4, 2, segments=4), ValueError,
          r"MmaConfig.segments: the row-run loop \(4 segments\) takes stages 0, split 1 and shared_x False, got stages 2"),
+        (lambda: sg.MmaConfig(1, 1, 8, 4, 3, segments=4, wgmma=True), ValueError,
+         r"MmaConfig.segments: expected one of \[1, 2\], got 4"),
+        (lambda: sg.MmaConfig(1, 1, 8, 2, 3, segments=2, wgmma=True), ValueError,
+         r"MmaConfig.stages: expected one of \[3, 4\], got 2"),
+        (lambda: sg.MmaConfig(1, 1, 8, 4, 8, segments=2, wgmma=True), ValueError,
+         r"MmaConfig.split: expected one of \[1, 2, 3, 4\], got 8"),
+        (lambda: sg.MmaConfig(2, 1, 8, 4, 3, segments=2, wgmma=True), ValueError,
+         r"MmaConfig.row_groups: expected one of \[1\], got 2"),
+        (lambda: sg.MmaConfig(1, 1, 8, 4, 3, True, 2, True), ValueError,
+         "MmaConfig.shared_x: the wgmma loop shares x through its own stages"),
+        (lambda: sg.MmaConfig(1, 1, 8, 4, 3, segments=2, wgmma=1), TypeError, "MmaConfig.wgmma: expected True or False, got 1"),
     ],
     ids=["row_groups", "unroll", "warps", "stages", "staged shape", "split", "shared_x stages", "shared_x type", "type",
-         "list", "shared_x list", "segments", "row runs", "row runs off the loop", "segments stages"],
+         "list", "shared_x list", "segments", "row runs", "row runs off the loop", "segments stages", "wgmma segments",
+         "wgmma stages", "wgmma split", "wgmma row_groups", "wgmma shared_x", "wgmma type"],
 )
 def test_config_errors(make_it, exc, match):
     with pytest.raises(exc, match=match):
@@ -169,7 +201,7 @@ def test_off_gpu_an_mma_config_is_the_reference_path():
         pytest.skip("CPU semantics")
     x, w, b = make(5, 40, 256, torch.bfloat16, seed=2, bias=True)
     want = reference(x, w, b)
-    for cfg in (sg.MmaConfig(), *STAGED):
+    for cfg in (sg.MmaConfig(), *STAGED, *WGMMAS):
         assert_gemm_close(run_mma(x, w, b, cfg), want, f"{cfg} on CPU")
     assert sg.mma_configs() == []  # a CPU build has no compiled kernel
 
@@ -280,9 +312,65 @@ def test_row_run_bad_input():
         sg.gemm(x[:4, :768], w[:, :768].contiguous(), out=out[:4], config=sg.MmaConfig(4, 2, 8, segments=8))
     with pytest.raises(RuntimeError, match=r"x: this mma configuration takes at most 4 rows \(tokens\), got 5"):
         sg.ops.skinny_mma(out, x, w, None, 4, 2, 8, 0, 1, 0, 8)
-    with pytest.raises(RuntimeError, match=r"config: .* = \(4, 2, 8, 2, 1, 0, 8\) is not compiled"):
+    with pytest.raises(RuntimeError, match=r"config: .* = \(4, 2, 8, 2, 1, 0, 8, 0\) is not compiled"):
         sg.ops.skinny_mma(out, x, w, None, 4, 2, 8, 2, 1, 0, 8)
     assert torch.isnan(out.float()).all()
+
+
+# The wgmma loop: K in 256- or 512-byte steps; 2304 x 16384 (the 405B TP8 QKV: 36 / 72 row blocks), N off
+# the 32- and 64-row blocks (1001), fewer steps than a cluster's K parts (40 x 512: some empty), fewer
+# rows than a block (3 x 256).
+WGMMA_SHAPES = [(2304, 16384), (1001, 4096), (40, 512), (3, 256)]
+
+
+@needs_wgmma
+@pytest.mark.parametrize("N, K", WGMMA_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 2, 5, 9, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_wgmma_values(N, K, M, dtype):
+    x, w, b = make(M, N, K, dtype, seed=M * 29 + N, bias=M % 2 == 1)
+    want = reference(x, w, b)
+    for cfg in WGMMAS:
+        if K % cfg.step_k(2) == 0:
+            assert_gemm_close(run_mma(x, w, b, cfg), want, f"{cfg} {M}x{N}x{K}")
+
+
+@needs_wgmma
+@pytest.mark.parametrize("N, K", [(2304, 16384), (1001, 4096), (40, 512)], ids=lambda v: str(v))
+@pytest.mark.parametrize("M", [1, 9, 16])
+@pytest.mark.parametrize("scales", ["tensor", "token-channel"])
+def test_wgmma_fp8_values(N, K, M, scales):
+    for cfg in WGMMAS:
+        if K % cfg.step_k(1) == 0:
+            check_fp8_values(N, K, M, scales, cfg, seed=M * 31 + N)
+
+
+@needs_wgmma
+def test_wgmma_bad_input():
+    """The wgmma loop's rules, each an error naming the argument before anything is written: at
+    most 16 tokens, K a whole number of its steps (segments x unroll 128-byte chunks)."""
+    cfg = WGMMAS[0]
+    x, w, _ = make(17, 32, 1024, torch.bfloat16, seed=15)
+    out = poison_(torch.empty(17, 32, dtype=x.dtype, device=DEVICE))
+    with pytest.raises(ValueError, match=r"x: an MmaConfig takes 1 to 16 rows \(tokens\), got 17"):
+        sg.gemm(x, w, out=out, config=cfg)
+    with pytest.raises(ValueError, match="x: an MmaConfig with unroll 1 and 2 segments needs K a multiple of 128"):
+        sg.gemm(x[:4, :192], w[:, :192].contiguous(), out=out[:4], config=cfg)
+    with pytest.raises(RuntimeError, match=r"x: this mma configuration takes at most 16 rows \(tokens\), got 17"):
+        sg.ops.skinny_mma(out, x, w, None, *cfg.op_args())
+    with pytest.raises(RuntimeError, match=r"x: K must be a positive multiple of 128"):
+        sg.ops.skinny_mma(out[:4], x[:4, :192], w[:, :192].contiguous(), None, *cfg.op_args())
+    assert torch.isnan(out.float()).all()
+
+
+@needs_wgmma
+def test_wgmma_deterministic():
+    """The K parts' and the cluster's sums run in fixed orders: the same bits call after call."""
+    x, w, b = make(16, 2304, 16384, torch.bfloat16, seed=41, bias=True)
+    for cfg in WGMMAS:
+        first = run_mma(x, w, b, cfg)
+        for _ in range(3):
+            assert torch.equal(run_mma(x, w, b, cfg), first), cfg
 
 
 # The staged loop: K in 256-byte steps (128 16-bit columns); 2304 x 16384 (the 405B TP8 QKV), N off
@@ -377,12 +465,14 @@ def test_binding_checks():
     op = sg.ops.skinny_mma
     cases = [
         ((out, x, w, None, 3, 2, 8, 0, 1),
-         r"config: \(row_groups, unroll, warps, stages, split, shared_x, segments\) = \(3, 2, 8, 0, 1, 0, 0\) is not compiled"),
-        ((out, x, w, None, 2**32 + 1, 2, 8, 0, 1), r"config: .* = \(4294967297, 2, 8, 0, 1, 0, 0\) is not compiled"),
-        ((out, x, w, None, 1, 4, 4, 4, 1), r"config: .* = \(1, 4, 4, 4, 1, 0, 0\) is not compiled"),
-        ((out, x, w, None, 1, 4, 4, 2, 4, 2), r"config: .* = \(1, 4, 4, 2, 4, 2, 0\) is not compiled"),
-        ((out, x, w, None, 1, 2, 8, 2**32, 1), r"config: .* = \(1, 2, 8, 4294967296, 1, 0, 0\) is not compiled"),
-        ((out, x, w, None, 1, 2, 8, 0, 1, 0, 3), r"config: .* = \(1, 2, 8, 0, 1, 0, 3\) is not compiled"),
+         r"config: \(row_groups, unroll, warps, stages, split, shared_x, segments, wgmma\) = \(3, 2, 8, 0, 1, 0, 0, 0\) is not "
+         "compiled"),
+        ((out, x, w, None, 2**32 + 1, 2, 8, 0, 1), r"config: .* = \(4294967297, 2, 8, 0, 1, 0, 0, 0\) is not compiled"),
+        ((out, x, w, None, 1, 4, 4, 4, 1), r"config: .* = \(1, 4, 4, 4, 1, 0, 0, 0\) is not compiled"),
+        ((out, x, w, None, 1, 4, 4, 2, 4, 2), r"config: .* = \(1, 4, 4, 2, 4, 2, 0, 0\) is not compiled"),
+        ((out, x, w, None, 1, 2, 8, 2**32, 1), r"config: .* = \(1, 2, 8, 4294967296, 1, 0, 0, 0\) is not compiled"),
+        ((out, x, w, None, 1, 2, 8, 0, 1, 0, 3), r"config: .* = \(1, 2, 8, 0, 1, 0, 3, 0\) is not compiled"),
+        ((out, x, w, None, 1, 1, 8, 4, 3, 0, 2, 2), r"config: .* = \(1, 1, 8, 4, 3, 0, 2, 2\) is not compiled"),
         ((out, x[:, :48], w[:, :48], None, 1, 2, 8, 0, 1), r"x: K must be a positive multiple of 64 \(one step"),
         ((out, x, w, None, 1, 4, 8, 0, 1), "x: K must be a positive multiple of 128"),
         ((out, x, w.half(), None, 1, 2, 8, 0, 1), r"w: expected a BFloat16 \[N, 64\] tensor"),
@@ -511,7 +601,8 @@ def test_fp8_bad_input():
         ((out, x[:, :128], w[:, :128], xs4, ws32, None, 1, 4, 4, 2, 1), r"x: K must be a positive multiple of 256"),
         ((out, x, w.view(torch.uint8), xs4, ws32, None, 1, 2, 8, 0, 1), r"w: expected a Float8_e4m3fn \[N, 256\] tensor"),
         ((out, x, w, xs4, ws32, None, 3, 2, 8, 0, 1),
-         r"config: \(row_groups, unroll, warps, stages, split, shared_x, segments\) = \(3, 2, 8, 0, 1, 0, 0\) is not compiled"),
+         r"config: \(row_groups, unroll, warps, stages, split, shared_x, segments, wgmma\) = \(3, 2, 8, 0, 1, 0, 0, 0\) is not "
+         "compiled"),
     ]  # fmt: skip
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):

@@ -10,13 +10,13 @@
 //   skinny_tma_configs() -> int[]      (the compiled (tile_n, boxes_k, stages, most K slices),
 //                                       flattened)
 //   skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll,
-//              int warps, int stages, int split, int shared_x=0, int segments=0) -> ()
+//              int warps, int stages, int split, int shared_x=0, int segments=0, int wgmma=0) -> ()
 //              (the tensor-core GEMV: csrc/skinny_mma.h)
 //   skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale,
 //                  Tensor? bias, int row_groups, int unroll, int warps, int stages, int split,
-//                  int shared_x=0, int segments=0) -> ()
+//                  int shared_x=0, int segments=0, int wgmma=0) -> ()
 //   skinny_mma_configs() -> int[]      (the compiled (row_groups, unroll, warps, stages, split,
-//                                       shared_x, segments), flattened)
+//                                       shared_x, segments, wgmma), flattened)
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
 //
@@ -77,8 +77,8 @@ std::string compiled_list() {
                      [](const sg::SkinnyTmaConfig& c) { return std::array<int, 3>{c.tile_n, c.boxes_k, c.stages}; });
 }
 
-std::array<int, 7> mma_fields(const sg::SkinnyMmaConfig& c) {
-  return {c.row_groups, c.unroll, c.warps, c.stages, c.split, c.shared_x, c.segments};
+std::array<int, 8> mma_fields(const sg::SkinnyMmaConfig& c) {
+  return {c.row_groups, c.unroll, c.warps, c.stages, c.split, c.shared_x, c.segments, c.wgmma};
 }
 
 std::string mma_compiled_list() {
@@ -248,7 +248,7 @@ void check_fp8_dtypes(const at::Tensor& out, const at::Tensor& x) {
 // [M, N] (its dtype checked by the caller), the configuration; fills p and launches.
 void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const at::Tensor& w,
              const std::optional<at::Tensor>& bias, bool bias_any_out_dtype, int64_t row_groups, int64_t unroll,
-             int64_t warps, int64_t stages, int64_t split, int64_t shared_x, int64_t segments) {
+             int64_t warps, int64_t stages, int64_t split, int64_t shared_x, int64_t segments, int64_t wgmma) {
   using namespace fused_llm::binding;  // msg, shape_str, device_str, checks (common/binding_utils.h)
   TORCH_CHECK(x.is_cuda(), msg("x: expected a CUDA tensor, got device ", device_str(x)));
   const bool fp8 = x.scalar_type() == at::kFloat8_e4m3fn;
@@ -258,10 +258,11 @@ void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const
   const auto narrow = [&](int64_t v) { return static_cast<int>(small(v) ? v : 0); };
   // Out of range: 0, never a compiled value (-1 for stages, whose 0 is the register loop).
   p.config = {narrow(row_groups), narrow(unroll), narrow(warps), stages == 0 ? 0 : (small(stages) ? int(stages) : -1),
-              narrow(split), shared_x == 0 ? 0 : (shared_x == 1 ? 1 : -1), segments == 0 ? 0 : narrow(segments)};
+              narrow(split), shared_x == 0 ? 0 : (shared_x == 1 ? 1 : -1), segments == 0 ? 0 : narrow(segments),
+              wgmma == 0 ? 0 : (wgmma == 1 ? 1 : -1)};
   TORCH_CHECK(sg::skinny_mma_config_supported(p.config),
-              msg("config: (row_groups, unroll, warps, stages, split, shared_x, segments) = (", row_groups, ", ", unroll,
-                  ", ", warps, ", ", stages, ", ", split, ", ", shared_x, ", ", segments,
+              msg("config: (row_groups, unroll, warps, stages, split, shared_x, segments, wgmma) = (", row_groups, ", ",
+                  unroll, ", ", warps, ", ", stages, ", ", split, ", ", shared_x, ", ", segments, ", ", wgmma,
                   ") is not compiled; compiled: ", mma_compiled_list()));
   const int max_m = sg::mma_max_m(p.config);
   TORCH_CHECK(M <= max_m, msg("x: this mma configuration takes at most ", max_m, " rows (tokens), got ", M));
@@ -280,6 +281,8 @@ void run_mma(sg::SkinnyMmaParams& p, at::Tensor& out, const at::Tensor& x, const
                   " or above, got ", props->major, ".", props->minor));
   TORCH_CHECK(split == 1 || cc >= 90, msg("config: split ", split, " runs in a thread-block cluster: needs a GPU of "
                                           "capability 9.0 or above, got ", props->major, ".", props->minor));
+  TORCH_CHECK(wgmma == 0 || cc == 90, msg("config: the wgmma loop is sm_90a code: needs a GPU of capability 9.0, got ",
+                                          props->major, ".", props->minor));
   set_operands(p, out, x, w, bias);
   p.out_dtype = dtype_of(out.scalar_type());
   const cudaError_t err = sg::skinny_mma_launch(p, at::cuda::getCurrentCUDAStream(x.get_device()).stream());
@@ -306,22 +309,22 @@ void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
 
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
                 int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages, int64_t split, int64_t shared_x,
-                int64_t segments) {
+                int64_t segments, int64_t wgmma) {
   check_16bit_dtypes(out, x);
   sg::SkinnyMmaParams p;
   run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/false, row_groups, unroll, warps, stages, split, shared_x,
-          segments);
+          segments, wgmma);
 }
 
 void skinny_mma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t row_groups,
                     int64_t unroll, int64_t warps, int64_t stages, int64_t split, int64_t shared_x,
-                    int64_t segments) {
+                    int64_t segments, int64_t wgmma) {
   check_fp8_dtypes(out, x);
   sg::SkinnyMmaParams p;
   check_scales(p, out, x, w, x_scale, w_scale);
   run_mma(p, out, x, w, bias, /*bias_any_out_dtype=*/true, row_groups, unroll, warps, stages, split, shared_x,
-          segments);
+          segments, wgmma);
 }
 
 std::vector<int64_t> skinny_mma_configs() {
@@ -352,11 +355,12 @@ TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("skinny_tma_configs() -> int[]", &skinny_tma_configs);
   ops.def(
       "skinny_mma(Tensor(a!) out, Tensor x, Tensor w, Tensor? bias, int row_groups, int unroll, int warps, int stages, "
-      "int split, int shared_x=0, int segments=0) -> ()");
+      "int split, int shared_x=0, int segments=0, int wgmma=0) -> ()");
   ops.impl("skinny_mma", c10::kCUDA, &skinny_mma);
   ops.def(
       "skinny_mma_fp8(Tensor(a!) out, Tensor x, Tensor w, Tensor x_scale, Tensor w_scale, Tensor? bias, "
-      "int row_groups, int unroll, int warps, int stages, int split, int shared_x=0, int segments=0) -> ()");
+      "int row_groups, int unroll, int warps, int stages, int split, int shared_x=0, int segments=0, "
+      "int wgmma=0) -> ()");
   ops.impl("skinny_mma_fp8", c10::kCUDA, &skinny_mma_fp8);
   ops.def("skinny_mma_configs() -> int[]", &skinny_mma_configs);
 #else

@@ -26,12 +26,13 @@ void skinny_tma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, c
 std::vector<int64_t> skinny_tma_configs();
 
 // out [M, N] = x [M, K] @ w [N, K]^T (+ bias) by the tensor-core GEMV (csrc/skinny_mma.h):
-// 1 <= M <= 16 (32 / segments with segments), K a multiple of one step (32 x unroll columns, x
-// segments with segments), 16-byte aligned rows, capability >= 8.0 (9.0 with split > 1);
-// (row_groups, unroll, warps, stages, split, shared_x, segments) one of skinny_mma_configs().
+// 1 <= M <= 16 (32 / segments with segments, the row-run loop), K a multiple of one step (32 x unroll
+// columns, x segments with segments; twice that for the wgmma loop), 16-byte aligned rows, capability
+// >= 8.0 (9.0 with split > 1; exactly 9.0 for wgmma); (row_groups, unroll, warps, stages, split,
+// shared_x, segments, wgmma) one of skinny_mma_configs().
 void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
                 int64_t row_groups, int64_t unroll, int64_t warps, int64_t stages, int64_t split, int64_t shared_x,
-                int64_t segments);
+                int64_t segments, int64_t wgmma);
 
 // out [M, N] = (x [M, K] @ w [N, K]^T) * x_scale * w_scale (+ bias) on float8_e4m3fn x and w by
 // the same GEMV: K a multiple of one step (64 x unroll columns, x segments with segments),
@@ -39,7 +40,7 @@ void skinny_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const
 void skinny_mma_fp8(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const at::Tensor& x_scale,
                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, int64_t row_groups,
                     int64_t unroll, int64_t warps, int64_t stages, int64_t split, int64_t shared_x,
-                    int64_t segments);
+                    int64_t segments, int64_t wgmma);
 
-// The compiled (row_groups, unroll, warps, stages, split, shared_x, segments) configurations, flattened.
+// The compiled (row_groups, unroll, warps, stages, split, shared_x, segments, wgmma) configurations, flattened.
 std::vector<int64_t> skinny_mma_configs();

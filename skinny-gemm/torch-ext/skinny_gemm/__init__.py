@@ -189,19 +189,23 @@ def _mma_op():
 
 
 @functools.cache
-def _compiled_mma() -> tuple[tuple[int, int, int, int, int, int, int], ...]:
-    """The (row_groups, unroll, warps, stages, split, shared_x, segments) the build compiled (its binding's list)."""
+def _compiled_mma() -> tuple[tuple[int, int, int, int, int, int, int, int], ...]:
+    """The (row_groups, unroll, warps, stages, split, shared_x, segments, wgmma) the build compiled (its binding's
+    list)."""
     flat = list(ops.skinny_mma_configs()) if _mma_op() is not None else []
-    return tuple(tuple(flat[i : i + 7]) for i in range(0, len(flat), 7))
+    return tuple(tuple(flat[i : i + 8]) for i in range(0, len(flat), 8))
 
 
 def mma_configs(device: torch.device | str | None = None) -> list[MmaConfig]:
     """The :class:`MmaConfig` launches this build has code for; empty on CPU / ROCm builds. With a
-    CUDA ``device``, only those it runs: a K split (a thread-block cluster) from capability 9.0."""
-    configs = [MmaConfig(*fields[:5], shared_x=bool(fields[5]), segments=fields[6]) for fields in _compiled_mma()]
+    CUDA ``device``, only those it runs: a K split (a thread-block cluster) from capability 9.0, the wgmma
+    loop on 9.0 only."""
+    configs = [MmaConfig(*fields[:5], shared_x=bool(fields[5]), segments=fields[6], wgmma=bool(fields[7]))
+               for fields in _compiled_mma()]  # fmt: skip
     if device is not None and configs:
-        clusters = _has_clusters(torch.device(device).index)
-        configs = [c for c in configs if c.split == 1 or clusters]
+        index = torch.device(device).index
+        clusters, hopper = _has_clusters(index), _is_sm90(index)
+        configs = [c for c in configs if (c.split == 1 or clusters) and (not c.wgmma or hopper)]
     return configs
 
 
@@ -211,6 +215,12 @@ def _mma_capable(index: int, fp8: bool = False) -> bool:
     (>= 8.9 for e4m3: mma.sync e4m3)."""
     want = (8, 9) if fp8 else (8, 0)
     return torch.version.hip is None and _mma_op() is not None and torch.cuda.get_device_capability(index) >= want
+
+
+@functools.cache
+def _is_sm90(index: int) -> bool:
+    """Whether CUDA device ``index`` is capability 9.0, the wgmma loop's (sm_90a code)."""
+    return torch.cuda.get_device_capability(index) == (9, 0)
 
 
 @functools.cache
@@ -234,11 +244,14 @@ def _mma_refusal(x: torch.Tensor, w: torch.Tensor, cfg: MmaConfig) -> str | None
     if cfg.split > 1 and not _has_clusters(x.device.index):
         return (f"config: an MmaConfig with split {cfg.split} runs in a thread-block cluster, which needs capability 9.0 "
                 f"or above; got {x.device} of capability {torch.cuda.get_device_capability(x.device.index)}")  # fmt: skip
+    if cfg.wgmma and not _is_sm90(x.device.index):
+        return (f"config: an MmaConfig with wgmma runs sm_90a code, which needs a GPU of capability 9.0; got {x.device} "
+                f"of capability {torch.cuda.get_device_capability(x.device.index)}")  # fmt: skip
     if x.dtype not in _DTYPES and not fp8:
         return f"x: an MmaConfig multiplies float16, bfloat16 or float8_e4m3fn, got {x.dtype}"
     if not 1 <= M <= cfg.max_m:
         return (f"x: an MmaConfig takes 1 to {cfg.max_m} rows (tokens)"
-                f"{f' with {cfg.segments} segments' if cfg.segments else ''}, got {M}")  # fmt: skip
+                f"{f' with {cfg.segments} segments' if cfg.segments and not cfg.wgmma else ''}, got {M}")  # fmt: skip
     step = cfg.step_k(x.element_size())
     if K % step:
         return (f"x: an MmaConfig with unroll {cfg.unroll}{f' and {cfg.segments} segments' if cfg.segments else ''} "
@@ -266,7 +279,7 @@ def _run_mma(out, x, w, bias, cfg: MmaConfig, x_scale=None, w_scale=None) -> Non
         compiled = ", ".join(str(fields) for fields in _compiled_mma())
         raise ValueError(
             f"config: {cfg} is not compiled in this build; compiled (row_groups, unroll, warps, stages, split, shared_x, "
-            f"segments): "
+            f"segments, wgmma): "
             f"{compiled}"
         )
     if x_scale is None:

@@ -120,6 +120,13 @@ MMA_MAX_M = 16
 MMA_CHUNK_BYTES = 64
 MMA_STAGED_UNROLL = 4  # the staged loop's step: 4 chunks (256 bytes of each of the block's rows)
 MMA_SEGMENTS = (0, 2, 4, 8)
+# The wgmma loop (sm_90a): segments 1 or 2, 128-byte chunks, 4 warps (a warpgroup) a K part, 3-4
+# stages, a cluster of 1-4 blocks (csrc/skinny_wgmma_kernel.cuh).
+MMA_WGMMA_SEGMENTS = (1, 2)
+MMA_WGMMA_UNROLL = (1, 2)
+MMA_WGMMA_WARPS = (4, 8)
+MMA_WGMMA_STAGES = (3, 4)
+MMA_WGMMA_SPLIT = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -148,9 +155,18 @@ class MmaConfig:
     ``32 // segments`` tokens (:attr:`max_m`). At 2304 x 16384 bf16 on an H200, in a layer: 19.1 /
     19.8 / 19.9 us at 2 / 4 / 8 tokens against cuBLAS's 23.5 / 23.7 / 24.3.
 
+    ``wgmma`` (capability 9.0, 1-16 tokens) is the wgmma loop: W and x both copied by 16-byte
+    cp.async into 128-byte-swizzled shared memory, wgmma's A rows (weight row, segment) pairs
+    (``segments`` 1 or 2: a block covers ``64 // segments`` rows), its B columns (segment, token):
+    x read once a warpgroup. ``unroll`` (1, 2): 128-byte chunks of each segment a step; ``warps``
+    4 or 8: one or two warpgroups a block, each a K range; ``stages`` 3 or 4; ``split`` 1-4: a
+    cluster of blocks splitting K, summed in rank order. H200 probe at 2304 x 16384, 16 tokens, in a
+    layer: 22.4 us bf16, 13.9 per-tensor FP8 (cuBLAS 24.2 / 15.8).
+
     Its table / op form is ``[-1, row_groups, unroll, warps]`` (register loop),
-    ``[-1, row_groups, unroll, warps, stages, split]`` or, shared x, ``[..., split, 1]``, and the
-    row-run loop ``[-1, row_groups, unroll, warps, 0, 1, 0, segments]``."""
+    ``[-1, row_groups, unroll, warps, stages, split]`` or, shared x, ``[..., split, 1]``, the
+    row-run loop ``[-1, row_groups, unroll, warps, 0, 1, 0, segments]`` and the wgmma loop
+    ``[-1, 1, unroll, warps, stages, split, 0, segments, 1]``."""
 
     row_groups: int = 1
     unroll: int = 2
@@ -159,12 +175,21 @@ class MmaConfig:
     split: int = 1
     shared_x: bool = False
     segments: int = 0
+    wgmma: bool = False
 
     def __post_init__(self):
+        if self.wgmma:
+            check_config(self, choices={"row_groups": (1,), "unroll": MMA_WGMMA_UNROLL, "warps": MMA_WGMMA_WARPS,
+                                        "stages": MMA_WGMMA_STAGES, "split": MMA_WGMMA_SPLIT,
+                                        "segments": MMA_WGMMA_SEGMENTS},
+                         flags=("shared_x", "wgmma"))  # fmt: skip
+            if self.shared_x:
+                raise ValueError("MmaConfig.shared_x: the wgmma loop shares x through its own stages, got shared_x True")
+            return
         check_config(self, choices={"segments": MMA_SEGMENTS,
                                     "row_groups": MMA_ROW_RUNS if self.segments else MMA_ROW_GROUPS,
                                     "unroll": MMA_UNROLL, "warps": MMA_WARPS, "stages": MMA_STAGES, "split": MMA_SPLIT},
-                     flags=("shared_x",))  # fmt: skip
+                     flags=("shared_x", "wgmma"))  # fmt: skip
         if self.segments and (self.stages or self.split != 1 or self.shared_x):
             raise ValueError(f"MmaConfig.segments: the row-run loop ({self.segments} segments) takes stages 0, split 1 and "
                              f"shared_x False, got stages {self.stages}, split {self.split}, shared_x {self.shared_x}")  # fmt: skip
@@ -179,31 +204,35 @@ class MmaConfig:
     def as_list(self) -> list[int]:
         """The form the ops and the tuning table take (``int[] config``)."""
         head = [-1, self.row_groups, self.unroll, self.warps]
+        if self.wgmma:
+            return [*head, self.stages, self.split, 0, self.segments, 1]
         if self.segments:
             return [*head, 0, 1, 0, self.segments]
         if not self.stages:
             return head
         return [*head, self.stages, self.split, 1] if self.shared_x else [*head, self.stages, self.split]
 
-    def op_args(self) -> tuple[int, int, int, int, int, int, int]:
-        """The ops' (row_groups, unroll, warps, stages, split, shared_x, segments) arguments."""
-        return (self.row_groups, self.unroll, self.warps, self.stages, self.split, int(self.shared_x), self.segments)
+    def op_args(self) -> tuple[int, int, int, int, int, int, int, int]:
+        """The ops' (row_groups, unroll, warps, stages, split, shared_x, segments, wgmma) arguments."""
+        return (self.row_groups, self.unroll, self.warps, self.stages, self.split, int(self.shared_x), self.segments,
+                int(self.wgmma))
 
     def step_k(self, elem_bytes: int) -> int:
         """K columns of one step (K must be a multiple of it) for inputs of ``elem_bytes``."""
-        return MMA_CHUNK_BYTES // elem_bytes * self.unroll * max(1, self.segments)
+        chunk = 2 * MMA_CHUNK_BYTES if self.wgmma else MMA_CHUNK_BYTES  # the wgmma loop's chunks: 128 bytes
+        return chunk // elem_bytes * self.unroll * max(1, self.segments)
 
     @property
     def max_m(self) -> int:
         """The most tokens the launch takes: 16, or two token tiles of the row-run loop."""
-        return 32 // self.segments if self.segments else MMA_MAX_M
+        return 32 // self.segments if self.segments and not self.wgmma else MMA_MAX_M
 
 
 def config_from_list(fields) -> SkinnyConfig | TmaConfig | MmaConfig:
     """An ``int[] config`` (an op argument, a table entry) as its configuration: six ints a
     :class:`SkinnyConfig`, ``[0, ...]`` with four more a :class:`TmaConfig`, ``[-1, ...]`` with
-    three, five, six (the last ``shared_x``, 0 or 1) or seven (then ``segments``) more an
-    :class:`MmaConfig`."""
+    three, five, six (the last ``shared_x``, 0 or 1), seven (then ``segments``) or eight (then ``wgmma``,
+    0 or 1) more an :class:`MmaConfig`."""
     fields = [int(f) for f in fields]
     if len(fields) == 5 and fields[0] == 0:
         return TmaConfig(*fields[1:])
@@ -213,9 +242,11 @@ def config_from_list(fields) -> SkinnyConfig | TmaConfig | MmaConfig:
         return MmaConfig(*fields[1:6], shared_x=bool(fields[6]))
     if len(fields) == 8 and fields[0] == -1 and fields[6] in (0, 1):
         return MmaConfig(*fields[1:6], shared_x=bool(fields[6]), segments=fields[7])
+    if len(fields) == 9 and fields[0] == -1 and fields[6] in (0, 1) and fields[8] in (0, 1):
+        return MmaConfig(*fields[1:6], shared_x=bool(fields[6]), segments=fields[7], wgmma=bool(fields[8]))
     if len(fields) != 6:
         raise ValueError(f"config: expected 6 ints (SkinnyConfig), [0, tile_n, boxes_k, stages, split] "
-                         f"(TmaConfig) or [-1, row_groups, unroll, warps(, stages, split(, shared_x(, segments)))] (MmaConfig), "
+                         f"(TmaConfig) or [-1, row_groups, unroll, warps(, stages, split(, shared_x(, segments(, wgmma))))] (MmaConfig), "
                          f"got {fields}")  # fmt: skip
     return SkinnyConfig(*fields)
 

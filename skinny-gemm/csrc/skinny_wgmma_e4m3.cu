@@ -1,0 +1,13 @@
+// skinny-gemm's wgmma loop for e4m3fn inputs: its configurations instantiated in a unit of their own
+// (skinny_wgmma_kernel.cuh), built for 9.0a only, so the input dtypes compile in parallel.
+#include "skinny_wgmma_kernel.cuh"
+
+namespace fused_llm {
+namespace skinny_gemm {
+
+cudaError_t launch_wgmma_e4m3(const SkinnyMmaConfig& c, const MmaArgs& a, cudaStream_t stream) {
+  return launch_wgmma_dtype<DType::kFloat8E4M3>(c, a, stream);
+}
+
+}  // namespace skinny_gemm
+}  // namespace fused_llm
