@@ -93,23 +93,14 @@ cudaError_t skinny_mma_launch(const SkinnyMmaParams& p, cudaStream_t stream) {
   a.m = static_cast<int>(p.m);
   a.n = static_cast<int>(p.n);
   a.steps = static_cast<int>(k_bytes / step_bytes);
-  if (p.config.wgmma != 0) {
-    switch (p.dtype) {
-      case DType::kBFloat16:
-        return launch_wgmma_bf16(p.config, a, stream);
-      case DType::kFloat16:
-        return launch_wgmma_f16(p.config, a, stream);
-      default:
-        return launch_wgmma_e4m3(p.config, a, stream);
-    }
-  }
+  const bool wgmma = p.config.wgmma != 0;  // the wgmma loop's units, or the mma.sync loops'
   switch (p.dtype) {
     case DType::kBFloat16:
-      return launch_mma_bf16(p.config, a, stream);
+      return (wgmma ? launch_wgmma_bf16 : launch_mma_bf16)(p.config, a, stream);
     case DType::kFloat16:
-      return launch_mma_f16(p.config, a, stream);
+      return (wgmma ? launch_wgmma_f16 : launch_mma_f16)(p.config, a, stream);
     default:
-      return launch_mma_e4m3(p.config, a, stream);
+      return (wgmma ? launch_wgmma_e4m3 : launch_mma_e4m3)(p.config, a, stream);
   }
 }
 

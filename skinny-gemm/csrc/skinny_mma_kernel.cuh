@@ -758,6 +758,30 @@ cudaError_t launch_config(const MmaArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// One launch of `kernel` over `blocks` blocks of `threads`, with `smem` bytes of dynamic shared
+// memory (its limit raised once per device, `opted_in` caching that) and, for `cluster` > 1,
+// thread-block clusters of that many consecutive blocks along x.
+template <typename Kernel>
+cudaError_t launch_clustered(Kernel kernel, std::atomic<int> (&opted_in)[64], int smem, int64_t blocks, int threads,
+                             int cluster, const MmaArgs& a, cudaStream_t stream) {
+  if (const cudaError_t err = opt_in_dynamic_smem(opted_in, kernel, smem); err != cudaSuccess) return err;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = cluster > 1 ? &attr : nullptr;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // clear it: the caller reports the returned error
+  return err;
+}
+
 // A staged loop's launch: a block covers 8 x row_groups rows (x row_groups for each warp with x
 // shared: side by side on rows), `SPLIT` consecutive blocks a row block (one thread-block cluster
 // along x); dynamic shared memory: the warps' W rings and x's stages, or with x shared its two
@@ -767,24 +791,9 @@ cudaError_t launch_staged_tiles(const MmaArgs& a, cudaStream_t stream) {
   constexpr int kRows = 8 * RG * (SHARED_X ? WARPS : 1);
   constexpr int kSmem = SHARED_X ? xs_smem_bytes<RG, TWO_TILES, WARPS, STAGES>()
                                  : WARPS * STAGES * staged_stage_bytes(RG, TWO_TILES);
-  auto kernel = skinny_mma_staged_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT, SHARED_X>;
   static std::atomic<int> opted_in[64];
-  if (const cudaError_t err = opt_in_dynamic_smem(opted_in, kernel, kSmem); err != cudaSuccess) return err;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = SPLIT;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((int64_t(a.n) + kRows - 1) / kRows * SPLIT));
-  config.blockDim = dim3(WARPS * 32);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  config.attrs = SPLIT > 1 ? &attr : nullptr;
-  config.numAttrs = SPLIT > 1 ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
-  if (err != cudaSuccess) (void)cudaGetLastError();  // clear it: the caller reports the returned error
-  return err;
+  return launch_clustered(skinny_mma_staged_kernel<kIn, RG, TWO_TILES, WARPS, STAGES, SPLIT, SHARED_X>, opted_in, kSmem,
+                          (int64_t(a.n) + kRows - 1) / kRows * SPLIT, WARPS * 32, SPLIT, a, stream);
 }
 
 // A row-run launch: a block covers RI x 8 / S rows; the fewest token tiles (16 / S tokens each)

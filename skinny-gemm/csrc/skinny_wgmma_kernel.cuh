@@ -34,10 +34,9 @@
 #include <atomic>
 #include <cstdint>
 
-#include "common/launch.h"  // opt_in_dynamic_smem
 #include "common/tma.cuh"   // smem_u32, fence_proxy_async
 #include "skinny_device.cuh"
-#include "skinny_mma_kernel.cuh"  // MmaArgs, SKINNY_WGMMA_CONFIGS
+#include "skinny_mma_kernel.cuh"  // MmaArgs, SKINNY_WGMMA_CONFIGS, launch_clustered
 
 namespace fused_llm {
 namespace skinny_gemm {
@@ -262,25 +261,9 @@ __global__ void __launch_bounds__(KP * 128) skinny_wgmma_kernel(const __grid_con
 // A block covers 64 / S rows; `split` consecutive blocks a row block (a cluster along x).
 template <DType kIn, int S, int U, int KP, int D>
 cudaError_t launch(const MmaArgs& a, int split, cudaStream_t stream) {
-  constexpr int kSmem = smem_bytes<S, U, KP, D>();
-  auto kernel = skinny_wgmma_kernel<kIn, S, U, KP, D>;
   static std::atomic<int> opted_in[64];
-  if (const cudaError_t err = opt_in_dynamic_smem(opted_in, kernel, kSmem); err != cudaSuccess) return err;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = split;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((int64_t(a.n) + rows<S>() - 1) / rows<S>() * split));
-  config.blockDim = dim3(KP * 128);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, a);
-  if (err != cudaSuccess) (void)cudaGetLastError();  // clear it: the caller reports the returned error
-  return err;
+  return mma_detail::launch_clustered(skinny_wgmma_kernel<kIn, S, U, KP, D>, opted_in, smem_bytes<S, U, KP, D>(),
+                                      (int64_t(a.n) + rows<S>() - 1) / rows<S>() * split, KP * 128, split, a, stream);
 }
 
 }  // namespace wgmma_detail
