@@ -56,14 +56,18 @@ def hub_repo_id(name: str) -> str:
 
 def use_local_build(name: str) -> Path:
     """Point ``LOCAL_KERNELS`` for ``fused-llm/<name>`` at the package directory (whose
-    ``build/`` holds the variants) and return that directory."""
-    path = package_dir(name)
-    if not (path / "build").is_dir():
-        raise FileNotFoundError(f"package {name!r} has no build/ yet: run `fused-llm build {name}`")
+    ``build/`` holds the variants) and return that directory. An entry for the package that is
+    already there is kept and its directory returned: a build elsewhere that the caller chose
+    (an A/B of two builds of one package) must not be swapped for the checkout's in silence."""
     entries = [e for e in os.environ.get("LOCAL_KERNELS", "").split(":") if e]
-    entries = [e for e in entries if e.split("=", 1)[0] != hub_repo_id(name)]
-    entries.append(f"{hub_repo_id(name)}={path}")
-    os.environ["LOCAL_KERNELS"] = ":".join(entries)
+    chosen = [e.split("=", 1)[1] for e in entries if e.split("=", 1)[0] == hub_repo_id(name) and "=" in e]
+    path = Path(chosen[-1]) if chosen else package_dir(name)
+    if not (path / "build").is_dir():
+        where = f"LOCAL_KERNELS names {path} for {hub_repo_id(name)}, which" if chosen else f"package {name!r}"
+        raise FileNotFoundError(f"{where} has no build/ yet: run `fused-llm build {name}`")
+    if not chosen:
+        entries.append(f"{hub_repo_id(name)}={path}")
+        os.environ["LOCAL_KERNELS"] = ":".join(entries)
     return path
 
 
