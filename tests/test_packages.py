@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -14,8 +15,8 @@ def test_the_checkout_build_is_added_when_no_entry_names_the_package(monkeypatch
     monkeypatch.setenv("LOCAL_KERNELS", "fused-llm/other=/somewhere")
     path = packages.use_local_build("skinny-gemm")
     assert path == packages.package_dir("skinny-gemm")
-    assert f"fused-llm/skinny-gemm={path}" in packages.os.environ["LOCAL_KERNELS"].split(":")
-    assert "fused-llm/other=/somewhere" in packages.os.environ["LOCAL_KERNELS"].split(":")
+    assert f"fused-llm/skinny-gemm={path}" in os.environ["LOCAL_KERNELS"].split(":")
+    assert "fused-llm/other=/somewhere" in os.environ["LOCAL_KERNELS"].split(":")
 
 
 def test_an_entry_the_caller_set_is_kept(monkeypatch, tmp_path: Path):
@@ -23,7 +24,7 @@ def test_an_entry_the_caller_set_is_kept(monkeypatch, tmp_path: Path):
     (tmp_path / "build").mkdir()
     monkeypatch.setenv("LOCAL_KERNELS", f"fused-llm/skinny-gemm={tmp_path}")
     assert packages.use_local_build("skinny-gemm") == tmp_path
-    assert packages.os.environ["LOCAL_KERNELS"] == f"fused-llm/skinny-gemm={tmp_path}"
+    assert os.environ["LOCAL_KERNELS"] == f"fused-llm/skinny-gemm={tmp_path}"
 
 
 def test_an_entry_without_a_build_is_named(monkeypatch, tmp_path: Path):
