@@ -120,7 +120,12 @@ __device__ __forceinline__ void gemv_wgmma(const MmaArgs& a) {
   asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
   const int row0 = int(blockIdx.x / split) * kRows;
   // The cluster's ranks take K's steps in even ranges, the K parts even ranges of those.
-  const int b0 = int(int64_t(a.steps) * rank / split), b1 = int(int64_t(a.steps) * (rank + 1) / split);
+  // Rank boundaries on multiples of KP, so a block's K parts run equal step counts wherever
+  // steps % KP == 0 (2304 x 16384 split 3: 42 / 42 / 44 steps, 21 or 22 a K part, the same longest
+  // part as 42 / 43 / 43). With unequal counts compute-sanitizer's racecheck reported hazards
+  // between the K parts' tile stores and their sum after the __syncthreads that orders them.
+  auto bound = [&](uint32_t r) { return r == split ? a.steps : int(int64_t(a.steps) * r / split) / KP * KP; };
+  const int b0 = bound(rank), b1 = bound(rank + 1);
   const int s0 = b0 + (b1 - b0) * kp / KP, n = b0 + (b1 - b0) * (kp + 1) / KP - s0;
   const uint32_t ring = ((tma::smem_u32(smem) + 1023) & ~1023u) + kp * D * kStage;
 
