@@ -119,11 +119,13 @@ __device__ __forceinline__ void gemv_wgmma(const MmaArgs& a) {
   asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(split));
   asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
   const int row0 = int(blockIdx.x / split) * kRows;
-  // The cluster's ranks take K's steps in even ranges, the K parts even ranges of those.
-  // Rank boundaries on multiples of KP, so a block's K parts run equal step counts wherever
+  // The cluster's ranks take K's steps in near-even ranges cut on multiples of KP (the last rank
+  // the rest), the K parts even shares of those: a block's K parts run equal step counts wherever
   // steps % KP == 0 (2304 x 16384 split 3: 42 / 42 / 44 steps, 21 or 22 a K part, the same longest
-  // part as 42 / 43 / 43). With unequal counts compute-sanitizer's racecheck reported hazards
-  // between the K parts' tile stores and their sum after the __syncthreads that orders them.
+  // part as 42 / 43 / 43; timed the same, H200). With unequal counts compute-sanitizer's racecheck
+  // reported hazards between the K parts' tile stores and their sum after the __syncthreads that
+  // orders them (the named barriers' counts differing; the values were right); with equal counts
+  // it reports none.
   auto bound = [&](uint32_t r) { return r == split ? a.steps : int(int64_t(a.steps) * r / split) / KP * KP; };
   const int b0 = bound(rank), b1 = bound(rank + 1);
   const int s0 = b0 + (b1 - b0) * kp / KP, n = b0 + (b1 - b0) * (kp + 1) / KP - s0;
