@@ -60,8 +60,8 @@ def use_local_build(name: str) -> Path:
     already there is kept and its directory returned: a build elsewhere that the caller chose
     (an A/B of two builds of one package) must not be swapped for the checkout's in silence."""
     entries = [e for e in os.environ.get("LOCAL_KERNELS", "").split(":") if e]
-    chosen = [e.split("=", 1)[1] for e in entries if e.split("=", 1)[0] == hub_repo_id(name) and "=" in e]
-    path = Path(chosen[-1]) if chosen else package_dir(name)
+    chosen = dict(e.split("=", 1) for e in entries if "=" in e).get(hub_repo_id(name))  # the last wins, as in kernels
+    path = Path(chosen) if chosen else package_dir(name)
     if not (path / "build").is_dir():
         where = f"LOCAL_KERNELS names {path} for {hub_repo_id(name)}, which" if chosen else f"package {name!r}"
         raise FileNotFoundError(f"{where} has no build/ yet: run `fused-llm build {name}`")
