@@ -114,11 +114,11 @@ def mma_candidates(quick: bool, registers_too: bool = False) -> list[list]:
 
 
 def wgmma_candidates() -> list[list]:
-    """Phase 1 of the Hopper kernel: its whole launch space (the three block tiles x K split 1 /
+    """Phase 1 of the Hopper kernel: its whole launch space (the four block tiles x K split 1 /
     2 / 3 / 4, --quick too: each split won somewhere in benchmarks/results/wgmma_*, and 0:
     stream-K). No compile: every entry is instantiated."""
     splits = (1, 2, 3, 4, 0)
-    return [["wgmma", rows, tokens, s] for rows, tokens in ((128, 256), (128, 128), (128, 64)) for s in splits]
+    return [["wgmma", rows, tokens, s] for rows, tokens in ((128, 256), (128, 128), (128, 64), (64, 256)) for s in splits]
 
 
 def tiled_candidates(M: int, quick: bool) -> list[list]:

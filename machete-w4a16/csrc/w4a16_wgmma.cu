@@ -7,7 +7,8 @@
 // tokens are its N side, read by the tensor cores from shared memory (the B descriptor).
 //
 // Block: two warpgroups (256 threads), each owning 64 of the block's 128 rows of W and all TOK
-// tokens of the tile (the wgmma's N: 64, 128 or 256). Each K step of 64 columns is one pipeline
+// tokens of the tile (the wgmma's N: 64, 128 or 256); or, at the 64 x 256 tile, one warpgroup on
+// 64 rows (twice the tiles, for shapes whose 128-row tiles leave SMs idle). Each K step of 64 columns is one pipeline
 // stage in shared memory, filled by the copy engine (TMA boxes on one mbarrier per stage, issued
 // by thread 0):
 //   x:      TOK rows x 128 bytes, 128-byte swizzled (16-byte chunk c of row r at c ^ (r % 8)), the
@@ -56,7 +57,11 @@
 // or 2 (8B QKV, 96 blocks, 32 steps) and stream-K (132 blocks, 15.5 steps) each spend ~10-12K
 // cycles a block beyond their steps (~5 us at the boost clock), the fp32 partial tiles (128 KB a
 // block) and their sums: so at 15-32 steps a block the sum costs what the balance gains. Not the
-// bandwidth: L2 at 18-27% of its peak, DRAM at 7%.
+// bandwidth: L2 at 18-27% of its peak, DRAM at 7%. Timed against K at M = 256, N = 6144 (H200,
+// 2026-11-30, each call after a 1 MiB op): unsplit 4.2 us + 0.594 a step, a 2-block cluster 7.3 us
+// + 0.613 a block's step, cuBLAS 2.5 us + 0.285 a 64-column step of the whole GEMM. Sending the
+// other blocks' bands from registers into their shared memory (st.async on their barriers)
+// instead of the staged tile and distributed loads: 3.7 us slower (8B QKV 31.9 against 28.2 us).
 //
 // Measured (H100, graph-replayed against cuBLAS bf16, benchmarks/results/tune_*): 0.83-1.32x at
 // M = 256, 0.80-0.96x at 1024, 0.90-0.97x at 4096 (the quick benchmark). Filling the stages with
@@ -77,9 +82,9 @@ namespace {
 
 using namespace tma;  // the copy engine's device and host helpers (common/tma.cuh)
 
-constexpr int kThreads = 256;  // two warpgroups
+constexpr int kWarpgroupThreads = 128;
 constexpr int kSlices = kWgmmaStepK / 16;  // k16 wgmma slices a step
-constexpr int kRows = 128;  // rows of W a block covers: 64 a warpgroup
+constexpr int kWarpgroupRows = 64;  // rows of W a warpgroup covers (its m64 wgmmas)
 constexpr int kGroupM = 8;     // row tiles of x that walk W's tiles together (L2 reuse of W)
 
 // wgmma m64nNk16, A (4 registers a thread) from registers, B from shared memory through a
@@ -252,8 +257,9 @@ struct TensorMaps {
   CUtensorMap x, w, s, z;
 };
 
-template <class T, int TOK, int kStages>
+template <class T, int TOK, int WGS, int kStages>
 struct Layout {
+  static constexpr int kRows = kWarpgroupRows * WGS;
   static constexpr int kX = TOK * 128;                   // x: TOK rows of 64 columns
   static constexpr int kW = kRows * 32;                  // W: 8 packed words a row
   static constexpr int kS = 2 * kRows * int(sizeof(T));  // scales: up to two group rows
@@ -262,12 +268,14 @@ struct Layout {
   static_assert(kStages * (kX + kW + kS + kZ) >= TOK * kRows * 4, "the epilogue's fp32 tile fits in the stages");
 };
 
-template <class T, bool ZEROS, int TOK, int kStages, int MIN_BLOCKS, bool STREAM_K>
-__global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
+template <class T, bool ZEROS, int TOK, int WGS, int kStages, int MIN_BLOCKS, bool STREAM_K>
+__global__ void __launch_bounds__(kWarpgroupThreads * WGS, MIN_BLOCKS)
     w4a16_wgmma_kernel(const __grid_constant__ KernelArgs a, const __grid_constant__ TensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a code only; other targets get an empty kernel (never launched)
   using T2 = typename Elem<T>::T2;
-  using L = Layout<T, TOK, kStages>;
+  using L = Layout<T, TOK, WGS, kStages>;
+  constexpr int kThreads = kWarpgroupThreads * WGS;  // WGS warpgroups, each on 64 rows of W
+  constexpr int kRows = L::kRows;                    // rows of W a block covers
   extern __shared__ uint8_t smem_raw[];
   __shared__ bool last_block;
   __shared__ uint64_t full[kStages];  // stage arrival barriers
@@ -630,9 +638,10 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <class T, bool ZEROS, int TOK, int STAGES, int MIN_BLOCKS>
+template <class T, bool ZEROS, int TOK, int WGS, int STAGES, int MIN_BLOCKS>
 cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStream_t stream) {
-  using L = Layout<T, TOK, STAGES>;
+  using L = Layout<T, TOK, WGS, STAGES>;
+  constexpr int kRows = L::kRows;
   if (encoder() == nullptr) return cudaErrorNotSupported;
   const CUtensorMapDataType t16 =
       p.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -653,8 +662,8 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
     maps.z = maps.s;  // never read
   }
   if (!ok) return cudaErrorInvalidValue;
-  auto kernel = a.split_k == 0 ? w4a16_wgmma_kernel<T, ZEROS, TOK, STAGES, MIN_BLOCKS, true>
-                               : w4a16_wgmma_kernel<T, ZEROS, TOK, STAGES, MIN_BLOCKS, false>;
+  auto kernel = a.split_k == 0 ? w4a16_wgmma_kernel<T, ZEROS, TOK, WGS, STAGES, MIN_BLOCKS, true>
+                               : w4a16_wgmma_kernel<T, ZEROS, TOK, WGS, STAGES, MIN_BLOCKS, false>;
   // The shared-memory limit is a per-device attribute of each kernel (split, stream-K): set once
   // per device this process uses.
   static std::atomic<int> opted_in[2][64];
@@ -666,7 +675,7 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
   cudaLaunchConfig_t config = {};
   config.gridDim = a.split_k == 0 ? dim3(static_cast<unsigned>(stream_k_blocks(p)))
                                   : dim3(static_cast<unsigned>(a.tiles_m * a.tiles_n), static_cast<unsigned>(a.split_k));
-  config.blockDim = dim3(kThreads);
+  config.blockDim = dim3(kWarpgroupThreads * WGS);
   config.dynamicSmemBytes = L::kBytes;
   config.stream = stream;
   cudaLaunchAttribute cluster;
@@ -683,20 +692,27 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
   return cudaGetLastError();
 }
 
-// The three block tiles (w4a16_wgmma.h), from a sweep of eleven shapes / stage counts on an H100
+// The block tiles (w4a16_wgmma.h), from a sweep of eleven shapes / stage counts on an H100
 // (benchmarks/results/wgmma_sweep_*): 256 tokens take one block an SM (128 accumulators a thread)
 // and five stages; 128 and 64 tokens fit two blocks an SM, whose independent pipelines beat
 // deeper ones (128 x 128: 4 stages at two blocks an SM against 8 at one, 0.4-12% faster; the
-// 256 x 128 tile with two 64-row wgmmas a warpgroup measured 0-8% slower than 128 x 256).
+// 256 x 128 tile with two 64-row wgmmas a warpgroup measured 0-8% slower than 128 x 256; on the
+// H200, the 128- / 64-token tiles with 10 / 16 stages at one block an SM: faster at 2 of 12
+// points, by 2-5%, up to 45% slower at the rest; benchmarks/results/wgmma_m256_session25_*). The one-warpgroup 64 x 256 tile runs a step at
+// ~59% of the tensor cores' rate (8B QKV at M = 256, 96 blocks unsplit: 32.5 us), against ~87%
+// with two warpgroups, so it wins only where halving the tiles' rows saves a deeper K split:
+// 8B O at M = 256 as 128 blocks of 32 steps, 21.4 us against 22.7 for the 128-row tile in 3.
 template <class T, bool ZEROS>
 cudaError_t launch_zeros(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStream_t stream) {
   switch (p.tile) {
     case WgmmaTile::k128x256:
-      return launch_tile<T, ZEROS, 256, 6, wgmma_blocks_per_sm(WgmmaTile::k128x256)>(p, a, stream);
+      return launch_tile<T, ZEROS, 256, 2, 6, wgmma_blocks_per_sm(WgmmaTile::k128x256)>(p, a, stream);
     case WgmmaTile::k128x128:
-      return launch_tile<T, ZEROS, 128, 5, wgmma_blocks_per_sm(WgmmaTile::k128x128)>(p, a, stream);
+      return launch_tile<T, ZEROS, 128, 2, 5, wgmma_blocks_per_sm(WgmmaTile::k128x128)>(p, a, stream);
     case WgmmaTile::k128x64:
-      return launch_tile<T, ZEROS, 64, 8, wgmma_blocks_per_sm(WgmmaTile::k128x64)>(p, a, stream);
+      return launch_tile<T, ZEROS, 64, 2, 8, wgmma_blocks_per_sm(WgmmaTile::k128x64)>(p, a, stream);
+    case WgmmaTile::k64x256:  // one warpgroup: 6 x 34.4 KB stages
+      return launch_tile<T, ZEROS, 256, 1, 6, wgmma_blocks_per_sm(WgmmaTile::k64x256)>(p, a, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -721,7 +737,7 @@ int64_t w4a16_wgmma_tiles(const W4A16WgmmaParams& p) {
 
 int64_t w4a16_wgmma_partial_floats(const W4A16WgmmaParams& p) {
   if (p.split_k == 0) return stream_k_blocks(p) * wgmma_tile_rows(p.tile) * wgmma_tile_tokens(p.tile);
-  if (p.split_k <= 1 || p.tile == WgmmaTile::k128x256) return 0;
+  if (p.split_k <= 1 || wgmma_tile_tokens(p.tile) == 256) return 0;  // 256 tokens: a cluster sums the split
   return p.split_k * w4a16_wgmma_tiles(p) * wgmma_tile_rows(p.tile) * wgmma_tile_tokens(p.tile);
 }
 
@@ -739,7 +755,8 @@ const char* w4a16_wgmma_check(const W4A16WgmmaParams& p) {
   if (!aligned16(p.out) || p.out_row_stride % 8 != 0) {
     return "out must be 16-byte aligned with a row stride a multiple of 8";
   }
-  if (p.tile != WgmmaTile::k128x256 && p.tile != WgmmaTile::k128x128 && p.tile != WgmmaTile::k128x64) {
+  if (p.tile != WgmmaTile::k128x256 && p.tile != WgmmaTile::k128x128 && p.tile != WgmmaTile::k128x64 &&
+      p.tile != WgmmaTile::k64x256) {
     return "unknown tile";
   }
   if (p.split_k < 0 || p.split_k > std::min<int64_t>(p.k / kWgmmaStepK, kWgmmaMaxSplit)) {

@@ -23,16 +23,17 @@ namespace machete_w4a16 {
 // K columns one pipeline stage holds (one 128-byte swizzle row of x per token).
 constexpr int kWgmmaStepK = 64;
 
-// The block tiles the launcher takes: rows of W (two warpgroups of one 64-row wgmma each) x tokens
-// (the wgmma's N).
+// The block tiles the launcher takes: rows of W (a warpgroup of one 64-row wgmma each 64 rows) x
+// tokens (the wgmma's N).
 enum class WgmmaTile : int32_t {
-  k128x256 = 0,  // n256: 128 accumulators a thread, one block an SM
-  k128x128 = 1,  // n128: two blocks an SM
-  k128x64 = 2,   // n64: two blocks an SM
+  k128x256 = 0,  // two warpgroups, n256: 128 accumulators a thread, one block an SM
+  k128x128 = 1,  // two warpgroups, n128: two blocks an SM
+  k128x64 = 2,   // two warpgroups, n64: two blocks an SM
+  k64x256 = 3,   // one warpgroup, n256, one block an SM: twice the tiles of k128x256, no K split needed to fill the SMs
 };
-constexpr int wgmma_tile_rows(WgmmaTile) { return 128; }
+constexpr int wgmma_tile_rows(WgmmaTile t) { return t == WgmmaTile::k64x256 ? 64 : 128; }
 constexpr int wgmma_tile_tokens(WgmmaTile t) {
-  return t == WgmmaTile::k128x256 ? 256 : t == WgmmaTile::k128x128 ? 128 : 64;
+  return t == WgmmaTile::k128x256 || t == WgmmaTile::k64x256 ? 256 : t == WgmmaTile::k128x128 ? 128 : 64;
 }
 
 struct W4A16WgmmaParams {
@@ -75,7 +76,9 @@ struct W4A16WgmmaParams {
 
 // Blocks an SM of a tile: each tile's kernel is compiled for it (__launch_bounds__, w4a16_wgmma.cu
 // launch_zeros), and stream_blocks is made of it.
-constexpr int wgmma_blocks_per_sm(WgmmaTile t) { return t == WgmmaTile::k128x256 ? 1 : 2; }
+constexpr int wgmma_blocks_per_sm(WgmmaTile t) {
+  return t == WgmmaTile::k128x128 || t == WgmmaTile::k128x64 ? 2 : 1;
+}
 
 // The largest K split: a portable cluster size.
 constexpr int kWgmmaMaxSplit = 8;

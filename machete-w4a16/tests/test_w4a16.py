@@ -418,12 +418,13 @@ WGMMA = MMA and hasattr(w4.ops, "w4a16_wgmma") and torch.cuda.get_device_capabil
 @pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
 @pytest.mark.parametrize("tile, split", [((128, 256), 1), ((128, 128), 3), ((128, 64), 1), ((128, 64), 4), ((128, 256), 2),
                                          ((128, 64), 8), ((128, 256), 3), ((128, 256), 8), ((128, 256), 0),
-                                         ((128, 128), 0), ((128, 64), 0)])  # fmt: skip
+                                         ((128, 128), 0), ((128, 64), 0), ((64, 256), 1), ((64, 256), 2),
+                                         ((64, 256), 3), ((64, 256), 0)])  # fmt: skip
 @pytest.mark.parametrize("group_size, zero_point", [(128, False), (32, True), (-1, True), (64, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_wgmma_kernel(tile, split, group_size, zero_point, dtype):
-    """The compiled Hopper kernel at each block tile: M off and on the token tiles (33, 64, 300),
-    N a multiple of 16 off the 128-row tile, K splits (2-8 blocks: a cluster at the 256-token
+    """The compiled Hopper kernel at each block tile (the 64-row one: one warpgroup a block): M
+    off and on the token tiles (33, 64, 300), N a multiple of 16 off the 128- and 64-row tiles, K splits (2-8 blocks: a cluster at the 256-token
     tile, global partials at the others; 3 uneven; 0 stream-K, where at these sizes a tile's 16
     steps are shared by up to 16 blocks of one or two steps), every group size it takes; each
     launch twice on a poisoned output, with a bias; a split's result the same bits both times
@@ -474,23 +475,25 @@ def test_wgmma_inputs_it_copies_or_gathers():
 
 
 @pytest.mark.skipif(not WGMMA, reason="the compiled Hopper kernel (CUDA build, capability 9.0)")
-@pytest.mark.parametrize("M, N, K, tokens", [(1024, 4096, 256, 64), (600, 2048, 512, 256), (40, 48, 64, 64),
-                                             (256, 6144, 4096, 256), (256, 10240, 1024, 128)])  # fmt: skip
-def test_wgmma_stream_k(M, N, K, tokens):
+@pytest.mark.parametrize("M, N, K, tokens, rows", [(1024, 4096, 256, 64, 128), (600, 2048, 512, 256, 128),
+                                                   (40, 48, 64, 64, 128), (256, 6144, 4096, 256, 128),
+                                                   (256, 10240, 1024, 128, 128), (600, 2000, 512, 256, 64)])  # fmt: skip
+def test_wgmma_stream_k(M, N, K, tokens, rows):
     """Stream-K (SPLIT_K 0) where a block's run spans several whole tiles (4 steps a tile: 2048
     steps on 264 blocks), whole tiles and partials mixed (M = 600 on the 256-token tile), fewer
     steps than blocks (one tile of one step: one block), and the wave-quantized shapes it is for
-    (8B QKV at M = 256: 48 tiles of 64 steps on 132 blocks); on a poisoned output, twice, the
-    same bits both times, the counters left zero."""
+    (8B QKV at M = 256: 48 tiles of 64 steps on 132 blocks), and the one-warpgroup 64-row tile
+    with N off its rows (2000); on a poisoned output, twice, the same bits both times, the
+    counters left zero."""
     kern = w4._triton_kernels()
     x, qw, b = make(M, N, K, torch.bfloat16, 64 if K < 128 else 128, True, seed=M + K, bias=True)
     ref = reference(x, qw, b)
-    cfg = {"kernel": "wgmma", "BLOCK_N": 128, "BLOCK_M": tokens, "SPLIT_K": 0}
+    cfg = {"kernel": "wgmma", "BLOCK_N": rows, "BLOCK_M": tokens, "SPLIT_K": 0}
     outs = []
     for _ in range(2):
         out = poison_(torch.empty(M, N, dtype=torch.bfloat16, device=DEVICE))
         kern.launch_w4a16(x, qw.qweight, qw.scales, qw.zeros, qw.perm, b, out, qw.group_size, cfg=dict(cfg))
-        assert_gemm_close(out, ref, f"stream-K M={M} N={N} K={K} tokens={tokens}")
+        assert_gemm_close(out, ref, f"stream-K M={M} N={N} K={K} tokens={tokens} rows={rows}")
         outs.append(out)
     assert torch.equal(outs[0], outs[1]), "stream-K: two runs differ"
     assert not kern._COUNTERS[x.device].any(), "stream-K left a counter non-zero"
@@ -514,8 +517,8 @@ def test_wgmma_refuses_what_it_cannot_run():
         kern.launch_w4a16(x, qw.qweight, qw.scales, None, None, None, out, 128, cfg={**cfg, "BLOCK_M": 32})
     op = w4.ops.w4a16_wgmma
     counters = torch.zeros(8, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(RuntimeError, match="tile: expected 0 .128 x 256., 1 .128 x 128. or 2 .128 x 64., got 3"):
-        op(out, x, qw.qweight, qw.scales, None, None, 128, 3, 1, None)
+    with pytest.raises(RuntimeError, match=r"tile: expected 0 \(128 x 256\), 1 \(128 x 128\), 2 \(128 x 64\) or 3 \(64 x 256\), got 4"):
+        op(out, x, qw.qweight, qw.scales, None, None, 128, 4, 1, None)
     with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be 0 \(stream-K\) or in 1 .. min\(k / 64, 8\)"):
         op(out, x, qw.qweight, qw.scales, None, None, 128, 0, 5, None)  # K = 256: 4 steps
     with pytest.raises(RuntimeError, match=r"w4a16_wgmma: split_k must be 0 \(stream-K\) or in 1 .. min\(k / 64, 8\)"):
@@ -598,7 +601,7 @@ def test_tuning_entries_round_trip_and_bad_entries():
     c = _submodule("_config")
     for entry in (["splitk", 1, 64, 128, 6, 4, 3], ["splitk", 16, 32, 256, 1, 4, 2], ["tiled", 128, 128, 128, 8, 8, 3],
                   ["mma", 3, 8, 2], ["mma", 3, 8, 2, 0], ["mma", 1, 4, 1, 1], ["wgmma", 128, 256, 1],
-                  ["wgmma", 128, 64, 4], ["wgmma", 128, 256, 0]):  # fmt: skip
+                  ["wgmma", 128, 64, 4], ["wgmma", 128, 256, 0], ["wgmma", 64, 256, 2]):  # fmt: skip
         cfg = c.config_of(entry)
         assert c.entry_of(cfg) == entry
         assert cfg.get("USE_DOT", True) is (entry[0] != "splitk" or entry[1] > 1)
@@ -607,7 +610,7 @@ def test_tuning_entries_round_trip_and_bad_entries():
            ["splitk", 1, 64, 128, 0, 4, 3], ["gemv", 1, 64, 128, 2, 4, 3], ["splitk", 1, 64, 128, 2, 4],
            ["splitk", 1, 64, 128.0, 2, 4, 3], ["mma", 2, 3, 1], ["mma", 2, 4, 4], ["mma", 0, 4, 1], ["mma", 2, 4],
            ["mma", 2, 4, 1, 2], ["mma", 2, 4, 1, True], ["mma", 2, 4, 1, 0, 1],
-           ["wgmma", 256, 128, 1], ["wgmma", 128, 64, -1], ["wgmma", 128, 64, 9], ["wgmma", 128, 64], None]  # fmt: skip
+           ["wgmma", 256, 128, 1], ["wgmma", 64, 128, 1], ["wgmma", 128, 64, -1], ["wgmma", 128, 64, 9], ["wgmma", 128, 64], None]  # fmt: skip
     for entry in bad:
         with pytest.raises((ValueError, TypeError), match="tuning entry"):
             c.config_of(entry)

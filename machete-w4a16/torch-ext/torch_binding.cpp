@@ -14,7 +14,7 @@
 //   w4a16_wgmma(Tensor! out, Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias,
 //               int group_size, int tile, int split_k, Tensor(a!)? counters) -> ()
 // (w4a16_wgmma's split_k 0: stream-K over every block slot of the SMs, w4a16_wgmma.h.)
-// counters (split_k > 1, or 0; w4a16_wgmma's 128 x 256 tile's split needs none: a thread-block
+// counters (split_k > 1, or 0; w4a16_wgmma's 256-token tiles' split needs none: a thread-block
 // cluster sums it): the arrival counter of each output tile, zero on entry, left zero.
 // CPU and ROCm builds compile this file too and register no op: the .so then only carries the
 // namespace, so `_ops.py` loads the same way on every variant.
@@ -188,7 +188,8 @@ void w4a16_wgmma(at::Tensor& out, const at::Tensor& x, const at::Tensor& qweight
                  int64_t tile, int64_t split_k, const std::optional<at::Tensor>& counters) {
   using fused_llm::binding::msg;
   const GemmShape s = check_gemm(out, x, qweight, scales, zeros, bias, group_size);
-  TORCH_CHECK(tile >= 0 && tile <= 2, msg("tile: expected 0 (128 x 256), 1 (128 x 128) or 2 (128 x 64), got ", tile));
+  TORCH_CHECK(tile >= 0 && tile <= 3,
+              msg("tile: expected 0 (128 x 256), 1 (128 x 128), 2 (128 x 64) or 3 (64 x 256), got ", tile));
   // In range before the narrowing below (the kernel's check names the k / 64 bound).
   TORCH_CHECK(split_k >= 0 && split_k <= mw::kWgmmaMaxSplit,
               msg("w4a16_wgmma: split_k must be 0 (stream-K) or in 1 .. min(k / 64, 8), got ", split_k));

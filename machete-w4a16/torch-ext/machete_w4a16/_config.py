@@ -17,7 +17,7 @@ stores, written by ``benchmarks/tune.py``):
   shapes, e.g. Llama-3-8B O at M = 16);
 * ``["wgmma", BLOCK_N, BLOCK_M, SPLIT_K]``: the compiled Hopper large-M kernel
   (csrc/w4a16_wgmma.cu, capability 9.0): a block tile of BLOCK_N rows of W x BLOCK_M tokens,
-  one of ``WGMMA_TILES``, K split over SPLIT_K blocks per tile (an upper bound: at most
+  one of ``WGMMA_TILES`` (BLOCK_N 64: one warpgroup a block, twice the tiles of 128), K split over SPLIT_K blocks per tile (an upper bound: at most
   ``WGMMA_MAX_SPLIT`` and K / 64; at the 256-token tile the blocks are a thread-block cluster);
   SPLIT_K 0 is stream-K: one persistent block per block slot of the SMs, each an equal run of
   all tiles' K steps (for tiles that leave SMs idle, e.g. 48 of them on 132 SMs).
@@ -43,7 +43,7 @@ MMA_WARPS = (4, 8)
 MMA_ROW_TILES = (1, 2)
 MMA_MAX_M = 32
 # The Hopper kernel's block tiles (W rows, tokens), in the op's tile-id order (w4a16_wgmma.h).
-WGMMA_TILES = ((128, 256), (128, 128), (128, 64))
+WGMMA_TILES = ((128, 256), (128, 128), (128, 64), (64, 256))
 # Its largest K split (csrc/w4a16_wgmma.h kWgmmaMaxSplit): a portable thread-block cluster at the
 # 256-token tile; the same bound at the others.
 WGMMA_MAX_SPLIT = 8

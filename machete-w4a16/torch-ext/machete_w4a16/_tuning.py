@@ -24,7 +24,7 @@ scales'); ``group_size`` as in QuantizedWeight (-1: per channel).
 
 from __future__ import annotations
 
-MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,8,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16,32,64,128,256,1024,4096 --budget-min 3.5  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --tokens 128,256,1024,4096  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16 --budget-min 3  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --shapes 8B-lm_head --tokens 1 --budget-min 1  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --shapes 8B-lm_head --tokens 4,8,16,32 --budget-min 0.5  # NVIDIA H200'
+MADE_BY = 'python machete-w4a16/benchmarks/tune.py --quick --tokens 1,16,64,128,256,1024,4096  # NVIDIA H100 80GB HBM3, then --quick --tokens 64,128,256,1024 (the Hopper kernel with cluster splits), then python machete-w4a16/benchmarks/tune.py --tokens 1,16  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,8,16,32  # NVIDIA H100 80GB HBM3, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16,32,64,128,256,1024,4096 --budget-min 3.5  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --tokens 128,256,1024,4096  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --tokens 1,4,8,16 --budget-min 3  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --shapes 8B-lm_head --tokens 1 --budget-min 1  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --shapes 8B-lm_head --tokens 4,8,16,32 --budget-min 0.5  # NVIDIA H200, then python machete-w4a16/benchmarks/tune.py --quick --tokens 256,1024 --shapes 8B-qkv,8B-o,8B-gate_up,8B-down,70B-qkv,70B-o,70B-gate_up,70B-down  # NVIDIA H200'
 
 TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('NVIDIA H100 80GB HBM3', 'bfloat16', 4096, 4096, 128): [(1, None),
                                                           (8, None),
@@ -105,7 +105,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                 (32, None),
                                                 (64, None),
                                                 (128, None),
-                                                (256, None),
+                                                (256, ['wgmma', 64, 256, 2]),
                                                 (1024, None),
                                                 (4096, None)],
  ('NVIDIA H200', 'bfloat16', 4096, 14336, 128): [(1, ['mma', 2, 8, 2]),
@@ -115,7 +115,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                  (32, None),
                                                  (64, None),
                                                  (128, ['wgmma', 128, 128, 0]),
-                                                 (256, ['wgmma', 128, 256, 0]),
+                                                 (256, None),
                                                  (1024, None),
                                                  (4096, None)],
  ('NVIDIA H200', 'bfloat16', 6144, 4096, 128): [(1, None),
@@ -126,7 +126,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                 (64, None),
                                                 (128, ['wgmma', 128, 128, 0]),
                                                 (256, None),
-                                                (1024, ['wgmma', 128, 256, 0]),
+                                                (1024, None),
                                                 (4096, None)],
  ('NVIDIA H200', 'bfloat16', 8192, 8192, 128): [(1, ['mma', 1, 8, 2]),
                                                 (4, ['mma', 1, 8, 2]),
@@ -155,8 +155,8 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                  (32, ['wgmma', 128, 64, 3]),
                                                  (64, ['wgmma', 128, 64, 3]),
                                                  (128, ['wgmma', 128, 128, 0]),
-                                                 (256, ['wgmma', 128, 256, 0]),
-                                                 (1024, ['wgmma', 128, 256, 0]),
+                                                 (256, None),
+                                                 (1024, None),
                                                  (4096, None)],
  ('NVIDIA H200', 'bfloat16', 28672, 4096, 128): [(1, ['mma', 1, 8, 2]),
                                                  (4, ['mma', 1, 4, 2]),
@@ -165,7 +165,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                  (32, ['wgmma', 128, 64, 1]),
                                                  (64, None),
                                                  (128, None),
-                                                 (256, ['wgmma', 128, 256, 0]),
+                                                 (256, None),
                                                  (1024, None),
                                                  (4096, None)],
  ('NVIDIA H200', 'bfloat16', 57344, 8192, 128): [(1, ['mma', 1, 4, 2]),
@@ -175,7 +175,7 @@ TABLE: dict[tuple[str, str, int, int, int], list[tuple[int, list | None]]] = {('
                                                  (32, ['wgmma', 128, 64, 2]),
                                                  (64, ['wgmma', 128, 64, 2]),
                                                  (128, ['wgmma', 128, 128, 0]),
-                                                 (256, ['wgmma', 128, 256, 0]),
+                                                 (256, None),
                                                  (1024, None),
                                                  (4096, None)],
  ('NVIDIA H200', 'bfloat16', 128256, 4096, 128): [(1, ['mma', 1, 4, 2]),
