@@ -8,9 +8,9 @@
 //
 // Block: two warpgroups (256 threads), each owning 64 of the block's 128 rows of W and all TOK
 // tokens of the tile (the wgmma's N: 64, 128 or 256); or, at the 64 x 256 tile, one warpgroup on
-// 64 rows (twice the tiles, for shapes whose 128-row tiles leave SMs idle). Each K step of 64 columns is one pipeline
-// stage in shared memory, filled by the copy engine (TMA boxes on one mbarrier per stage, issued
-// by thread 0):
+// 64 rows (twice the tiles, for shapes whose 128-row tiles leave SMs idle). Each K step of 64
+// columns is one pipeline stage in shared memory, filled by the copy engine (TMA boxes on one
+// mbarrier per stage, issued by thread 0):
 //   x:      TOK rows x 128 bytes, 128-byte swizzled (16-byte chunk c of row r at c ^ (r % 8)), the
 //           canonical K-major layout of a wgmma B operand: descriptor stride 1024 bytes per 8
 //           rows, a k16 slice 32 bytes further;
@@ -698,10 +698,11 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
 // deeper ones (128 x 128: 4 stages at two blocks an SM against 8 at one, 0.4-12% faster; the
 // 256 x 128 tile with two 64-row wgmmas a warpgroup measured 0-8% slower than 128 x 256; on the
 // H200, the 128- / 64-token tiles with 10 / 16 stages at one block an SM: faster at 2 of 12
-// points, by 2-5%, up to 45% slower at the rest; benchmarks/results/wgmma_m256_session25_*). The one-warpgroup 64 x 256 tile runs a step at
-// ~59% of the tensor cores' rate (8B QKV at M = 256, 96 blocks unsplit: 32.5 us), against ~87%
-// with two warpgroups, so it wins only where halving the tiles' rows saves a deeper K split:
-// 8B O at M = 256 as 128 blocks of 32 steps, 21.4 us against 22.7 for the 128-row tile in 3.
+// points, by 2-5%, up to 45% slower at the rest; benchmarks/results/wgmma_m256_session25_*).
+// The one-warpgroup 64 x 256 tile runs a step at ~59% of the tensor cores' rate (8B QKV at
+// M = 256, 96 blocks unsplit: 32.5 us), against ~87% with two warpgroups, so it wins only where
+// halving the tiles' rows saves a deeper K split: 8B O at M = 256 as 128 blocks of 32 steps,
+// 21.4 us against 22.7 for the 128-row tile in 3.
 template <class T, bool ZEROS>
 cudaError_t launch_zeros(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStream_t stream) {
   switch (p.tile) {
@@ -737,7 +738,7 @@ int64_t w4a16_wgmma_tiles(const W4A16WgmmaParams& p) {
 
 int64_t w4a16_wgmma_partial_floats(const W4A16WgmmaParams& p) {
   if (p.split_k == 0) return stream_k_blocks(p) * wgmma_tile_rows(p.tile) * wgmma_tile_tokens(p.tile);
-  if (p.split_k <= 1 || wgmma_tile_tokens(p.tile) == 256) return 0;  // 256 tokens: a cluster sums the split
+  if (p.split_k <= 1 || wgmma_tile_tokens(p.tile) == 256) return 0;  // 256 tokens: a cluster sums it
   return p.split_k * w4a16_wgmma_tiles(p) * wgmma_tile_rows(p.tile) * wgmma_tile_tokens(p.tile);
 }
 

@@ -29,7 +29,7 @@ enum class WgmmaTile : int32_t {
   k128x256 = 0,  // two warpgroups, n256: 128 accumulators a thread, one block an SM
   k128x128 = 1,  // two warpgroups, n128: two blocks an SM
   k128x64 = 2,   // two warpgroups, n64: two blocks an SM
-  k64x256 = 3,   // one warpgroup, n256, one block an SM: twice the tiles of k128x256, no K split needed to fill the SMs
+  k64x256 = 3,   // one warpgroup, n256, one block an SM: twice the tiles of k128x256
 };
 constexpr int wgmma_tile_rows(WgmmaTile t) { return t == WgmmaTile::k64x256 ? 64 : 128; }
 constexpr int wgmma_tile_tokens(WgmmaTile t) {

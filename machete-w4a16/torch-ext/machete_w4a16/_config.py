@@ -17,8 +17,9 @@ stores, written by ``benchmarks/tune.py``):
   shapes, e.g. Llama-3-8B O at M = 16);
 * ``["wgmma", BLOCK_N, BLOCK_M, SPLIT_K]``: the compiled Hopper large-M kernel
   (csrc/w4a16_wgmma.cu, capability 9.0): a block tile of BLOCK_N rows of W x BLOCK_M tokens,
-  one of ``WGMMA_TILES`` (BLOCK_N 64: one warpgroup a block, twice the tiles of 128), K split over SPLIT_K blocks per tile (an upper bound: at most
-  ``WGMMA_MAX_SPLIT`` and K / 64; at the 256-token tile the blocks are a thread-block cluster);
+  one of ``WGMMA_TILES`` (BLOCK_N 64: one warpgroup a block, twice the tiles of 128), K split
+  over SPLIT_K blocks per tile (an upper bound: at most ``WGMMA_MAX_SPLIT`` and K / 64; at the
+  256-token tiles the blocks are a thread-block cluster);
   SPLIT_K 0 is stream-K: one persistent block per block slot of the SMs, each an equal run of
   all tiles' K steps (for tiles that leave SMs idle, e.g. 48 of them on 132 SMs).
 
