@@ -259,7 +259,8 @@ struct TensorMaps {
 
 template <class T, int TOK, int WGS, int kStages>
 struct Layout {
-  static constexpr int kRows = kWarpgroupRows * WGS;
+  static constexpr int kThreads = kWarpgroupThreads * WGS;  // WGS warpgroups, each on 64 rows of W
+  static constexpr int kRows = kWarpgroupRows * WGS;        // rows of W a block covers
   static constexpr int kX = TOK * 128;                   // x: TOK rows of 64 columns
   static constexpr int kW = kRows * 32;                  // W: 8 packed words a row
   static constexpr int kS = 2 * kRows * int(sizeof(T));  // scales: up to two group rows
@@ -274,8 +275,7 @@ __global__ void __launch_bounds__(kWarpgroupThreads * WGS, MIN_BLOCKS)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a code only; other targets get an empty kernel (never launched)
   using T2 = typename Elem<T>::T2;
   using L = Layout<T, TOK, WGS, kStages>;
-  constexpr int kThreads = kWarpgroupThreads * WGS;  // WGS warpgroups, each on 64 rows of W
-  constexpr int kRows = L::kRows;                    // rows of W a block covers
+  constexpr int kThreads = L::kThreads, kRows = L::kRows;
   extern __shared__ uint8_t smem_raw[];
   __shared__ bool last_block;
   __shared__ uint64_t full[kStages];  // stage arrival barriers
@@ -675,7 +675,7 @@ cudaError_t launch_tile(const W4A16WgmmaParams& p, const KernelArgs& a, cudaStre
   cudaLaunchConfig_t config = {};
   config.gridDim = a.split_k == 0 ? dim3(static_cast<unsigned>(stream_k_blocks(p)))
                                   : dim3(static_cast<unsigned>(a.tiles_m * a.tiles_n), static_cast<unsigned>(a.split_k));
-  config.blockDim = dim3(kWarpgroupThreads * WGS);
+  config.blockDim = dim3(L::kThreads);
   config.dynamicSmemBytes = L::kBytes;
   config.stream = stream;
   cudaLaunchAttribute cluster;

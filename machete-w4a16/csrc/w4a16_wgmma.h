@@ -23,8 +23,8 @@ namespace machete_w4a16 {
 // K columns one pipeline stage holds (one 128-byte swizzle row of x per token).
 constexpr int kWgmmaStepK = 64;
 
-// The block tiles the launcher takes: rows of W (a warpgroup of one 64-row wgmma each 64 rows) x
-// tokens (the wgmma's N).
+// The block tiles the launcher takes: rows of W (one warpgroup, with its 64-row wgmmas, per 64
+// rows) x tokens (the wgmma's N).
 enum class WgmmaTile : int32_t {
   k128x256 = 0,  // two warpgroups, n256: 128 accumulators a thread, one block an SM
   k128x128 = 1,  // two warpgroups, n128: two blocks an SM
